@@ -73,8 +73,8 @@ pub(super) fn slug(node: &Node<'_>, rule: &SlugRule, report: &mut Report) -> Opt
 /// `curriculum.meta.yaml`.
 pub(super) fn curriculum(value: &Value, report: &mut Report) -> Option<CurriculumMeta> {
     const KEYS: &[&str] = &["name", "description", "website", "aVer", "gitRoot"];
-    let node = Node::open("", value, KEYS, report)?;
     let before = report.count();
+    let node = Node::open("", value, KEYS, report)?;
     let name = node.required_string("name", report);
     let meta = CurriculumMeta {
         name: name.unwrap_or_default(),
@@ -99,10 +99,10 @@ pub(super) fn collection(value: &Value, report: &mut Report) -> Parsed<Collectio
         "type",
         "tier",
     ];
+    let before = report.count();
     let Some(node) = Node::open("", value, KEYS, report) else {
         return Parsed::nothing();
     };
-    let before = report.count();
     let slug = slug(&node, &COLLECTION_SLUG, report);
     let title = node.required_string("title", report);
     let image = node.string("image", report);
@@ -144,10 +144,10 @@ pub(super) fn image(value: &Value, report: &mut Report) -> Parsed<Image> {
         "enableForwarding",
         "networkInterfaces",
     ];
+    let before = report.count();
     let Some(node) = Node::open("", value, KEYS, report) else {
         return Parsed::nothing();
     };
-    let before = report.count();
     let slug = slug(&node, &IMAGE_SLUG, report);
     let description = node.text("description", report);
     let flavor = node.choice::<Flavor>("flavor", true, report);

@@ -161,26 +161,6 @@ string_enum! {
     }
 }
 
-/// A loaded, validated curriculum.
-#[derive(Debug, Clone)]
-pub struct Catalog {
-    /// The directory the curriculum was loaded from; every other path in the catalog is under it.
-    pub root: PathBuf,
-    /// What `curriculum.meta.yaml` says about the curriculum as a whole.
-    pub meta: CurriculumMeta,
-    /// Collections at or above the configured tier, by slug.
-    pub collections: BTreeMap<String, Collection>,
-    /// Every image, by slug; images have no tier.
-    pub images: BTreeMap<String, Image>,
-    /// Lessons at or above the configured tier, by slug.
-    pub lessons: BTreeMap<String, Lesson>,
-    /// Slugs of the lessons that were valid but below the configured tier, sorted, so that an
-    /// operator can see why a lesson is missing.
-    pub skipped: Vec<String>,
-    /// Slugs of the collections below the configured tier, sorted, for the same reason.
-    pub skipped_collections: Vec<String>,
-}
-
 /// `curriculum.meta.yaml`: the curriculum as a whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurriculumMeta {

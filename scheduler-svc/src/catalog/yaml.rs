@@ -76,14 +76,20 @@ pub(super) fn read(path: &Path, report: &mut Report) -> Option<Value> {
             return None;
         }
     };
-    match serde_yaml::from_str::<Value>(&text) {
-        Ok(value) => Some(value),
+    // serde_yaml's messages already end with "at line L column C" when it knows where.
+    let mut value = match serde_yaml::from_str::<Value>(&text) {
+        Ok(value) => value,
         Err(error) => {
-            // serde_yaml's message already ends with "at line L column C" when it knows where.
             report.error("", format!("malformed yaml: {error}"));
-            None
+            return None;
         }
+    };
+    // Antidote's Go loader honoured merge keys (`<<: *defaults`), so curricula may use them.
+    if let Err(error) = value.apply_merge() {
+        report.error("", format!("malformed yaml: {error}"));
+        return None;
     }
+    Some(value)
 }
 
 /// A YAML mapping being read, with the path that leads to it from the top of its file.
@@ -102,11 +108,12 @@ impl<'v> Node<'v> {
         report: &mut Report,
     ) -> Option<Self> {
         let Value::Mapping(map) = value else {
-            let what = if path.is_empty() { "the file" } else { "this" };
-            report.error(
-                path,
-                format!("{what} must be a mapping, not {}", describe(value)),
-            );
+            let reason = format!("must be a mapping, not {}", describe(value));
+            if path.is_empty() {
+                report.error("", format!("the file {reason}"));
+            } else {
+                report.error(path, reason);
+            }
             return None;
         };
         let node = Self {
@@ -285,7 +292,10 @@ pub(super) fn port(field: &str, value: &Value, report: &mut Report) -> Option<No
     if port.is_none() {
         report.error(
             field,
-            format!("{} is not a port (a whole number from 1 to 65535)", describe(value)),
+            format!(
+                "{} is not a port (a whole number from 1 to 65535)",
+                describe(value)
+            ),
         );
     }
     port

@@ -1,0 +1,379 @@
+//! The curriculum catalog: loads a curriculum directory in Antidote's on-disk format, unchanged,
+//! validates it strictly and reports every problem at once.
+//!
+//! A curriculum directory holds:
+//!
+//! ```text
+//! curriculum.meta.yaml
+//! collections/<dir>/collection.meta.yaml      (optional directory)
+//! images/<dir>/image.meta.yaml                (optional directory)
+//! lessons/<dir>/lesson.meta.yaml
+//! lessons/<dir>/stage<N>/guide.md | guide.ipynb
+//! lessons/<dir>/stage<N>/configs/<endpoint>.py | .yml | .sh | -<driver>.txt
+//! ```
+//!
+//! As in Antidote, `<dir>` may be nested (`lessons/fundamentals/intro/`): every directory that
+//! holds the meta file is an item, and the search does not descend into an item's own
+//! directory. Hidden directories (`.git`) are not searched. The one addition to the format is
+//! configuration type `shell` (`<endpoint>.sh`), for busybox-only images.
+//!
+//! # Validation
+//!
+//! Loading never stops at the first problem: [`Catalog::load`] returns every [`CatalogError`]
+//! in the curriculum, each naming file, lesson, field and reason, sorted by file. Every lesson
+//! is validated whatever the configured tier, and the cross-references between lessons are
+//! checked against each lesson's own tier (a lesson may not depend on a lesson or collection of
+//! a lower tier, which would be skipped wherever it loads), so the result does not depend on
+//! the tier: `validate` at any tier finds the same problems. The tier only decides which valid
+//! lessons and collections land in the catalog.
+//!
+//! Loading reads files with blocking I/O; call it from `spawn_blocking` in async code.
+//!
+//! # Modules
+//! - `model`: the typed curriculum ([`Lesson`], [`Image`], [`Collection`], the enums).
+//! - `error`: [`CatalogError`], [`CatalogErrors`], [`UnknownVariant`].
+//! - `yaml`: a YAML reader that records every problem with its field path and keeps going.
+//! - `meta`: `curriculum.meta.yaml`, `collection.meta.yaml`, `image.meta.yaml`; slug rules.
+//! - `lesson`: `lesson.meta.yaml` and the checks within one lesson.
+//! - `stage`: locating each stage's directory, guide and config files.
+
+mod error;
+mod lesson;
+mod meta;
+mod model;
+mod stage;
+mod yaml;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub use self::error::{CatalogError, CatalogErrors, UnknownVariant};
+pub use self::model::{
+    Author, Category, Collection, CollectionType, ConfigurationType, Connection, CurriculumMeta,
+    Endpoint, Flavor, GuideType, Image, Lesson, NAPALM_DRIVERS, Presentation, PresentationKind,
+    Stage, StageConfig, Tier,
+};
+
+use self::lesson::Known;
+use self::meta::Parsed;
+use self::yaml::Report;
+
+/// A loaded, validated curriculum.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    /// The directory the curriculum was loaded from; every other path in the catalog is under it.
+    pub root: PathBuf,
+    /// What `curriculum.meta.yaml` says about the curriculum as a whole.
+    pub meta: CurriculumMeta,
+    /// Collections at or above the configured tier, by slug.
+    pub collections: BTreeMap<String, Collection>,
+    /// Every image, by slug; images have no tier.
+    pub images: BTreeMap<String, Image>,
+    /// Lessons at or above the configured tier, by slug.
+    pub lessons: BTreeMap<String, Lesson>,
+    /// Slugs of the valid lessons below the configured tier, sorted, so that an operator can
+    /// see why a lesson is missing.
+    pub skipped: Vec<String>,
+    /// Slugs of the valid collections below the configured tier, sorted, for the same reason.
+    pub skipped_collections: Vec<String>,
+}
+
+impl Catalog {
+    /// Loads and validates the curriculum in `dir`, keeping the lessons and collections at or
+    /// above `tier`; returns all problems at once.
+    pub fn load(dir: &Path, tier: Tier) -> Result<Catalog, CatalogErrors> {
+        if !dir.is_dir() {
+            return Err(CatalogErrors(vec![CatalogError {
+                file: dir.to_owned(),
+                lesson: None,
+                field: String::new(),
+                reason: "curriculum directory does not exist".to_owned(),
+            }]));
+        }
+        let mut errors = Vec::new();
+
+        let meta = {
+            let file = dir.join("curriculum.meta.yaml");
+            let mut report = Report::new(file.clone());
+            let meta = yaml::read(&file, &mut report)
+                .and_then(|value| meta::curriculum(&value, &mut report));
+            errors.extend(report.into_errors());
+            meta
+        };
+
+        // Images and collections come first because lessons refer to them; prereqs are checked
+        // last, once every lesson's slug and tier is known.
+        let mut images = BTreeMap::new();
+        let mut image_files = BTreeMap::new();
+        for file in discover(&dir.join("images"), "image.meta.yaml", &mut errors) {
+            let mut report = Report::new(file.clone());
+            let parsed = yaml::read(&file, &mut report)
+                .map_or_else(Parsed::nothing, |value| meta::image(&value, &mut report));
+            if let Some(slug) = parsed.slug
+                && claim(&mut image_files, &slug, &file, &mut report)
+                && let Some(image) = parsed.item
+            {
+                images.insert(slug, image);
+            }
+            errors.extend(report.into_errors());
+        }
+
+        let mut collections = BTreeMap::new();
+        let mut skipped_collections = Vec::new();
+        let mut collection_files = BTreeMap::new();
+        let mut collection_tiers = BTreeMap::new();
+        for file in discover(
+            &dir.join("collections"),
+            "collection.meta.yaml",
+            &mut errors,
+        ) {
+            let mut report = Report::new(file.clone());
+            let parsed = yaml::read(&file, &mut report).map_or_else(Parsed::nothing, |value| {
+                meta::collection(&value, &mut report)
+            });
+            if let Some(slug) = parsed.slug
+                && claim(&mut collection_files, &slug, &file, &mut report)
+            {
+                collection_tiers.insert(slug.clone(), parsed.tier);
+                if let Some(collection) = parsed.item {
+                    if collection.tier >= tier {
+                        collections.insert(slug, collection);
+                    } else {
+                        skipped_collections.push(slug);
+                    }
+                }
+            }
+            errors.extend(report.into_errors());
+        }
+
+        let image_slugs: BTreeSet<String> = image_files.into_keys().collect();
+        let known = Known {
+            images: &image_slugs,
+            collections: &collection_tiers,
+        };
+        let mut drafts = Vec::new();
+        let mut lesson_files = BTreeMap::new();
+        let mut lesson_tiers = BTreeMap::new();
+        for file in discover(&dir.join("lessons"), "lesson.meta.yaml", &mut errors) {
+            let mut report = Report::new(file.clone());
+            // `discover` only returns files inside a directory, so there is always a parent.
+            let lesson_dir = file.parent().unwrap_or(dir).to_owned();
+            let Some(value) = yaml::read(&file, &mut report) else {
+                errors.extend(report.into_errors());
+                continue;
+            };
+            let draft = lesson::read(&lesson_dir, &value, &known, &mut report);
+            if let Some(slug) = &draft.parsed.slug
+                && claim(&mut lesson_files, slug, &file, &mut report)
+            {
+                lesson_tiers.insert(slug.clone(), draft.parsed.tier);
+            }
+            errors.extend(report.into_errors());
+            drafts.push((file, draft));
+        }
+
+        let mut lessons = BTreeMap::new();
+        let mut skipped = Vec::new();
+        for (file, draft) in drafts {
+            let Some(slug) = draft.parsed.slug else {
+                continue;
+            };
+            let mut report = Report::new(file);
+            report.set_lesson(&slug);
+            check_prereqs(
+                &slug,
+                draft.parsed.tier,
+                &draft.prereqs,
+                &lesson_tiers,
+                &mut report,
+            );
+            let clean = report.count() == 0;
+            errors.extend(report.into_errors());
+            // A duplicate slug was reported against the later file; keep only the first.
+            if let Some(lesson) = draft.parsed.item
+                && clean
+                && !lessons.contains_key(&slug)
+            {
+                if lesson.tier >= tier {
+                    lessons.insert(slug, lesson);
+                } else {
+                    skipped.push(slug);
+                }
+            }
+        }
+        skipped.sort();
+        skipped_collections.sort();
+
+        match meta {
+            Some(meta) if errors.is_empty() => Ok(Catalog {
+                root: dir.to_owned(),
+                meta,
+                collections,
+                images,
+                lessons,
+                skipped,
+                skipped_collections,
+            }),
+            _ => {
+                // `meta` is only missing after its problem was recorded, so this is never empty.
+                debug_assert!(!errors.is_empty());
+                // Stable, so each file's problems keep the order they were found in.
+                errors.sort_by(|a, b| a.file.cmp(&b.file));
+                Err(CatalogErrors(errors))
+            }
+        }
+    }
+
+    /// The loaded lesson with this slug; `None` if it does not exist or was skipped by tier.
+    pub fn lesson(&self, slug: &str) -> Option<&Lesson> {
+        self.lessons.get(slug)
+    }
+
+    /// The image with this slug.
+    pub fn image(&self, slug: &str) -> Option<&Image> {
+        self.images.get(slug)
+    }
+
+    /// The loaded collection with this slug; `None` if it does not exist or was skipped by tier.
+    pub fn collection(&self, slug: &str) -> Option<&Collection> {
+        self.collections.get(slug)
+    }
+}
+
+/// Records that `file` defines `slug`, or reports the duplicate if an earlier file did.
+/// Returns whether the slug was new.
+fn claim(
+    first_files: &mut BTreeMap<String, PathBuf>,
+    slug: &str,
+    file: &Path,
+    report: &mut Report,
+) -> bool {
+    if let Some(first) = first_files.get(slug) {
+        report.error(
+            "slug",
+            format!("slug `{slug}` is already used by {}", first.display()),
+        );
+        false
+    } else {
+        first_files.insert(slug.to_owned(), file.to_owned());
+        true
+    }
+}
+
+/// Checks that every prereq names a lesson that is loaded wherever this one is.
+fn check_prereqs(
+    slug: &str,
+    tier: Option<Tier>,
+    prereqs: &[String],
+    lesson_tiers: &BTreeMap<String, Option<Tier>>,
+    report: &mut Report,
+) {
+    for (index, prereq) in prereqs.iter().enumerate() {
+        let field = format!("prereqs[{index}]");
+        if prereq == slug {
+            report.error(field, "a lesson cannot be its own prereq");
+            continue;
+        }
+        match lesson_tiers.get(prereq) {
+            None => report.error(field, format!("no lesson with slug `{prereq}`")),
+            Some(Some(prereq_tier)) => {
+                if let Some(tier) = tier
+                    && *prereq_tier < tier
+                {
+                    report.error(
+                        field,
+                        format!(
+                            "lesson `{prereq}` has tier {prereq_tier}, below this lesson's tier \
+                             {tier}, so it is skipped wherever this lesson loads"
+                        ),
+                    );
+                }
+            }
+            // The prereq's own file reports its broken tier.
+            Some(None) => {}
+        }
+    }
+}
+
+/// How deep below `lessons/`, `images/` or `collections/` items are searched for; deep enough
+/// for any grouping, shallow enough that a symlink loop ends quickly.
+const MAX_DEPTH: usize = 8;
+
+/// Finds every `file_name` under `dir`, sorted; a missing `dir` holds none.
+fn discover(dir: &Path, file_name: &str, errors: &mut Vec<CatalogError>) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    if dir.is_dir() {
+        walk(dir, file_name, 0, &mut found, errors);
+    }
+    found.sort();
+    found
+}
+
+/// One step of [`discover`].
+fn walk(
+    dir: &Path,
+    file_name: &str,
+    depth: usize,
+    found: &mut Vec<PathBuf>,
+    errors: &mut Vec<CatalogError>,
+) {
+    let candidate = dir.join(file_name);
+    if candidate.is_file() {
+        // An item's directory is its own (stage directories, Dockerfiles): not searched on.
+        found.push(candidate);
+        return;
+    }
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            errors.push(CatalogError {
+                file: dir.to_owned(),
+                lesson: None,
+                field: String::new(),
+                reason: format!("cannot list directory: {error}"),
+            });
+            return;
+        }
+    };
+    let mut subdirs = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            subdirs.push(path);
+        } else if depth > 0 && is_misnamed(&name, file_name) {
+            // Without this, a lesson whose meta file is misspelt would silently not exist.
+            errors.push(CatalogError {
+                file: path,
+                lesson: None,
+                field: String::new(),
+                reason: format!("not read: the file must be named `{file_name}`"),
+            });
+        }
+    }
+    if depth == MAX_DEPTH {
+        return;
+    }
+    subdirs.sort();
+    for subdir in subdirs {
+        walk(&subdir, file_name, depth + 1, found, errors);
+    }
+}
+
+/// Whether `name` looks like a misspelling of `expected` (`lesson.meta.yml`, `Lesson.meta.yaml`,
+/// `lesson.yaml`): same first word, a YAML extension, a different name.
+fn is_misnamed(name: &str, expected: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    let stem = expected.split('.').next().unwrap_or(expected);
+    name != expected
+        && lower.starts_with(stem)
+        && (lower.ends_with(".yaml") || lower.ends_with(".yml"))
+}

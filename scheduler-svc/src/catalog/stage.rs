@@ -1,0 +1,174 @@
+//! Finding a stage's files on disk: its directory, its guide and each endpoint's config file.
+//!
+//! Problems are reported against the `lesson.meta.yaml` field that asked for the file (the
+//! stage, its `guideType`, the endpoint's `configurationType`), with the missing file named
+//! relative to the lesson directory.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, StageConfig};
+use super::yaml::Report;
+
+/// A stage's files, found.
+pub(super) struct StageFiles {
+    /// The guide.
+    pub(super) guide: PathBuf,
+    /// Each configured endpoint's config, by endpoint name.
+    pub(super) configs: BTreeMap<String, StageConfig>,
+}
+
+/// Locates stage `index` of the lesson in `dir`. `field` is the stage's path in the lesson file
+/// (`stages[1]`); `endpoints` pairs each cleanly read endpoint with its path (`endpoints[0]`).
+pub(super) fn locate(
+    dir: &Path,
+    index: u32,
+    field: &str,
+    guide_type: GuideType,
+    endpoints: &[(String, Endpoint)],
+    report: &mut Report,
+) -> Option<StageFiles> {
+    let stage_name = format!("stage{index}");
+    let stage_dir = dir.join(&stage_name);
+    if !stage_dir.is_dir() {
+        // Without the directory every file in it is missing too; one error says it all.
+        report.error(
+            field,
+            format!("stage directory `{stage_name}/` does not exist"),
+        );
+        return None;
+    }
+    let before = report.count();
+
+    let guide = stage_dir.join(guide_type.file_name());
+    if !guide.is_file() {
+        report.error(
+            format!("{field}.guideType"),
+            format!(
+                "`{stage_name}/{}` does not exist (guideType is {guide_type})",
+                guide_type.file_name()
+            ),
+        );
+    }
+
+    let mut configs = BTreeMap::new();
+    for (endpoint_field, endpoint) in endpoints {
+        let Some(configuration_type) = endpoint.configuration_type else {
+            continue;
+        };
+        let field = format!("{endpoint_field}.configurationType");
+        let found = match plain_extension(configuration_type) {
+            None => find_napalm(&stage_dir, &stage_name, endpoint, &field, report),
+            Some(extension) => {
+                let file_name = format!("{}.{extension}", endpoint.name);
+                if stage_dir.join("configs").join(&file_name).is_file() {
+                    Some((file_name, None))
+                } else {
+                    report.error(
+                        &field,
+                        format!(
+                            "`{stage_name}/configs/{file_name}` does not exist \
+                             (configurationType is {configuration_type})"
+                        ),
+                    );
+                    None
+                }
+            }
+        };
+        let Some((file_name, driver)) = found else {
+            continue;
+        };
+        let path = stage_dir.join("configs").join(&file_name);
+        let shown = format!("{stage_name}/configs/{file_name}");
+        match fs::read_to_string(&path) {
+            Ok(contents) => {
+                configs.insert(
+                    endpoint.name.clone(),
+                    StageConfig {
+                        path,
+                        driver,
+                        contents,
+                    },
+                );
+            }
+            Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                report.error(&field, format!("`{shown}` is not valid utf-8"));
+            }
+            Err(error) => report.error(&field, format!("cannot read `{shown}`: {error}")),
+        }
+    }
+
+    (report.count() == before).then_some(StageFiles { guide, configs })
+}
+
+/// The extension of `<endpoint>.<extension>` config files, for every type but napalm, whose
+/// file name carries a driver instead.
+fn plain_extension(configuration_type: ConfigurationType) -> Option<&'static str> {
+    match configuration_type {
+        ConfigurationType::Python => Some("py"),
+        ConfigurationType::Ansible => Some("yml"),
+        ConfigurationType::Shell => Some("sh"),
+        ConfigurationType::Napalm => None,
+    }
+}
+
+/// Finds the one `<endpoint>-<driver>.txt` in the stage's `configs/`, returning its file name
+/// and driver.
+fn find_napalm(
+    stage_dir: &Path,
+    stage_name: &str,
+    endpoint: &Endpoint,
+    field: &str,
+    report: &mut Report,
+) -> Option<(String, Option<String>)> {
+    let prefix = format!("{}-", endpoint.name);
+    let mut matches = Vec::new();
+    // A missing configs/ directory simply holds no config; other files may sit beside ours.
+    if let Ok(entries) = fs::read_dir(stage_dir.join("configs")) {
+        for entry in entries.flatten() {
+            let Ok(file_name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let driver = file_name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".txt"));
+            if let Some(driver) = driver
+                && NAPALM_DRIVERS.contains(&driver)
+                && entry.path().is_file()
+            {
+                matches.push((file_name.clone(), Some(driver.to_owned())));
+            }
+        }
+    }
+    matches.sort();
+    match matches.len() {
+        0 => {
+            report.error(
+                field,
+                format!(
+                    "`{stage_name}/configs/{}-<driver>.txt` does not exist for any driver \
+                     (configurationType is napalm; drivers are {})",
+                    endpoint.name,
+                    NAPALM_DRIVERS.join(", ")
+                ),
+            );
+            None
+        }
+        1 => matches.pop(),
+        _ => {
+            let names: Vec<&str> = matches.iter().map(|(name, _)| name.as_str()).collect();
+            report.error(
+                field,
+                format!(
+                    "`{stage_name}/configs/` has several napalm configs for `{}`, so the driver \
+                     is ambiguous: {}",
+                    endpoint.name,
+                    names.join(", ")
+                ),
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `scheduler-svc`: parses flags, loads configuration and the catalog, binds, and runs until
+//! SIGTERM or ctrl-c.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use scheduler_svc::catalog::{Catalog, Tier};
+use scheduler_svc::settings::Config;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "scheduler-svc", version, about = "Antidote's scheduler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the public API and drive the configured agents.
+    Serve {
+        /// Configuration file (TOML or YAML); `ANTIDOTE_*` environment variables override it.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Check a curriculum offline and print every problem found.
+    Validate {
+        /// The curriculum directory.
+        dir: PathBuf,
+        /// The lowest tier to load (prod, ptr or local).
+        #[arg(long, default_value = "local")]
+        tier: Tier,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { dir, tier } => validate(&dir, tier),
+        Command::Serve { config } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("ANTIDOTE_LOG")
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("error: cannot start the runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(serve(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn validate(dir: &std::path::Path, tier: Tier) -> ExitCode {
+    match Catalog::load(dir, tier) {
+        Ok(catalog) => {
+            println!(
+                "{}: {} lessons, {} collections, {} images valid at tier {tier}{}",
+                dir.display(),
+                catalog.lessons.len(),
+                catalog.collections.len(),
+                catalog.images.len(),
+                if catalog.skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({} skipped below the tier)", catalog.skipped.len())
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = Config::load(config.as_deref())?;
+    let catalog = Catalog::load(&config.curriculum, config.tier)
+        .with_context(|| format!("curriculum {}", config.curriculum.display()))?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (key `listen`)", config.listen))?;
+    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
+    println!("listening on {}", listener.local_addr()?);
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        trigger.cancel();
+    });
+    scheduler_svc::run(config, catalog, listener, shutdown).await
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

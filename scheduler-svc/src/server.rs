@@ -1,0 +1,605 @@
+//! The public gRPC API (`antidote.api.v1`): validation at the edge, then the store, the catalog
+//! and the reconciler. Handlers never talk to agents except for Plan; provisioning is the
+//! reconciler's job.
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use api::admin_service_server::AdminService;
+use api::curriculum_service_server::CurriculumService;
+use api::live_lesson_service_server::LiveLessonService;
+use api::session_service_server::SessionService;
+use futures::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::catalog::Catalog;
+use crate::error::Error;
+use crate::fleet::{AgentState, Fleet};
+use crate::hub::Hub;
+use crate::model::{LiveLesson, LiveLessonId, Millis, SessionId};
+use crate::placement;
+use crate::reconcile::Reconciler;
+use crate::settings::Config;
+use crate::store::{LessonFilter, Requested, Store};
+use crate::wire;
+
+/// Longest lesson slug accepted, so a huge string cannot reach the store or the logs.
+const MAX_SLUG: usize = 128;
+
+/// The state every handler shares.
+#[derive(Clone)]
+pub struct Api {
+    /// Durable state.
+    pub store: Store,
+    /// Lessons.
+    pub catalog: Arc<Catalog>,
+    /// Where desired-state changes are handed over.
+    pub reconciler: Reconciler,
+    /// Live-lesson watchers.
+    pub hub: Arc<Hub>,
+    /// Agents (for listing and Plan).
+    pub fleet: Arc<Fleet>,
+    /// TTLs, limits, instance id.
+    pub config: Arc<Config>,
+    /// Ends Watch streams at shutdown.
+    pub shutdown: CancellationToken,
+}
+
+type Result<T> = std::result::Result<Response<T>, Status>;
+
+impl Api {
+    fn source_ip<T>(&self, request: &Request<T>) -> std::result::Result<IpAddr, Error> {
+        if self.config.trust_forwarded_for {
+            if let Some(forwarded) = request
+                .metadata()
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
+                let first = forwarded.split(',').next().unwrap_or_default().trim();
+                return first.parse().map_err(|_| Error::InvalidArgument {
+                    field: "x-forwarded-for",
+                    reason: format!("`{first}` is not an IP address"),
+                });
+            }
+        }
+        request
+            .remote_addr()
+            .map(|addr| addr.ip())
+            .ok_or(Error::InvalidArgument {
+                field: "peer",
+                reason: "the connection has no peer address".into(),
+            })
+    }
+
+    fn lesson_ttl(&self, persistent: bool) -> Option<Duration> {
+        (!persistent).then_some(self.config.ttl.live_lesson)
+    }
+
+    async fn api_lesson(&self, lesson: &LiveLesson) -> std::result::Result<api::LiveLesson, Error> {
+        let persistent = match self.store.session(lesson.session_id).await {
+            Ok(session) => session.persistent,
+            Err(Error::SessionNotFound(_)) => false,
+            Err(err) => return Err(err),
+        };
+        Ok(wire::live_lesson(lesson, self.lesson_ttl(persistent)))
+    }
+
+    fn check_lesson(&self, slug: &str, stage: u32) -> std::result::Result<(), Error> {
+        if slug.is_empty() || slug.len() > MAX_SLUG {
+            return Err(Error::InvalidArgument {
+                field: "lesson_slug",
+                reason: format!("must be 1..={MAX_SLUG} characters"),
+            });
+        }
+        let lesson = self
+            .catalog
+            .lesson(slug)
+            .ok_or_else(|| Error::LessonNotFound(slug.to_owned()))?;
+        let stages = lesson.stages.len() as u32;
+        if stage >= stages {
+            return Err(Error::StageOutOfRange {
+                lesson: slug.to_owned(),
+                stage,
+                last: stages.saturating_sub(1),
+            });
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, raw_id: &str, detail: &str) -> std::result::Result<(), Error> {
+        let id: LiveLessonId = raw_id.parse()?;
+        let lesson = self.store.mark_deleting(id, detail, Millis::now()).await?;
+        self.hub.publish(&lesson);
+        self.reconciler.enqueue(id);
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl CurriculumService for Api {
+    async fn get_curriculum(&self, _: Request<api::GetCurriculumRequest>) -> Result<api::Curriculum> {
+        let meta = &self.catalog.meta;
+        Ok(Response::new(api::Curriculum {
+            name: meta.name.clone(),
+            description: meta.description.clone(),
+            website: meta.website.clone().unwrap_or_default(),
+            antidote_version: meta.a_ver.clone().unwrap_or_default(),
+            git_root: meta.git_root.clone().unwrap_or_default(),
+            tier: self.config.tier.to_string(),
+            lesson_count: self.catalog.lessons.len() as u32,
+        }))
+    }
+
+    async fn list_lessons(
+        &self,
+        request: Request<api::ListLessonsRequest>,
+    ) -> Result<api::ListLessonsResponse> {
+        let filter = request.into_inner();
+        let lessons = self
+            .catalog
+            .lessons
+            .values()
+            .filter(|l| filter.category.is_empty() || l.category.as_str() == filter.category)
+            .filter(|l| {
+                filter.collection.is_empty()
+                    || l.collection.as_deref() == Some(filter.collection.as_str())
+            })
+            .filter(|l| filter.tag.is_empty() || l.tags.contains(&filter.tag))
+            .map(|l| wire::lesson(l, &[]))
+            .collect();
+        Ok(Response::new(api::ListLessonsResponse { lessons }))
+    }
+
+    async fn get_lesson(&self, request: Request<api::GetLessonRequest>) -> Result<api::Lesson> {
+        let slug = request.into_inner().slug;
+        let lesson = self
+            .catalog
+            .lesson(&slug)
+            .ok_or_else(|| Error::LessonNotFound(slug.chars().take(MAX_SLUG).collect()))?;
+        let mut guides = Vec::with_capacity(lesson.stages.len());
+        for stage in &lesson.stages {
+            // Guides are read on demand: they can be large and are rarely all needed.
+            let text = tokio::fs::read_to_string(&stage.guide).await.map_err(|err| {
+                Status::internal(format!(
+                    "cannot read guide {}: {err}",
+                    stage.guide.display()
+                ))
+            })?;
+            guides.push(text);
+        }
+        Ok(Response::new(wire::lesson(lesson, &guides)))
+    }
+
+    async fn get_lesson_prereqs(
+        &self,
+        request: Request<api::GetLessonPrereqsRequest>,
+    ) -> Result<api::GetLessonPrereqsResponse> {
+        let slug = request.into_inner().slug;
+        let root = self
+            .catalog
+            .lesson(&slug)
+            .ok_or_else(|| Error::LessonNotFound(slug.chars().take(MAX_SLUG).collect()))?;
+        // Depth-first post-order: every lesson after its own prerequisites. `seen` also stops
+        // cycles, which validation rejects anyway.
+        fn visit(catalog: &Catalog, slug: &str, seen: &mut Vec<String>, out: &mut Vec<String>) {
+            if seen.iter().any(|s| s == slug) {
+                return;
+            }
+            seen.push(slug.to_owned());
+            if let Some(lesson) = catalog.lesson(slug) {
+                for prereq in &lesson.prereqs {
+                    visit(catalog, prereq, seen, out);
+                }
+            }
+            out.push(slug.to_owned());
+        }
+        let mut seen = vec![root.slug.clone()];
+        let mut slugs = Vec::new();
+        for prereq in &root.prereqs {
+            visit(&self.catalog, prereq, &mut seen, &mut slugs);
+        }
+        Ok(Response::new(api::GetLessonPrereqsResponse { slugs }))
+    }
+
+    async fn list_collections(
+        &self,
+        _: Request<api::ListCollectionsRequest>,
+    ) -> Result<api::ListCollectionsResponse> {
+        let collections = self
+            .catalog
+            .collections
+            .values()
+            .map(|c| wire::collection(c, &self.catalog))
+            .collect();
+        Ok(Response::new(api::ListCollectionsResponse { collections }))
+    }
+
+    async fn get_collection(
+        &self,
+        request: Request<api::GetCollectionRequest>,
+    ) -> Result<api::Collection> {
+        let slug = request.into_inner().slug;
+        let collection = self
+            .catalog
+            .collection(&slug)
+            .ok_or_else(|| Error::CollectionNotFound(slug.chars().take(MAX_SLUG).collect()))?;
+        Ok(Response::new(wire::collection(collection, &self.catalog)))
+    }
+}
+
+#[tonic::async_trait]
+impl SessionService for Api {
+    #[tracing::instrument(skip_all)]
+    async fn create_session(&self, request: Request<api::CreateSessionRequest>) -> Result<api::Session> {
+        let ip = self.source_ip(&request)?;
+        let session = self
+            .store
+            .create_session(ip, self.config.limits.sessions_per_ip, Millis::now())
+            .await?;
+        tracing::debug!(session.id = %session.id, source_ip = %ip, "session created");
+        Ok(Response::new(wire::session(&session, self.config.ttl.session)))
+    }
+
+    async fn get_session(&self, request: Request<api::GetSessionRequest>) -> Result<api::Session> {
+        let id: SessionId = request.into_inner().id.parse().map_err(Error::from)?;
+        let session = self.store.session(id).await?;
+        Ok(Response::new(wire::session(&session, self.config.ttl.session)))
+    }
+}
+
+type LessonStream = Pin<Box<dyn Stream<Item = std::result::Result<api::LiveLesson, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl LiveLessonService for Api {
+    #[tracing::instrument(skip_all, fields(lesson = tracing::field::Empty, live_lesson.id = tracing::field::Empty))]
+    async fn request_live_lesson(
+        &self,
+        request: Request<api::RequestLiveLessonRequest>,
+    ) -> Result<api::LiveLesson> {
+        let api::RequestLiveLessonRequest {
+            session_id,
+            lesson_slug,
+            stage,
+        } = request.into_inner();
+        let session: SessionId = session_id.parse().map_err(Error::from)?;
+        self.check_lesson(&lesson_slug, stage)?;
+        tracing::Span::current().record("lesson", lesson_slug.as_str());
+        let (lesson, outcome) = self
+            .store
+            .request_live_lesson(
+                session,
+                &lesson_slug,
+                stage,
+                self.config.limits.live_lessons_per_session,
+                Millis::now(),
+            )
+            .await?;
+        tracing::Span::current().record("live_lesson.id", tracing::field::display(lesson.id));
+        if outcome != Requested::Touched {
+            self.hub.publish(&lesson);
+            self.reconciler.enqueue(lesson.id);
+        }
+        Ok(Response::new(self.api_lesson(&lesson).await?))
+    }
+
+    async fn get_live_lesson(
+        &self,
+        request: Request<api::GetLiveLessonRequest>,
+    ) -> Result<api::LiveLesson> {
+        let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
+        let lesson = self.store.live_lesson(id).await?;
+        Ok(Response::new(self.api_lesson(&lesson).await?))
+    }
+
+    async fn list_live_lessons(
+        &self,
+        request: Request<api::ListLiveLessonsRequest>,
+    ) -> Result<api::ListLiveLessonsResponse> {
+        let id: SessionId = request.into_inner().session_id.parse().map_err(Error::from)?;
+        let session = self.store.session(id).await?;
+        let ttl = self.lesson_ttl(session.persistent);
+        let live_lessons = self
+            .store
+            .session_live_lessons(id)
+            .await?
+            .iter()
+            .map(|l| wire::live_lesson(l, ttl))
+            .collect();
+        Ok(Response::new(api::ListLiveLessonsResponse { live_lessons }))
+    }
+
+    type WatchLiveLessonStream = LessonStream;
+
+    async fn watch_live_lesson(
+        &self,
+        request: Request<api::WatchLiveLessonRequest>,
+    ) -> Result<Self::WatchLiveLessonStream> {
+        let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
+        // Subscribe first, then read: a change between the two shows up as a (deduplicated)
+        // update instead of being lost.
+        let mut updates = self.hub.subscribe(id);
+        let first = self.store.live_lesson(id).await?;
+        let persistent = match self.store.session(first.session_id).await {
+            Ok(session) => session.persistent,
+            Err(_) => false,
+        };
+        let ttl = self.lesson_ttl(persistent);
+        let shutdown = self.shutdown.clone();
+        let stream = async_stream(move |tx| async move {
+            let mut last = first.clone();
+            if tx.send(Ok(wire::live_lesson(&first, ttl))).await.is_err() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    // The client went away: stop following.
+                    _ = tx.closed() => return,
+                    _ = shutdown.cancelled() => {
+                        let _ = tx.send(Err(Status::unavailable("the scheduler is shutting down; watch again"))).await;
+                        return;
+                    }
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
+                let update = updates.borrow_and_update().clone();
+                let Some(lesson) = update else {
+                    // Gone: the stream ends with OK.
+                    return;
+                };
+                if lesson == last {
+                    continue;
+                }
+                last = lesson.clone();
+                if tx.send(Ok(wire::live_lesson(&lesson, ttl))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<api::HeartbeatRequest>,
+    ) -> Result<api::HeartbeatResponse> {
+        let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
+        let (lesson, persistent) = self.store.heartbeat(id, Millis::now()).await?;
+        Ok(Response::new(api::HeartbeatResponse {
+            expires_at: self
+                .lesson_ttl(persistent)
+                .map(|ttl| wire::timestamp(lesson.last_active.plus(ttl))),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(live_lesson.id = tracing::field::Empty))]
+    async fn set_stage(&self, request: Request<api::SetStageRequest>) -> Result<api::LiveLesson> {
+        let api::SetStageRequest { id, stage } = request.into_inner();
+        let id: LiveLessonId = id.parse().map_err(Error::from)?;
+        tracing::Span::current().record("live_lesson.id", tracing::field::display(id));
+        let current = self.store.live_lesson(id).await?;
+        self.check_lesson(&current.lesson_slug, stage)?;
+        let (lesson, outcome) = self.store.set_stage(id, stage, Millis::now()).await?;
+        if outcome != Requested::Touched {
+            self.hub.publish(&lesson);
+            self.reconciler.enqueue(id);
+        }
+        Ok(Response::new(self.api_lesson(&lesson).await?))
+    }
+
+    async fn delete_live_lesson(
+        &self,
+        request: Request<api::DeleteLiveLessonRequest>,
+    ) -> Result<api::DeleteLiveLessonResponse> {
+        self.delete(&request.into_inner().id, "deleted").await?;
+        Ok(Response::new(api::DeleteLiveLessonResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Api {
+    async fn list_live_lessons(
+        &self,
+        request: Request<api::AdminListLiveLessonsRequest>,
+    ) -> Result<api::AdminListLiveLessonsResponse> {
+        let api::AdminListLiveLessonsRequest {
+            status,
+            lesson_slug,
+            agent,
+        } = request.into_inner();
+        let filter = LessonFilter {
+            status: wire::status_filter(status).map_err(|reason| Error::InvalidArgument {
+                field: "status",
+                reason,
+            })?,
+            lesson_slug: (!lesson_slug.is_empty()).then_some(lesson_slug),
+            agent: (!agent.is_empty()).then_some(agent),
+        };
+        let persistent: std::collections::HashSet<SessionId> = self
+            .store
+            .sessions()
+            .await?
+            .into_iter()
+            .filter(|s| s.persistent)
+            .map(|s| s.id)
+            .collect();
+        let live_lessons = self
+            .store
+            .live_lessons(&filter)
+            .await?
+            .iter()
+            .map(|l| wire::live_lesson(l, self.lesson_ttl(persistent.contains(&l.session_id))))
+            .collect();
+        Ok(Response::new(api::AdminListLiveLessonsResponse { live_lessons }))
+    }
+
+    async fn kill_live_lesson(
+        &self,
+        request: Request<api::KillLiveLessonRequest>,
+    ) -> Result<api::KillLiveLessonResponse> {
+        self.delete(&request.into_inner().id, "killed by an operator").await?;
+        Ok(Response::new(api::KillLiveLessonResponse {}))
+    }
+
+    async fn list_sessions(
+        &self,
+        _: Request<api::ListSessionsRequest>,
+    ) -> Result<api::ListSessionsResponse> {
+        let sessions = self
+            .store
+            .sessions()
+            .await?
+            .iter()
+            .map(|s| wire::session(s, self.config.ttl.session))
+            .collect();
+        Ok(Response::new(api::ListSessionsResponse { sessions }))
+    }
+
+    async fn persist_session(
+        &self,
+        request: Request<api::PersistSessionRequest>,
+    ) -> Result<api::Session> {
+        let api::PersistSessionRequest { id, persistent } = request.into_inner();
+        let id: SessionId = id.parse().map_err(Error::from)?;
+        let session = self.store.persist_session(id, persistent).await?;
+        Ok(Response::new(wire::session(&session, self.config.ttl.session)))
+    }
+
+    async fn list_agents(
+        &self,
+        _: Request<api::ListAgentsRequest>,
+    ) -> Result<api::ListAgentsResponse> {
+        let agents = self
+            .fleet
+            .agents()
+            .iter()
+            .map(|agent| {
+                let status = agent.status();
+                let handshake = status.handshake.clone().unwrap_or_default();
+                api::Agent {
+                    name: agent.name.clone(),
+                    address: agent.address.clone(),
+                    state: match status.state {
+                        AgentState::Connecting => api::AgentState::Connecting,
+                        AgentState::Ready => api::AgentState::Ready,
+                        AgentState::Unavailable => api::AgentState::Unavailable,
+                        AgentState::Incompatible => api::AgentState::Incompatible,
+                    } as i32,
+                    major: handshake.major,
+                    kind: handshake.agent_name,
+                    build_version: handshake.build_version,
+                    instance_id: handshake.instance_id,
+                    capabilities: handshake.capabilities,
+                    max_live_lessons: handshake.capacity.map_or(0, |c| c.max_live_lessons),
+                    live_lessons: agent.load.load(std::sync::atomic::Ordering::Relaxed),
+                    last_error: status.last_error,
+                    connected_at: status.connected_at.map(wire::timestamp),
+                }
+            })
+            .collect();
+        Ok(Response::new(api::ListAgentsResponse { agents }))
+    }
+
+    async fn plan(&self, request: Request<api::PlanRequest>) -> Result<api::PlanResponse> {
+        let api::PlanRequest { lesson_slug, stage } = request.into_inner();
+        self.check_lesson(&lesson_slug, stage)?;
+        // check_lesson proved the lesson exists.
+        let definition = self
+            .catalog
+            .lesson(&lesson_slug)
+            .ok_or_else(|| Error::LessonNotFound(lesson_slug.clone()))?;
+        let agent = placement::choose(self.fleet.agents(), &placement::needs(definition))
+            .map_err(|why| Error::NoAgent {
+                lesson: lesson_slug.clone(),
+                why,
+            })?;
+        // A throwaway live lesson: Plan has no side effects, so its ids are never used again.
+        let probe = LiveLesson {
+            id: LiveLessonId::new(),
+            session_id: SessionId::new(),
+            lesson_slug: lesson_slug.clone(),
+            stage,
+            generation: 1,
+            observed_generation: 0,
+            status: crate::model::Status::Pending,
+            reason: String::new(),
+            deleting: false,
+            agent: Some(agent.name.clone()),
+            handle: Vec::new(),
+            endpoints: Vec::new(),
+            created_at: Millis::now(),
+            last_active: Millis::now(),
+        };
+        let spec = wire::lesson_spec(&self.config.instance_id, &probe, definition, &self.catalog);
+        let plan = agent.plan(spec).await?;
+        Ok(Response::new(api::PlanResponse {
+            agent: agent.name.clone(),
+            objects: plan
+                .objects
+                .into_iter()
+                .map(|o| api::PlannedObject {
+                    kind: o.kind,
+                    name: o.name,
+                    ports: o.ports,
+                    detail: o.detail,
+                })
+                .collect(),
+            diagnostics: plan
+                .diagnostics
+                .into_iter()
+                .map(|d| {
+                    let severity = match d.severity {
+                        2 => "error",
+                        1 => "warning",
+                        _ => "note",
+                    };
+                    format!("{severity} {}: {}", d.field, d.message)
+                })
+                .collect(),
+        }))
+    }
+
+    async fn list_events(
+        &self,
+        request: Request<api::ListEventsRequest>,
+    ) -> Result<api::ListEventsResponse> {
+        let id: LiveLessonId = request
+            .into_inner()
+            .live_lesson_id
+            .parse()
+            .map_err(Error::from)?;
+        let events = self
+            .store
+            .events(id)
+            .await?
+            .into_iter()
+            .map(|e| api::Event {
+                seq: e.seq as u64,
+                live_lesson_id: e.live_lesson_id.to_string(),
+                at: Some(wire::timestamp(e.at)),
+                status: wire::status(e.status) as i32,
+                generation: e.generation,
+                stage: e.stage,
+                detail: e.detail,
+            })
+            .collect();
+        Ok(Response::new(api::ListEventsResponse { events }))
+    }
+}
+
+/// A stream fed by a task through a small channel; the task stops when the client goes away.
+fn async_stream<F, Fut>(body: F) -> LessonStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<std::result::Result<api::LiveLesson, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(body(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

@@ -1,0 +1,370 @@
+//! Typed configuration, loaded once: defaults → file → `ANTIDOTE_*` environment, then validated.
+//! A bad value stops start-up with an error naming the key.
+//!
+//! Environment keys use `__` between levels: `ANTIDOTE_TTL__LIVE_LESSON=10m`,
+//! `ANTIDOTE_LIMITS__SESSIONS_PER_IP=3`. Agents can be given as a comma-separated list of
+//! `name=address`: `ANTIDOTE_AGENTS=docker=http://127.0.0.1:7071,k8s=http://10.0.0.5:7071`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::catalog::Tier;
+
+/// The scheduler's whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the public gRPC API listens. Port 0 picks a free port (printed at start-up).
+    pub listen: SocketAddr,
+    /// This scheduler's instance id; agents label every object with it, so several schedulers
+    /// can share one backend.
+    pub instance_id: String,
+    /// The curriculum directory.
+    pub curriculum: PathBuf,
+    /// The lowest lesson tier loaded (prod > ptr > local).
+    pub tier: Tier,
+    /// The SQLite database file (created if missing).
+    pub database: PathBuf,
+    /// Idle expiry.
+    pub ttl: TtlConfig,
+    /// Admission limits.
+    pub limits: Limits,
+    /// The reaper's schedule.
+    pub reaper: ReaperConfig,
+    /// The reconciler's pool, deadlines and retries.
+    pub reconciler: ReconcilerConfig,
+    /// The agents to dial.
+    pub agents: Vec<AgentConfig>,
+    /// Take the client address from the first `x-forwarded-for` entry (only behind a trusted
+    /// proxy: otherwise any client could pick its own address and dodge the per-IP limit).
+    pub trust_forwarded_for: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            instance_id: "antidote".into(),
+            curriculum: PathBuf::from("curriculum"),
+            tier: Tier::Prod,
+            database: PathBuf::from("antidote.db"),
+            ttl: TtlConfig::default(),
+            limits: Limits::default(),
+            reaper: ReaperConfig::default(),
+            reconciler: ReconcilerConfig::default(),
+            agents: Vec::new(),
+            trust_forwarded_for: false,
+        }
+    }
+}
+
+/// Idle expiry, counted from last activity.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TtlConfig {
+    /// A live lesson idle this long is removed (unless its session is persistent).
+    #[serde(with = "humantime_serde")]
+    pub live_lesson: Duration,
+    /// A session idle this long is removed with its live lessons (unless persistent).
+    #[serde(with = "humantime_serde")]
+    pub session: Duration,
+}
+
+impl Default for TtlConfig {
+    fn default() -> Self {
+        Self {
+            live_lesson: Duration::from_secs(30 * 60),
+            session: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// Admission limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Live sessions one source address may hold; 0 for no limit.
+    pub sessions_per_ip: u32,
+    /// Live lessons one session may hold; 0 for no limit.
+    pub live_lessons_per_session: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            sessions_per_ip: 10,
+            live_lessons_per_session: 3,
+        }
+    }
+}
+
+/// The reaper's schedule.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReaperConfig {
+    /// How often idle live lessons and sessions are looked for.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// How often agents are listed for orphans.
+    #[serde(with = "humantime_serde")]
+    pub orphan_interval: Duration,
+    /// How long an orphan (an object an agent lists that the store does not know) must be seen
+    /// before it is removed; it covers lessons whose creation is still committing.
+    #[serde(with = "humantime_serde")]
+    pub orphan_grace: Duration,
+    /// How long events of removed live lessons are kept.
+    #[serde(with = "humantime_serde")]
+    pub event_retention: Duration,
+}
+
+impl Default for ReaperConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(15),
+            orphan_interval: Duration::from_secs(60),
+            orphan_grace: Duration::from_secs(5 * 60),
+            event_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// The reconciler's pool, deadlines and retries.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconcilerConfig {
+    /// Workers driving agents concurrently; work on one live lesson is always serialised.
+    pub workers: usize,
+    /// Deadline of each agent call.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// How long a generation may take to reach READY before it is FAILED.
+    #[serde(with = "humantime_serde")]
+    pub provision_timeout: Duration,
+    /// How long removal may take before the store forgets the live lesson and leaves what is
+    /// left to the orphan reaper.
+    #[serde(with = "humantime_serde")]
+    pub terminate_timeout: Duration,
+    /// First retry delay after a retryable agent error; doubles up to `backoff_max`.
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// How often an agent is asked with Get while its Watch stream is quiet (Watch is a speed-up,
+    /// Get is the truth).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            workers: 64,
+            call_timeout: Duration::from_secs(30),
+            provision_timeout: Duration::from_secs(15 * 60),
+            terminate_timeout: Duration::from_secs(5 * 60),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One agent to dial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// A name for logs, the API and the store.
+    pub name: String,
+    /// Its gRPC address, e.g. `http://127.0.0.1:7071`.
+    pub address: String,
+}
+
+impl<'de> Deserialize<'de> for AgentConfig {
+    /// Accepts a table `{ name, address }` or the string `name=address` (handy in environment
+    /// variables).
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Table { name: String, address: String },
+        }
+        match Raw::deserialize(de)? {
+            Raw::Table { name, address } => Ok(AgentConfig { name, address }),
+            Raw::Text(text) => match text.split_once('=') {
+                Some((name, address)) => Ok(AgentConfig {
+                    name: name.trim().to_owned(),
+                    address: address.trim().to_owned(),
+                }),
+                None => Err(serde::de::Error::custom(format!(
+                    "agent `{text}` should be `name=address`"
+                ))),
+            },
+        }
+    }
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The file or environment could not be read or parsed.
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A value parsed but makes no sense.
+    #[error("configuration key `{key}`: {reason}")]
+    Invalid {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Loads defaults, then `file` (TOML or YAML by extension) if given, then `ANTIDOTE_*`
+    /// environment variables, and validates the result.
+    pub fn load(file: Option<&Path>) -> Result<Config, SettingsError> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("ANTIDOTE")
+                .prefix_separator("_")
+                .separator("__")
+                .list_separator(",")
+                .with_list_parse_key("agents")
+                .try_parsing(true),
+        );
+        let config: Config = builder.build()?.try_deserialize()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what types alone cannot.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let invalid = |key: &str, reason: &str| {
+            Err(SettingsError::Invalid {
+                key: key.into(),
+                reason: reason.into(),
+            })
+        };
+        if self.instance_id.is_empty()
+            || !self
+                .instance_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+            || self.instance_id.len() > 40
+        {
+            return invalid(
+                "instance_id",
+                "must be 1-40 characters of letters, digits and dashes (it becomes a label)",
+            );
+        }
+        for (key, value) in [
+            ("ttl.live_lesson", self.ttl.live_lesson),
+            ("ttl.session", self.ttl.session),
+            ("reaper.interval", self.reaper.interval),
+            ("reaper.orphan_interval", self.reaper.orphan_interval),
+            ("reconciler.call_timeout", self.reconciler.call_timeout),
+            ("reconciler.provision_timeout", self.reconciler.provision_timeout),
+            ("reconciler.terminate_timeout", self.reconciler.terminate_timeout),
+            ("reconciler.backoff_initial", self.reconciler.backoff_initial),
+            ("reconciler.backoff_max", self.reconciler.backoff_max),
+            ("reconciler.poll_interval", self.reconciler.poll_interval),
+        ] {
+            if value.is_zero() {
+                return invalid(key, "must be longer than zero");
+            }
+        }
+        if self.reconciler.workers == 0 {
+            return invalid("reconciler.workers", "must be at least 1");
+        }
+        if self.reconciler.backoff_max < self.reconciler.backoff_initial {
+            return invalid(
+                "reconciler.backoff_max",
+                "must not be shorter than reconciler.backoff_initial",
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            if agent.name.is_empty() || !names.insert(agent.name.as_str()) {
+                return invalid(
+                    &format!("agents[{i}].name"),
+                    &format!("`{}` is empty or used twice", agent.name),
+                );
+            }
+            if let Err(err) = agent.address.parse::<tonic::transport::Uri>() {
+                return invalid(
+                    &format!("agents[{i}].address"),
+                    &format!("`{}` is not a URI: {err}", agent.address),
+                );
+            }
+            if !(agent.address.starts_with("http://") || agent.address.starts_with("https://")) {
+                return invalid(
+                    &format!("agents[{i}].address"),
+                    &format!("`{}` must start with http:// or https://", agent.address),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_toml(text: &str) -> Result<Config, SettingsError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("antidote.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(Some(&path))
+    }
+
+    #[test]
+    fn file_overrides_defaults() {
+        let config = load_toml(
+            r#"
+            listen = "127.0.0.1:0"
+            tier = "local"
+            [ttl]
+            live_lesson = "90s"
+            [[agents]]
+            name = "docker"
+            address = "http://127.0.0.1:7071"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.ttl.live_lesson, Duration::from_secs(90));
+        assert_eq!(config.ttl.session, Duration::from_secs(24 * 3600));
+        assert_eq!(config.tier, Tier::Local);
+        assert_eq!(config.agents[0].name, "docker");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = load_toml("[ttl]\nlive_lesson = \"soon\"\n").unwrap_err();
+        assert!(err.to_string().contains("ttl.live_lesson"), "{err}");
+        let err = load_toml("[limits]\nsessions_per_ip = -1\n").unwrap_err();
+        assert!(err.to_string().contains("sessions_per_ip"), "{err}");
+        let err = load_toml("[reconciler]\nworkers = 0\n").unwrap_err();
+        assert!(err.to_string().contains("reconciler.workers"), "{err}");
+        let err = load_toml("agents = [\"nameonly\"]\n").unwrap_err();
+        assert!(err.to_string().contains("name=address"), "{err}");
+        let err = load_toml("agents = [\"a=ftp://x\"]\n").unwrap_err();
+        assert!(err.to_string().contains("agents[0].address"), "{err}");
+        let err = load_toml("colour = \"blue\"\n").unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn agents_as_strings() {
+        let config = load_toml("agents = [\"a=http://127.0.0.1:1\", \"b=http://127.0.0.1:2\"]\n")
+            .unwrap();
+        assert_eq!(config.agents[1].address, "http://127.0.0.1:2");
+    }
+}

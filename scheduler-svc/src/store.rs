@@ -1,0 +1,889 @@
+//! The durable state: sessions, live lessons, their event log and agents' instance ids, in an
+//! SQLite file through sqlx (WAL, migrations embedded in the binary).
+//!
+//! Writes go through a pool of exactly one connection: SQLite has a single writer anyway, and
+//! with one connection every transaction runs alone, so read-then-write sequences (limits,
+//! "one live lesson per (session, lesson)") are atomic. The unique key on
+//! `(session_id, lesson_slug)` still guards the invariant at the schema level. Reads use a
+//! separate pool of read-only connections, which WAL lets run beside the writer.
+//!
+//! Every function that changes a live lesson returns its new row, so callers can publish it to
+//! watchers without reading it again, and records an event in the same transaction.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use crate::error::Error;
+use crate::model::{
+    EndpointInfo, Event, LiveLesson, LiveLessonId, Millis, Session, SessionId, Status,
+};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \
+     observed_generation, status, reason, deleting, agent, handle, endpoints, created_at, \
+     last_active";
+
+const SESSION_COLUMNS: &str = "id, source_ip, persistent, created_at, last_active";
+
+/// Handle to the database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    /// The single writer connection.
+    writer: SqlitePool,
+    /// Read-only connections for queries.
+    reader: SqlitePool,
+}
+
+/// What a request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requested {
+    /// A new live lesson was recorded.
+    Created,
+    /// The existing live lesson already matched; it was only touched.
+    Touched,
+    /// The existing live lesson got a new generation (stage change or retry after FAILED).
+    Changed,
+}
+
+/// What the reconciler observed, to record on a live lesson.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// The status to enter.
+    pub status: Status,
+    /// Reason or progress detail.
+    pub reason: String,
+    /// Observed endpoints, if the agent reported them.
+    pub endpoints: Option<Vec<EndpointInfo>>,
+    /// The agent's handle, if it returned one.
+    pub handle: Option<Vec<u8>>,
+}
+
+/// Filters for the admin listing.
+#[derive(Debug, Clone, Default)]
+pub struct LessonFilter {
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only this lesson.
+    pub lesson_slug: Option<String>,
+    /// Only this agent.
+    pub agent: Option<String>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database file and applies migrations.
+    pub async fn open(path: &Path) -> Result<Store> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // With WAL, NORMAL syncs at checkpoints: a power cut may lose the last transactions
+            // but never corrupts the file, and commits stay fast.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("./migrations").run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Store { writer, reader })
+    }
+
+    /// Closes both pools, waiting for queries in flight.
+    pub async fn close(&self) {
+        self.writer.close().await;
+        self.reader.close().await;
+    }
+
+    // ----- sessions -----
+
+    /// Records a new session for `ip`, unless the address already holds `limit` live sessions
+    /// (0 = no limit).
+    pub async fn create_session(&self, ip: IpAddr, limit: u32, now: Millis) -> Result<Session> {
+        let mut tx = self.writer.begin().await?;
+        if limit > 0 {
+            let held: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM sessions WHERE source_ip = ? AND expired = 0")
+                    .bind(ip.to_string())
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if held >= i64::from(limit) {
+                return Err(Error::TooManySessions { ip, limit });
+            }
+        }
+        let session = Session {
+            id: SessionId::new(),
+            source_ip: ip,
+            persistent: false,
+            created_at: now,
+            last_active: now,
+        };
+        sqlx::query(
+            "INSERT INTO sessions (id, source_ip, persistent, created_at, last_active) \
+             VALUES (?, ?, 0, ?, ?)",
+        )
+        .bind(session.id.to_string())
+        .bind(ip.to_string())
+        .bind(now.0)
+        .bind(now.0)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    /// A live (unexpired) session.
+    pub async fn session(&self, id: SessionId) -> Result<Session> {
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ? AND expired = 0"
+        ))
+        .bind(id.to_string())
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|row| session_from_row(&row))
+            .transpose()?
+            .ok_or(Error::SessionNotFound(id))
+    }
+
+    /// Every live session, oldest first.
+    pub async fn sessions(&self) -> Result<Vec<Session>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE expired = 0 ORDER BY created_at, id"
+        ))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    /// Sets or clears a session's persistent flag.
+    pub async fn persist_session(&self, id: SessionId, persistent: bool) -> Result<Session> {
+        let row = sqlx::query(&format!(
+            "UPDATE sessions SET persistent = ? WHERE id = ? AND expired = 0 \
+             RETURNING {SESSION_COLUMNS}"
+        ))
+        .bind(persistent)
+        .bind(id.to_string())
+        .fetch_optional(&self.writer)
+        .await?;
+        row.map(|row| session_from_row(&row))
+            .transpose()?
+            .ok_or(Error::SessionNotFound(id))
+    }
+
+    // ----- live lessons: requests -----
+
+    /// Asks for `lesson` at `stage` in `session`: creates the live lesson, or touches it, or
+    /// gives it a new generation (stage change, retry after FAILED), all in one transaction.
+    pub async fn request_live_lesson(
+        &self,
+        session: SessionId,
+        lesson: &str,
+        stage: u32,
+        limit: u32,
+        now: Millis,
+    ) -> Result<(LiveLesson, Requested)> {
+        let mut tx = self.writer.begin().await?;
+        touch_session(&mut tx, session, now).await?;
+        let existing = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE session_id = ? AND lesson_slug = ?"
+        ))
+        .bind(session.to_string())
+        .bind(lesson)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(row) = existing {
+            let current = lesson_from_row(&row)?;
+            let (lesson, outcome) = change_or_touch(&mut tx, current, stage, now).await?;
+            tx.commit().await?;
+            return Ok((lesson, outcome));
+        }
+        if limit > 0 {
+            let held: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM live_lessons WHERE session_id = ?")
+                    .bind(session.to_string())
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if held >= i64::from(limit) {
+                return Err(Error::TooManyLiveLessons { session, limit });
+            }
+        }
+        let id = LiveLessonId::new();
+        let row = sqlx::query(&format!(
+            "INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
+             created_at, last_active) VALUES (?, ?, ?, ?, 1, 'PENDING', ?, ?) \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(id.to_string())
+        .bind(session.to_string())
+        .bind(lesson)
+        .bind(stage)
+        .bind(now.0)
+        .bind(now.0)
+        .fetch_one(&mut *tx)
+        .await?;
+        let lesson = lesson_from_row(&row)?;
+        record_event(&mut tx, &lesson, "requested", now).await?;
+        tx.commit().await?;
+        Ok((lesson, Requested::Created))
+    }
+
+    /// Moves a live lesson to another stage (same rules as asking again with a stage).
+    pub async fn set_stage(
+        &self,
+        id: LiveLessonId,
+        stage: u32,
+        now: Millis,
+    ) -> Result<(LiveLesson, Requested)> {
+        let mut tx = self.writer.begin().await?;
+        let current = fetch_lesson(&mut tx, id).await?;
+        touch_session(&mut tx, current.session_id, now).await?;
+        let (lesson, outcome) = change_or_touch(&mut tx, current, stage, now).await?;
+        tx.commit().await?;
+        Ok((lesson, outcome))
+    }
+
+    /// Records activity on a live lesson and its session; returns the live lesson and whether
+    /// its session is persistent.
+    pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<(LiveLesson, bool)> {
+        let mut tx = self.writer.begin().await?;
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET last_active = ? WHERE id = ? AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(now.0)
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(Error::LiveLessonNotFound(id))?;
+        let lesson = lesson_from_row(&row)?;
+        let session = touch_session(&mut tx, lesson.session_id, now).await?;
+        tx.commit().await?;
+        Ok((lesson, session.persistent))
+    }
+
+    /// Marks a live lesson for removal (desired state: absent) with a new generation.
+    /// `detail` says why ("deleted", "killed", "expired").
+    pub async fn mark_deleting(
+        &self,
+        id: LiveLessonId,
+        detail: &str,
+        now: Millis,
+    ) -> Result<LiveLesson> {
+        let mut tx = self.writer.begin().await?;
+        let current = fetch_lesson(&mut tx, id).await?;
+        if current.deleting {
+            tx.commit().await?;
+            return Ok(current);
+        }
+        let lesson = set_deleting(&mut tx, id, now).await?;
+        record_event(&mut tx, &lesson, detail, now).await?;
+        tx.commit().await?;
+        Ok(lesson)
+    }
+
+    // ----- live lessons: reads -----
+
+    /// One live lesson.
+    pub async fn live_lesson(&self, id: LiveLessonId) -> Result<LiveLesson> {
+        let row = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ?"
+        ))
+        .bind(id.to_string())
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|row| lesson_from_row(&row))
+            .transpose()?
+            .ok_or(Error::LiveLessonNotFound(id))
+    }
+
+    /// The live lesson if it still exists.
+    pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
+        match self.live_lesson(id).await {
+            Ok(lesson) => Ok(Some(lesson)),
+            Err(Error::LiveLessonNotFound(_)) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// A session's live lessons, oldest first.
+    pub async fn session_live_lessons(&self, session: SessionId) -> Result<Vec<LiveLesson>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE session_id = ? \
+             ORDER BY created_at, id"
+        ))
+        .bind(session.to_string())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(lesson_from_row).collect()
+    }
+
+    /// Every live lesson matching the filter, oldest first.
+    pub async fn live_lessons(&self, filter: &LessonFilter) -> Result<Vec<LiveLesson>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons \
+             WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR lesson_slug = ?2) \
+             AND (?3 IS NULL OR agent = ?3) ORDER BY created_at, id"
+        ))
+        .bind(filter.status.map(Status::as_str))
+        .bind(filter.lesson_slug.as_deref())
+        .bind(filter.agent.as_deref())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(lesson_from_row).collect()
+    }
+
+    /// Ids of every live lesson the reconciler still has work on (used at start-up to resume).
+    pub async fn unsettled(&self) -> Result<Vec<LiveLessonId>> {
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM live_lessons WHERE deleting = 1 OR observed_generation != generation \
+             OR status NOT IN ('READY', 'FAILED') ORDER BY created_at",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(|id| parse_lesson_id(id)).collect()
+    }
+
+    /// Ids of the live lessons placed on `agent`.
+    pub async fn on_agent(&self, agent: &str) -> Result<Vec<LiveLessonId>> {
+        let rows: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM live_lessons WHERE agent = ? ORDER BY created_at")
+                .bind(agent)
+                .fetch_all(&self.reader)
+                .await?;
+        rows.iter().map(|id| parse_lesson_id(id)).collect()
+    }
+
+    /// How many live lessons each agent holds.
+    pub async fn agent_loads(&self) -> Result<Vec<(String, u32)>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT agent, COUNT(*) FROM live_lessons WHERE agent IS NOT NULL GROUP BY agent",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(agent, n)| (agent, u32::try_from(n).unwrap_or(u32::MAX)))
+            .collect())
+    }
+
+    /// A live lesson's events, oldest first.
+    pub async fn events(&self, id: LiveLessonId) -> Result<Vec<Event>> {
+        let rows = sqlx::query(
+            "SELECT seq, live_lesson_id, at, status, generation, stage, detail FROM events \
+             WHERE live_lesson_id = ? ORDER BY seq",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Event {
+                    seq: row.try_get("seq")?,
+                    live_lesson_id: parse_lesson_id(&row.try_get::<String, _>("live_lesson_id")?)?,
+                    at: Millis(row.try_get("at")?),
+                    status: parse_status(&row.try_get::<String, _>("status")?)?,
+                    generation: row.try_get::<i64, _>("generation")? as u64,
+                    stage: row.try_get("stage")?,
+                    detail: row.try_get("detail")?,
+                })
+            })
+            .collect()
+    }
+
+    // ----- live lessons: the reconciler's writes -----
+
+    /// Places a live lesson on an agent, if it is not placed yet; returns the agent it is on.
+    pub async fn place(&self, id: LiveLessonId, agent: &str) -> Result<LiveLesson> {
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET agent = COALESCE(agent, ?) WHERE id = ? \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(agent)
+        .bind(id.to_string())
+        .fetch_optional(&self.writer)
+        .await?;
+        row.map(|row| lesson_from_row(&row))
+            .transpose()?
+            .ok_or(Error::LiveLessonNotFound(id))
+    }
+
+    /// Records what the reconciler observed for `generation`. Returns `None` (and changes
+    /// nothing) when the live lesson is gone or its desired state moved on to a newer
+    /// generation meanwhile: a stale worker can never overwrite newer intent. An event is
+    /// recorded when the status changes.
+    pub async fn observe(
+        &self,
+        id: LiveLessonId,
+        generation: u64,
+        observation: Observation,
+        now: Millis,
+    ) -> Result<Option<LiveLesson>> {
+        let mut tx = self.writer.begin().await?;
+        let Some(row) = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ? AND generation = ? \
+             AND deleting = 0"
+        ))
+        .bind(id.to_string())
+        .bind(generation as i64)
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let before = lesson_from_row(&row)?;
+        let settled = observation.status.is_settled();
+        let endpoints = match &observation.endpoints {
+            Some(endpoints) => serde_json::to_string(endpoints)
+                .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
+            None => serde_json::to_string(&before.endpoints)
+                .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
+        };
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET status = ?, reason = ?, endpoints = ?, \
+             handle = COALESCE(?, handle), \
+             observed_generation = CASE WHEN ? THEN generation ELSE observed_generation END \
+             WHERE id = ? RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(observation.status.as_str())
+        .bind(&observation.reason)
+        .bind(endpoints)
+        .bind(observation.handle.as_deref())
+        .bind(settled)
+        .bind(id.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        let lesson = lesson_from_row(&row)?;
+        if before.status != lesson.status {
+            record_event(&mut tx, &lesson, &lesson.reason, now).await?;
+        }
+        tx.commit().await?;
+        Ok(Some(lesson))
+    }
+
+    /// Forgets a live lesson whose objects are gone, recording the final event; deletes its
+    /// session too when the session expired and this was its last live lesson.
+    pub async fn forget(&self, id: LiveLessonId, detail: &str, now: Millis) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        let Some(row) = sqlx::query(&format!(
+            "DELETE FROM live_lessons WHERE id = ? RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(());
+        };
+        let lesson = lesson_from_row(&row)?;
+        record_event(&mut tx, &lesson, detail, now).await?;
+        sqlx::query(
+            "DELETE FROM sessions WHERE id = ? AND expired = 1 \
+             AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = sessions.id)",
+        )
+        .bind(lesson.session_id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    // ----- the reaper -----
+
+    /// Marks for removal every live lesson idle since before `cutoff` whose session is not
+    /// persistent; returns them.
+    pub async fn expire_live_lessons(&self, cutoff: Millis, now: Millis) -> Result<Vec<LiveLesson>> {
+        let mut tx = self.writer.begin().await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT l.id FROM live_lessons l JOIN sessions s ON s.id = l.session_id \
+             WHERE l.deleting = 0 AND l.last_active < ? AND s.persistent = 0",
+        )
+        .bind(cutoff.0)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut expired = Vec::with_capacity(ids.len());
+        for id in ids {
+            let lesson = set_deleting(&mut tx, parse_lesson_id(&id)?, now).await?;
+            record_event(&mut tx, &lesson, "expired: idle past the live lesson TTL", now).await?;
+            expired.push(lesson);
+        }
+        tx.commit().await?;
+        Ok(expired)
+    }
+
+    /// Expires every non-persistent session idle since before `cutoff`, marks its live lessons
+    /// for removal and returns them; sessions left without live lessons are deleted at once.
+    pub async fn expire_sessions(&self, cutoff: Millis, now: Millis) -> Result<Vec<LiveLesson>> {
+        let mut tx = self.writer.begin().await?;
+        sqlx::query(
+            "UPDATE sessions SET expired = 1 WHERE expired = 0 AND persistent = 0 \
+             AND last_active < ?",
+        )
+        .bind(cutoff.0)
+        .execute(&mut *tx)
+        .await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT l.id FROM live_lessons l JOIN sessions s ON s.id = l.session_id \
+             WHERE s.expired = 1 AND l.deleting = 0",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut expired = Vec::with_capacity(ids.len());
+        for id in ids {
+            let lesson = set_deleting(&mut tx, parse_lesson_id(&id)?, now).await?;
+            record_event(&mut tx, &lesson, "expired: session idle past its TTL", now).await?;
+            expired.push(lesson);
+        }
+        sqlx::query(
+            "DELETE FROM sessions WHERE expired = 1 \
+             AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = sessions.id)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(expired)
+    }
+
+    /// Deletes events of live lessons that no longer exist, older than `cutoff`.
+    pub async fn prune_events(&self, cutoff: Millis) -> Result<u64> {
+        let done = sqlx::query(
+            "DELETE FROM events WHERE at < ? \
+             AND live_lesson_id NOT IN (SELECT id FROM live_lessons)",
+        )
+        .bind(cutoff.0)
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Whether a live lesson with this id exists.
+    pub async fn exists(&self, id: &str) -> Result<bool> {
+        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM live_lessons WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.reader)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    // ----- agents -----
+
+    /// The instance id an agent reported last, if any.
+    pub async fn agent_instance(&self, agent: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT instance_id FROM agents WHERE name = ?")
+                .bind(agent)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
+    }
+
+    /// Records the instance id an agent reported.
+    pub async fn set_agent_instance(&self, agent: &str, instance: &str, now: Millis) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO agents (name, instance_id, seen_at) VALUES (?, ?, ?) \
+             ON CONFLICT (name) DO UPDATE SET instance_id = excluded.instance_id, \
+             seen_at = excluded.seen_at",
+        )
+        .bind(agent)
+        .bind(instance)
+        .bind(now.0)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Applies a request for `stage` to an existing live lesson.
+async fn change_or_touch(
+    tx: &mut Transaction<'_, Sqlite>,
+    current: LiveLesson,
+    stage: u32,
+    now: Millis,
+) -> Result<(LiveLesson, Requested)> {
+    if current.deleting {
+        return Err(Error::StillTerminating(current.id));
+    }
+    let failed = current.status == Status::Failed;
+    if current.stage == stage && !failed {
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET last_active = ? WHERE id = ? RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(now.0)
+        .bind(current.id.to_string())
+        .fetch_one(&mut **tx)
+        .await?;
+        return Ok((lesson_from_row(&row)?, Requested::Touched));
+    }
+    if !current.status.is_settled() {
+        return Err(Error::Busy {
+            id: current.id,
+            status: current.status,
+        });
+    }
+    // A stage change keeps the endpoints: READY → CONFIGURING → READY. A retry after FAILED
+    // starts over from PENDING.
+    let (status, detail) = if current.stage != stage && current.status == Status::Ready {
+        (Status::Configuring, format!("stage change to {stage}"))
+    } else {
+        (Status::Pending, "retry after failure".to_owned())
+    };
+    let row = sqlx::query(&format!(
+        "UPDATE live_lessons SET stage = ?, generation = generation + 1, status = ?, \
+         reason = '', last_active = ? WHERE id = ? RETURNING {LESSON_COLUMNS}"
+    ))
+    .bind(stage)
+    .bind(status.as_str())
+    .bind(now.0)
+    .bind(current.id.to_string())
+    .fetch_one(&mut **tx)
+    .await?;
+    let lesson = lesson_from_row(&row)?;
+    record_event(tx, &lesson, &detail, now).await?;
+    Ok((lesson, Requested::Changed))
+}
+
+async fn set_deleting(
+    tx: &mut Transaction<'_, Sqlite>,
+    id: LiveLessonId,
+    now: Millis,
+) -> Result<LiveLesson> {
+    let row = sqlx::query(&format!(
+        "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+         status = 'TERMINATING', reason = '', last_active = ? WHERE id = ? \
+         RETURNING {LESSON_COLUMNS}"
+    ))
+    .bind(now.0)
+    .bind(id.to_string())
+    .fetch_one(&mut **tx)
+    .await?;
+    lesson_from_row(&row)
+}
+
+async fn fetch_lesson(tx: &mut Transaction<'_, Sqlite>, id: LiveLessonId) -> Result<LiveLesson> {
+    let row = sqlx::query(&format!(
+        "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ?"
+    ))
+    .bind(id.to_string())
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(Error::LiveLessonNotFound(id))?;
+    lesson_from_row(&row)
+}
+
+async fn touch_session(
+    tx: &mut Transaction<'_, Sqlite>,
+    id: SessionId,
+    now: Millis,
+) -> Result<Session> {
+    let row = sqlx::query(&format!(
+        "UPDATE sessions SET last_active = ? WHERE id = ? AND expired = 0 \
+         RETURNING {SESSION_COLUMNS}"
+    ))
+    .bind(now.0)
+    .bind(id.to_string())
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(Error::SessionNotFound(id))?;
+    session_from_row(&row)
+}
+
+async fn record_event(
+    tx: &mut Transaction<'_, Sqlite>,
+    lesson: &LiveLesson,
+    detail: &str,
+    now: Millis,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO events (live_lesson_id, at, status, generation, stage, detail) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(lesson.id.to_string())
+    .bind(now.0)
+    .bind(lesson.status.as_str())
+    .bind(lesson.generation as i64)
+    .bind(lesson.stage)
+    .bind(detail)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+fn parse_lesson_id(text: &str) -> Result<LiveLessonId> {
+    LiveLessonId::from_str(text).map_err(|err| Error::Corrupt(err.to_string()))
+}
+
+fn parse_status(text: &str) -> Result<Status> {
+    Status::from_str(text).map_err(Error::Corrupt)
+}
+
+fn session_from_row(row: &SqliteRow) -> Result<Session> {
+    let id: String = row.try_get("id")?;
+    let ip: String = row.try_get("source_ip")?;
+    Ok(Session {
+        id: SessionId::from_str(&id).map_err(|err| Error::Corrupt(err.to_string()))?,
+        source_ip: ip
+            .parse()
+            .map_err(|_| Error::Corrupt(format!("bad source ip `{ip}`")))?,
+        persistent: row.try_get("persistent")?,
+        created_at: Millis(row.try_get("created_at")?),
+        last_active: Millis(row.try_get("last_active")?),
+    })
+}
+
+fn lesson_from_row(row: &SqliteRow) -> Result<LiveLesson> {
+    let id: String = row.try_get("id")?;
+    let session: String = row.try_get("session_id")?;
+    let endpoints: String = row.try_get("endpoints")?;
+    Ok(LiveLesson {
+        id: parse_lesson_id(&id)?,
+        session_id: SessionId::from_str(&session).map_err(|err| Error::Corrupt(err.to_string()))?,
+        lesson_slug: row.try_get("lesson_slug")?,
+        stage: row.try_get("stage")?,
+        generation: row.try_get::<i64, _>("generation")? as u64,
+        observed_generation: row.try_get::<i64, _>("observed_generation")? as u64,
+        status: parse_status(&row.try_get::<String, _>("status")?)?,
+        reason: row.try_get("reason")?,
+        deleting: row.try_get("deleting")?,
+        agent: row.try_get("agent")?,
+        handle: row.try_get("handle")?,
+        endpoints: serde_json::from_str(&endpoints)
+            .map_err(|err| Error::Corrupt(format!("endpoints of {id}: {err}")))?,
+        created_at: Millis(row.try_get("created_at")?),
+        last_active: Millis(row.try_get("last_active")?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        (dir, store)
+    }
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[tokio::test]
+    async fn session_limit_per_ip() {
+        let (_dir, store) = store().await;
+        let now = Millis(1_000);
+        store.create_session(IP, 2, now).await.unwrap();
+        store.create_session(IP, 2, now).await.unwrap();
+        let err = store.create_session(IP, 2, now).await.unwrap_err();
+        assert!(matches!(err, Error::TooManySessions { limit: 2, .. }), "{err}");
+        assert_eq!(store.sessions().await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn request_creates_touches_changes_and_retries() {
+        let (_dir, store) = store().await;
+        let session = store.create_session(IP, 0, Millis(1)).await.unwrap();
+        let (first, outcome) = store
+            .request_live_lesson(session.id, "intro", 0, 3, Millis(2))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Requested::Created);
+        assert_eq!((first.status, first.generation), (Status::Pending, 1));
+
+        let (again, outcome) = store
+            .request_live_lesson(session.id, "intro", 0, 3, Millis(3))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Requested::Touched);
+        assert_eq!((again.id, again.last_active), (first.id, Millis(3)));
+
+        // Still PENDING: a stage change must wait.
+        let err = store
+            .request_live_lesson(session.id, "intro", 1, 3, Millis(4))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
+
+        let ready = Observation {
+            status: Status::Ready,
+            reason: String::new(),
+            endpoints: Some(vec![]),
+            handle: Some(b"h".to_vec()),
+        };
+        let observed = store
+            .observe(first.id, 1, ready, Millis(5))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(observed.observed_generation, 1);
+        assert!(!observed.needs_work());
+
+        let (changed, outcome) = store.set_stage(first.id, 1, Millis(6)).await.unwrap();
+        assert_eq!(outcome, Requested::Changed);
+        assert_eq!(
+            (changed.status, changed.generation, changed.stage),
+            (Status::Configuring, 2, 1)
+        );
+        // A stale observation for generation 1 is dropped.
+        let stale = Observation {
+            status: Status::Failed,
+            reason: "late".into(),
+            endpoints: None,
+            handle: None,
+        };
+        assert!(store.observe(first.id, 1, stale, Millis(7)).await.unwrap().is_none());
+        let events = store.events(first.id).await.unwrap();
+        let statuses: Vec<_> = events.iter().map(|e| e.status).collect();
+        assert_eq!(
+            statuses,
+            [Status::Pending, Status::Ready, Status::Configuring]
+        );
+    }
+
+    #[tokio::test]
+    async fn live_lesson_limit_and_expiry() {
+        let (_dir, store) = store().await;
+        let session = store.create_session(IP, 0, Millis(1)).await.unwrap();
+        store
+            .request_live_lesson(session.id, "a", 0, 1, Millis(2))
+            .await
+            .unwrap();
+        let err = store
+            .request_live_lesson(session.id, "b", 0, 1, Millis(2))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::TooManyLiveLessons { .. }), "{err}");
+
+        let expired = store
+            .expire_sessions(Millis(10), Millis(11))
+            .await
+            .unwrap();
+        assert_eq!(expired.len(), 1);
+        assert!(expired[0].deleting);
+        assert!(matches!(
+            store.session(session.id).await,
+            Err(Error::SessionNotFound(_))
+        ));
+        store.forget(expired[0].id, "gone", Millis(12)).await.unwrap();
+        // The expired session went with its last live lesson.
+        assert!(store.sessions().await.unwrap().is_empty());
+        let raw: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sessions")
+            .fetch_one(&store.reader)
+            .await
+            .unwrap();
+        assert_eq!(raw, 0);
+    }
+}
