@@ -18,10 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(files, ["."])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("antidote_descriptor.bin"),
-        fds.encode_to_vec(),
-    )?;
+    std::fs::write(out_dir.join("antidote_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
         .bytes(".antidote.agent.v1.LiveLessonState.handle")
         .compile_fds(fds)?;

@@ -58,9 +58,7 @@ pub enum Error {
         limit: u32,
     },
     /// A stage change while the live lesson is still working.
-    #[error(
-        "live lesson {id} is {status}; change stage once it is READY or FAILED"
-    )]
+    #[error("live lesson {id} is {status}; change stage once it is READY or FAILED")]
     Busy {
         /// The live lesson.
         id: LiveLessonId,

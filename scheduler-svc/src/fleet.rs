@@ -218,7 +218,10 @@ impl Agent {
     }
 
     /// Provision.
-    pub async fn provision(&self, spec: proto::LessonSpec) -> Result<proto::LiveLessonState, Error> {
+    pub async fn provision(
+        &self,
+        spec: proto::LessonSpec,
+    ) -> Result<proto::LiveLessonState, Error> {
         let response = self
             .client
             .clone()
@@ -441,7 +444,10 @@ async fn connect_and_follow(agent: &Agent, ctx: &SupervisorContext) -> Result<()
         supported_majors: vec![proto::MAJOR],
         scheduler_instance_id: ctx.instance_id.clone(),
         scheduler_version: env!("CARGO_PKG_VERSION").to_owned(),
-        capabilities: SCHEDULER_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+        capabilities: SCHEDULER_CAPABILITIES
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect(),
     };
     let handshake = match agent.handshake(request).await {
         Ok(handshake) => handshake,
@@ -578,7 +584,9 @@ fn read(lock: &RwLock<AgentStatus>) -> std::sync::RwLockReadGuard<'_, AgentStatu
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Every critical section is a single map operation; a poisoned lock is still consistent.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Decrements an agent's load counter without wrapping below zero.

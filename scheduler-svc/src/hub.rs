@@ -64,6 +64,8 @@ impl Hub {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LiveLessonId, watch::Sender<Update>>> {
         // A panic while holding this lock cannot leave the map inconsistent (every operation is
         // a single insert/remove/send), so a poisoned lock is safe to keep using.
-        self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -90,7 +90,9 @@ pub async fn run(
             ),
         },
     );
-    reconciler.start(&tracker, shutdown.clone(), fleet_rx).await?;
+    reconciler
+        .start(&tracker, shutdown.clone(), fleet_rx)
+        .await?;
     let reaper = Reaper {
         store: store.clone(),
         reconciler: reconciler.clone(),
@@ -137,14 +139,9 @@ pub async fn run(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(
-            api::v1_curriculum(api.clone())
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
+        .add_service(api::v1_curriculum(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES))
         .add_service(api::v1_sessions(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES))
-        .add_service(
-            api::v1_live_lessons(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
+        .add_service(api::v1_live_lessons(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES))
         .add_service(api::v1_admin(api).max_decoding_message_size(MAX_REQUEST_BYTES))
         .serve_with_incoming_shutdown(incoming, serve_shutdown.cancelled_owned())
         .await?;
@@ -152,7 +149,10 @@ pub async fn run(
     tracing::info!("API stopped; waiting for background work");
     shutdown.cancel();
     tracker.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("background work did not stop within {SHUTDOWN_GRACE:?}");
     }
     store.close().await;

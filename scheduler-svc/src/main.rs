@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         Command::Serve { config } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("ANTIDOTE_LOG")
+                    tracing_subscriber::EnvFilter::try_from_default_env()
                         .unwrap_or_else(|_| "info".into()),
                 )
                 .with_writer(std::io::stderr)

@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, is_retryable};
-use crate::fleet::{self, Agent, FleetEvent, Fleet, Observed};
+use crate::fleet::{self, Agent, Fleet, FleetEvent, Observed};
 use crate::hub::Hub;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Status};
 use crate::placement;
@@ -158,7 +158,9 @@ impl Reconciler {
                         self.enqueue(id);
                     }
                 }
-                Err(err) => tracing::error!(%agent, error = %err, "cannot list the agent's live lessons"),
+                Err(err) => {
+                    tracing::error!(%agent, error = %err, "cannot list the agent's live lessons")
+                }
             },
             FleetEvent::Unsolicited(agent, state) => {
                 // A settled live lesson failed on the agent (e.g. its container died): record it
@@ -244,30 +246,41 @@ impl Reconciler {
         let deadline = attempt.started + inner.config.provision_timeout;
         let Some(definition) = inner.catalog.lesson(&lesson.lesson_slug) else {
             return self
-                .fail(&lesson, format!("lesson `{}` is no longer in the curriculum", lesson.lesson_slug))
+                .fail(
+                    &lesson,
+                    format!(
+                        "lesson `{}` is no longer in the curriculum",
+                        lesson.lesson_slug
+                    ),
+                )
                 .await;
         };
 
         // Placement.
         let agent = match &lesson.agent {
-            Some(name) => match inner.fleet.get(name) {
-                Some(agent) => agent.clone(),
-                None => {
-                    return self
+            Some(name) => {
+                match inner.fleet.get(name) {
+                    Some(agent) => agent.clone(),
+                    None => {
+                        return self
                         .fail(&lesson, format!("agent `{name}` holding this live lesson is no longer configured"))
                         .await;
+                    }
                 }
-            },
+            }
             None => match placement::choose(inner.fleet.agents(), &placement::needs(definition)) {
                 Ok(agent) => {
                     let placed = inner.store.place(lesson.id, &agent.name).await?;
                     if placed.agent.as_deref() == Some(agent.name.as_str()) {
-                        agent.load.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        agent
+                            .load
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     agent
                 }
                 Err(why) => {
-                    let reason = format!("no agent can take lesson `{}`: {why}", lesson.lesson_slug);
+                    let reason =
+                        format!("no agent can take lesson `{}`: {why}", lesson.lesson_slug);
                     if Instant::now() >= deadline {
                         return self.fail(&lesson, reason).await;
                     }
@@ -278,7 +291,10 @@ impl Reconciler {
         };
         if !agent.is_ready() {
             let status = agent.status();
-            let reason = format!("agent `{}` is unavailable: {}", agent.name, status.last_error);
+            let reason = format!(
+                "agent `{}` is unavailable: {}",
+                agent.name, status.last_error
+            );
             if Instant::now() >= deadline {
                 return self.fail(&lesson, reason).await;
             }
@@ -306,7 +322,10 @@ impl Reconciler {
         let _unobserve = Unobserve(&agent, &key);
 
         let first = if recovering && !current.handle.is_empty() && agent.has("recover") {
-            match agent.recover(&key, current.handle.clone(), spec.clone()).await {
+            match agent
+                .recover(&key, current.handle.clone(), spec.clone())
+                .await
+            {
                 Err(Error::Agent { status, .. }) if status.code() == tonic::Code::NotFound => {
                     tracing::info!("agent lost the live lesson; provisioning it again");
                     agent.provision(spec).await
@@ -325,7 +344,10 @@ impl Reconciler {
             if state.generation == current.generation {
                 if let Some(status) = wire::phase_status(state.phase) {
                     if status != current.status || status.is_settled() {
-                        match self.record(&current, wire::observation(&state, status)).await {
+                        match self
+                            .record(&current, wire::observation(&state, status))
+                            .await
+                        {
                             Some(updated) => current = updated,
                             None => return Ok(Next::Done),
                         }
@@ -381,7 +403,11 @@ impl Reconciler {
         let inner = &self.inner;
         let attempt = self.attempt(&lesson);
         let deadline = attempt.started + inner.config.terminate_timeout;
-        let agent = lesson.agent.as_deref().and_then(|name| inner.fleet.get(name)).cloned();
+        let agent = lesson
+            .agent
+            .as_deref()
+            .and_then(|name| inner.fleet.get(name))
+            .cloned();
         if let Some(agent) = &agent {
             let key = lesson.id.to_string();
             let mut observed = agent.observe(&key);
@@ -411,7 +437,8 @@ impl Reconciler {
                     }
                 }
                 Err(err) => {
-                    let retryable = matches!(&err, Error::Agent { status, .. } if is_retryable(status.code()));
+                    let retryable =
+                        matches!(&err, Error::Agent { status, .. } if is_retryable(status.code()));
                     if retryable && Instant::now() < deadline {
                         tracing::warn!(error = %err, "Deprovision failed; retrying");
                         return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
@@ -421,7 +448,10 @@ impl Reconciler {
             }
         }
         let _ = cancel;
-        inner.store.forget(lesson.id, "removed", Millis::now()).await?;
+        inner
+            .store
+            .forget(lesson.id, "removed", Millis::now())
+            .await?;
         if let Some(agent) = &agent {
             fleet::release(agent);
         }
@@ -445,8 +475,16 @@ impl Reconciler {
             return Ok(Next::After(self.backoff(lesson.id, Some(lesson))));
         }
         let reason = match err {
-            Error::Agent { agent, call, status } => {
-                format!("agent `{agent}` {call}: {} ({:?})", status.message(), status.code())
+            Error::Agent {
+                agent,
+                call,
+                status,
+            } => {
+                format!(
+                    "agent `{agent}` {call}: {} ({:?})",
+                    status.message(),
+                    status.code()
+                )
             }
             other => other.to_string(),
         };
@@ -627,7 +665,9 @@ impl WorkQueue {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Critical sections are single collection operations; a poisoned lock is still consistent.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

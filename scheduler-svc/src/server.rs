@@ -121,7 +121,10 @@ impl Api {
 
 #[tonic::async_trait]
 impl CurriculumService for Api {
-    async fn get_curriculum(&self, _: Request<api::GetCurriculumRequest>) -> Result<api::Curriculum> {
+    async fn get_curriculum(
+        &self,
+        _: Request<api::GetCurriculumRequest>,
+    ) -> Result<api::Curriculum> {
         let meta = &self.catalog.meta;
         Ok(Response::new(api::Curriculum {
             name: meta.name.clone(),
@@ -163,12 +166,14 @@ impl CurriculumService for Api {
         let mut guides = Vec::with_capacity(lesson.stages.len());
         for stage in &lesson.stages {
             // Guides are read on demand: they can be large and are rarely all needed.
-            let text = tokio::fs::read_to_string(&stage.guide).await.map_err(|err| {
-                Status::internal(format!(
-                    "cannot read guide {}: {err}",
-                    stage.guide.display()
-                ))
-            })?;
+            let text = tokio::fs::read_to_string(&stage.guide)
+                .await
+                .map_err(|err| {
+                    Status::internal(format!(
+                        "cannot read guide {}: {err}",
+                        stage.guide.display()
+                    ))
+                })?;
             guides.push(text);
         }
         Ok(Response::new(wire::lesson(lesson, &guides)))
@@ -234,24 +239,34 @@ impl CurriculumService for Api {
 #[tonic::async_trait]
 impl SessionService for Api {
     #[tracing::instrument(skip_all)]
-    async fn create_session(&self, request: Request<api::CreateSessionRequest>) -> Result<api::Session> {
+    async fn create_session(
+        &self,
+        request: Request<api::CreateSessionRequest>,
+    ) -> Result<api::Session> {
         let ip = self.source_ip(&request)?;
         let session = self
             .store
             .create_session(ip, self.config.limits.sessions_per_ip, Millis::now())
             .await?;
         tracing::debug!(session.id = %session.id, source_ip = %ip, "session created");
-        Ok(Response::new(wire::session(&session, self.config.ttl.session)))
+        Ok(Response::new(wire::session(
+            &session,
+            self.config.ttl.session,
+        )))
     }
 
     async fn get_session(&self, request: Request<api::GetSessionRequest>) -> Result<api::Session> {
         let id: SessionId = request.into_inner().id.parse().map_err(Error::from)?;
         let session = self.store.session(id).await?;
-        Ok(Response::new(wire::session(&session, self.config.ttl.session)))
+        Ok(Response::new(wire::session(
+            &session,
+            self.config.ttl.session,
+        )))
     }
 }
 
-type LessonStream = Pin<Box<dyn Stream<Item = std::result::Result<api::LiveLesson, Status>> + Send>>;
+type LessonStream =
+    Pin<Box<dyn Stream<Item = std::result::Result<api::LiveLesson, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl LiveLessonService for Api {
@@ -299,7 +314,11 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::ListLiveLessonsRequest>,
     ) -> Result<api::ListLiveLessonsResponse> {
-        let id: SessionId = request.into_inner().session_id.parse().map_err(Error::from)?;
+        let id: SessionId = request
+            .into_inner()
+            .session_id
+            .parse()
+            .map_err(Error::from)?;
         let session = self.store.session(id).await?;
         let ttl = self.lesson_ttl(session.persistent);
         let live_lessons = self
@@ -436,14 +455,17 @@ impl AdminService for Api {
             .iter()
             .map(|l| wire::live_lesson(l, self.lesson_ttl(persistent.contains(&l.session_id))))
             .collect();
-        Ok(Response::new(api::AdminListLiveLessonsResponse { live_lessons }))
+        Ok(Response::new(api::AdminListLiveLessonsResponse {
+            live_lessons,
+        }))
     }
 
     async fn kill_live_lesson(
         &self,
         request: Request<api::KillLiveLessonRequest>,
     ) -> Result<api::KillLiveLessonResponse> {
-        self.delete(&request.into_inner().id, "killed by an operator").await?;
+        self.delete(&request.into_inner().id, "killed by an operator")
+            .await?;
         Ok(Response::new(api::KillLiveLessonResponse {}))
     }
 
@@ -468,7 +490,10 @@ impl AdminService for Api {
         let api::PersistSessionRequest { id, persistent } = request.into_inner();
         let id: SessionId = id.parse().map_err(Error::from)?;
         let session = self.store.persist_session(id, persistent).await?;
-        Ok(Response::new(wire::session(&session, self.config.ttl.session)))
+        Ok(Response::new(wire::session(
+            &session,
+            self.config.ttl.session,
+        )))
     }
 
     async fn list_agents(
@@ -514,11 +539,12 @@ impl AdminService for Api {
             .catalog
             .lesson(&lesson_slug)
             .ok_or_else(|| Error::LessonNotFound(lesson_slug.clone()))?;
-        let agent = placement::choose(self.fleet.agents(), &placement::needs(definition))
-            .map_err(|why| Error::NoAgent {
+        let agent = placement::choose(self.fleet.agents(), &placement::needs(definition)).map_err(
+            |why| Error::NoAgent {
                 lesson: lesson_slug.clone(),
                 why,
-            })?;
+            },
+        )?;
         // A throwaway live lesson: Plan has no side effects, so its ids are never used again.
         let probe = LiveLesson {
             id: LiveLessonId::new(),

@@ -270,9 +270,18 @@ impl Config {
             ("reaper.interval", self.reaper.interval),
             ("reaper.orphan_interval", self.reaper.orphan_interval),
             ("reconciler.call_timeout", self.reconciler.call_timeout),
-            ("reconciler.provision_timeout", self.reconciler.provision_timeout),
-            ("reconciler.terminate_timeout", self.reconciler.terminate_timeout),
-            ("reconciler.backoff_initial", self.reconciler.backoff_initial),
+            (
+                "reconciler.provision_timeout",
+                self.reconciler.provision_timeout,
+            ),
+            (
+                "reconciler.terminate_timeout",
+                self.reconciler.terminate_timeout,
+            ),
+            (
+                "reconciler.backoff_initial",
+                self.reconciler.backoff_initial,
+            ),
             ("reconciler.backoff_max", self.reconciler.backoff_max),
             ("reconciler.poll_interval", self.reconciler.poll_interval),
         ] {
@@ -363,8 +372,8 @@ mod tests {
 
     #[test]
     fn agents_as_strings() {
-        let config = load_toml("agents = [\"a=http://127.0.0.1:1\", \"b=http://127.0.0.1:2\"]\n")
-            .unwrap();
+        let config =
+            load_toml("agents = [\"a=http://127.0.0.1:1\", \"b=http://127.0.0.1:2\"]\n").unwrap();
         assert_eq!(config.agents[1].address, "http://127.0.0.1:2");
     }
 }

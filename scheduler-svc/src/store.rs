@@ -120,11 +120,12 @@ impl Store {
     pub async fn create_session(&self, ip: IpAddr, limit: u32, now: Millis) -> Result<Session> {
         let mut tx = self.writer.begin().await?;
         if limit > 0 {
-            let held: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM sessions WHERE source_ip = ? AND expired = 0")
-                    .bind(ip.to_string())
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let held: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM sessions WHERE source_ip = ? AND expired = 0",
+            )
+            .bind(ip.to_string())
+            .fetch_one(&mut *tx)
+            .await?;
             if held >= i64::from(limit) {
                 return Err(Error::TooManySessions { ip, limit });
             }
@@ -508,7 +509,11 @@ impl Store {
 
     /// Marks for removal every live lesson idle since before `cutoff` whose session is not
     /// persistent; returns them.
-    pub async fn expire_live_lessons(&self, cutoff: Millis, now: Millis) -> Result<Vec<LiveLesson>> {
+    pub async fn expire_live_lessons(
+        &self,
+        cutoff: Millis,
+        now: Millis,
+    ) -> Result<Vec<LiveLesson>> {
         let mut tx = self.writer.begin().await?;
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT l.id FROM live_lessons l JOIN sessions s ON s.id = l.session_id \
@@ -520,7 +525,13 @@ impl Store {
         let mut expired = Vec::with_capacity(ids.len());
         for id in ids {
             let lesson = set_deleting(&mut tx, parse_lesson_id(&id)?, now).await?;
-            record_event(&mut tx, &lesson, "expired: idle past the live lesson TTL", now).await?;
+            record_event(
+                &mut tx,
+                &lesson,
+                "expired: idle past the live lesson TTL",
+                now,
+            )
+            .await?;
             expired.push(lesson);
         }
         tx.commit().await?;
@@ -788,7 +799,10 @@ mod tests {
         store.create_session(IP, 2, now).await.unwrap();
         store.create_session(IP, 2, now).await.unwrap();
         let err = store.create_session(IP, 2, now).await.unwrap_err();
-        assert!(matches!(err, Error::TooManySessions { limit: 2, .. }), "{err}");
+        assert!(
+            matches!(err, Error::TooManySessions { limit: 2, .. }),
+            "{err}"
+        );
         assert_eq!(store.sessions().await.unwrap().len(), 2);
     }
 
@@ -844,7 +858,13 @@ mod tests {
             endpoints: None,
             handle: None,
         };
-        assert!(store.observe(first.id, 1, stale, Millis(7)).await.unwrap().is_none());
+        assert!(
+            store
+                .observe(first.id, 1, stale, Millis(7))
+                .await
+                .unwrap()
+                .is_none()
+        );
         let events = store.events(first.id).await.unwrap();
         let statuses: Vec<_> = events.iter().map(|e| e.status).collect();
         assert_eq!(
@@ -867,17 +887,17 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::TooManyLiveLessons { .. }), "{err}");
 
-        let expired = store
-            .expire_sessions(Millis(10), Millis(11))
-            .await
-            .unwrap();
+        let expired = store.expire_sessions(Millis(10), Millis(11)).await.unwrap();
         assert_eq!(expired.len(), 1);
         assert!(expired[0].deleting);
         assert!(matches!(
             store.session(session.id).await,
             Err(Error::SessionNotFound(_))
         ));
-        store.forget(expired[0].id, "gone", Millis(12)).await.unwrap();
+        store
+            .forget(expired[0].id, "gone", Millis(12))
+            .await
+            .unwrap();
         // The expired session went with its last live lesson.
         assert!(store.sessions().await.unwrap().is_empty());
         let raw: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sessions")

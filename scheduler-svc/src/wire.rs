@@ -169,7 +169,11 @@ pub fn lesson(lesson: &Lesson, guides: &[String]) -> api::Lesson {
                     .map(ConfigurationType::as_str)
                     .unwrap_or_default()
                     .into(),
-                additional_ports: e.additional_ports.iter().map(|p| u32::from(p.get())).collect(),
+                additional_ports: e
+                    .additional_ports
+                    .iter()
+                    .map(|p| u32::from(p.get()))
+                    .collect(),
                 presentations: e
                     .presentations
                     .iter()
@@ -243,7 +247,11 @@ pub fn lesson_spec(
                     enable_forwarding: i.enable_forwarding,
                     network_interfaces: i.network_interfaces.clone(),
                 }),
-                additional_ports: e.additional_ports.iter().map(|p| u32::from(p.get())).collect(),
+                additional_ports: e
+                    .additional_ports
+                    .iter()
+                    .map(|p| u32::from(p.get()))
+                    .collect(),
                 presentations: e
                     .presentations
                     .iter()

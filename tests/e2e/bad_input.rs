@@ -1,0 +1,304 @@
+//! Bad input gets the right code, a message naming the problem, and changes nothing.
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::workspace_bin;
+use tonic::Code;
+
+use crate::{Env, Knobs};
+
+/// What the store holds, as the admin API shows it.
+async fn snapshot(env: &Env) -> (Vec<String>, Vec<(String, i32, u64)>) {
+    let c = &env.scheduler.clients;
+    let sessions = c
+        .admin
+        .clone()
+        .list_sessions(api::ListSessionsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    let lessons = c
+        .admin
+        .clone()
+        .list_live_lessons(api::AdminListLiveLessonsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .live_lessons;
+    (
+        sessions.into_iter().map(|s| s.id).collect(),
+        lessons
+            .into_iter()
+            .map(|l| (l.id, l.stage as i32, l.generation))
+            .collect(),
+    )
+}
+
+/// Runs one bad call and checks code, message and that the store did not change.
+async fn check<T: std::fmt::Debug>(
+    env: &Env,
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    code: Code,
+    names: &[&str],
+) {
+    let before = snapshot(env).await;
+    let status = call.await.expect_err("the call is refused");
+    assert_eq!(status.code(), code, "{status:?}");
+    for name in names {
+        assert!(
+            status.message().contains(name),
+            "`{}` does not name `{name}`",
+            status.message()
+        );
+    }
+    assert_eq!(
+        snapshot(env).await,
+        before,
+        "the store changed after a refused call"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_right_code_and_change_nothing() {
+    let env = Env::start(
+        &[],
+        Knobs {
+            sessions_per_ip: 2,
+            lessons_per_session: 1,
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let existing = c.request(&session, "hello-web", 0).await.unwrap();
+    c.ready(&existing.id).await.unwrap();
+    let unknown = uuid::Uuid::new_v4().to_string();
+
+    check(
+        &env,
+        c.request(&session, "no-such-lesson", 0),
+        Code::NotFound,
+        &["no-such-lesson"],
+    )
+    .await;
+    check(
+        &env,
+        c.request(&session, "", 0),
+        Code::InvalidArgument,
+        &["lesson_slug"],
+    )
+    .await;
+    check(
+        &env,
+        c.request(&session, &"x".repeat(5000), 0),
+        Code::InvalidArgument,
+        &["lesson_slug"],
+    )
+    .await;
+    check(
+        &env,
+        c.request("not-a-uuid", "hello-web", 0),
+        Code::InvalidArgument,
+        &["not-a-uuid", "session id"],
+    )
+    .await;
+    check(
+        &env,
+        c.request(&unknown, "hello-web", 0),
+        Code::NotFound,
+        &[&unknown],
+    )
+    .await;
+    check(
+        &env,
+        c.request(&session, "routing-basics", 7),
+        Code::InvalidArgument,
+        &["stage 7", "routing-basics"],
+    )
+    .await;
+    // The session holds its one allowed live lesson.
+    check(
+        &env,
+        c.request(&session, "routing-basics", 0),
+        Code::ResourceExhausted,
+        &[&session, "1 live lessons"],
+    )
+    .await;
+    // Stage out of range on an existing live lesson.
+    let set = |id: &str, stage| {
+        let mut lessons = c.lessons.clone();
+        let id = id.to_owned();
+        async move {
+            lessons
+                .set_stage(api::SetStageRequest { id, stage })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    check(
+        &env,
+        set(&existing.id, 3),
+        Code::InvalidArgument,
+        &["stage 3", "hello-web"],
+    )
+    .await;
+    check(
+        &env,
+        set("garbage", 0),
+        Code::InvalidArgument,
+        &["garbage", "live lesson id"],
+    )
+    .await;
+    check(&env, set(&unknown, 0), Code::NotFound, &[&unknown]).await;
+    let get = |id: String| {
+        let mut lessons = c.lessons.clone();
+        async move {
+            lessons
+                .get_live_lesson(api::GetLiveLessonRequest { id })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    check(&env, get(unknown.clone()), Code::NotFound, &[&unknown]).await;
+    check(&env, get("1234".into()), Code::InvalidArgument, &["1234"]).await;
+    let delete = |id: String| {
+        let mut lessons = c.lessons.clone();
+        async move {
+            lessons
+                .delete_live_lesson(api::DeleteLiveLessonRequest { id })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    check(&env, delete(unknown.clone()), Code::NotFound, &[&unknown]).await;
+    let heartbeat = |id: String| {
+        let mut lessons = c.lessons.clone();
+        async move {
+            lessons
+                .heartbeat(api::HeartbeatRequest { id })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    check(
+        &env,
+        heartbeat(unknown.clone()),
+        Code::NotFound,
+        &[&unknown],
+    )
+    .await;
+
+    // Per-IP session limit: 2 allowed, one taken above.
+    c.session().await.unwrap();
+    let create = || {
+        let mut sessions = c.sessions.clone();
+        async move {
+            sessions
+                .create_session(api::CreateSessionRequest {})
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    check(
+        &env,
+        create(),
+        Code::ResourceExhausted,
+        &["127.0.0.1", "2 sessions"],
+    )
+    .await;
+
+    // An oversized request is refused before it reaches any handler.
+    let huge = api::RequestLiveLessonRequest {
+        session_id: session.clone(),
+        lesson_slug: "y".repeat(200_000),
+        stage: 0,
+    };
+    let mut lessons = c.lessons.clone();
+    let before = snapshot(&env).await;
+    let status = lessons.request_live_lesson(huge).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("too large") || status.message().contains("limit"),
+        "{status:?}"
+    );
+    assert_eq!(snapshot(&env).await, before);
+
+    // Unknown lessons in the catalog API.
+    let status = c
+        .curriculum
+        .clone()
+        .get_lesson(api::GetLessonRequest {
+            slug: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(status.message().contains("`nope`"), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_malformed_curriculum_stops_start_up_naming_file_and_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let curriculum = dir.path().join("curriculum");
+    let lesson = curriculum.join("lessons/broken");
+    std::fs::create_dir_all(&lesson).unwrap();
+    std::fs::write(curriculum.join("curriculum.meta.yaml"), "name: Broken\n").unwrap();
+    std::fs::write(
+        lesson.join("lesson.meta.yaml"),
+        "name: [unclosed\nslug: broken\n",
+    )
+    .unwrap();
+
+    // `validate` reports it offline…
+    let output = std::process::Command::new(workspace_bin("scheduler-svc"))
+        .args(["validate", &curriculum.display().to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("lessons/broken/lesson.meta.yaml"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("malformed yaml"), "{stderr}");
+
+    // …and `serve` refuses to start with the same message.
+    let config = dir.path().join("antidote.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndatabase = \"{}\"\ncurriculum = \"{}\"\n",
+            dir.path().join("db").display(),
+            curriculum.display()
+        ),
+    )
+    .unwrap();
+    let output = std::process::Command::new(workspace_bin("scheduler-svc"))
+        .args(["serve", "--config", &config.display().to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("lessons/broken/lesson.meta.yaml"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("db").exists(),
+        "nothing was written before the catalog loaded"
+    );
+
+    // A bad configuration value names its key.
+    std::fs::write(&config, "[ttl]\nlive_lesson = \"eventually\"\n").unwrap();
+    let output = std::process::Command::new(workspace_bin("scheduler-svc"))
+        .args(["serve", "--config", &config.display().to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("ttl.live_lesson"), "{stderr}");
+}
