@@ -479,16 +479,15 @@ async fn connect_and_follow(agent: &Agent, ctx: &SupervisorContext) -> Result<()
         ));
     }
     let previous = ctx.store.agent_instance(&agent.name).await.ok().flatten();
-    if previous.as_deref() != Some(handshake.instance_id.as_str()) {
-        if let Err(err) = ctx
+    if previous.as_deref() != Some(handshake.instance_id.as_str())
+        && let Err(err) = ctx
             .store
             .set_agent_instance(&agent.name, &handshake.instance_id, Millis::now())
             .await
-        {
-            return Err(Failure::Unavailable(format!(
-                "cannot record instance id: {err}"
-            )));
-        }
+    {
+        return Err(Failure::Unavailable(format!(
+            "cannot record instance id: {err}"
+        )));
     }
     tracing::info!(
         kind = %handshake.agent_name,

@@ -3,18 +3,18 @@
 //! the public gRPC API.
 //!
 //! Modules:
-//! - [`catalog`]: the YAML curriculum, strictly validated.
-//! - [`model`]: domain types (ids, statuses, sessions, live lessons).
-//! - [`store`]: SQLite persistence through sqlx.
-//! - [`reconcile`]: the work queue and workers that drive agents.
-//! - [`fleet`]: connections to agents, handshakes, Watch streams.
-//! - [`placement`]: which agent takes a live lesson.
-//! - [`reaper`]: TTL expiry and orphan collection.
-//! - [`hub`]: fan-out of changes to API watchers.
-//! - [`server`]: the `antidote.api.v1` services.
-//! - [`wire`]: protobuf ↔ domain conversions.
-//! - [`settings`]: configuration.
-//! - [`error`]: the error type and its gRPC codes.
+//! - [`catalog`], the YAML curriculum, strictly validated.
+//! - [`model`], domain types (ids, statuses, sessions, live lessons).
+//! - [`store`], SQLite persistence through sqlx.
+//! - [`reconcile`], the work queue and workers that drive agents.
+//! - [`fleet`], connections to agents, handshakes, Watch streams.
+//! - [`placement`], which agent takes a live lesson.
+//! - [`reaper`], TTL expiry and orphan collection.
+//! - [`hub`], fan-out of changes to API watchers.
+//! - [`server`], the `antidote.api.v1` services.
+//! - [`wire`], protobuf ↔ domain conversions.
+//! - [`settings`], configuration.
+//! - [`error`], the error type and its gRPC codes.
 #![forbid(unsafe_code)]
 
 pub mod catalog;

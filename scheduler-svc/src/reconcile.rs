@@ -341,21 +341,21 @@ impl Reconciler {
         };
         let mut last_poll = Instant::now();
         loop {
-            if state.generation == current.generation {
-                if let Some(status) = wire::phase_status(state.phase) {
-                    if status != current.status || status.is_settled() {
-                        match self
-                            .record(&current, wire::observation(&state, status))
-                            .await
-                        {
-                            Some(updated) => current = updated,
-                            None => return Ok(Next::Done),
-                        }
+            if state.generation == current.generation
+                && let Some(status) = wire::phase_status(state.phase)
+            {
+                if status != current.status || status.is_settled() {
+                    match self
+                        .record(&current, wire::observation(&state, status))
+                        .await
+                    {
+                        Some(updated) => current = updated,
+                        None => return Ok(Next::Done),
                     }
-                    if status.is_settled() {
-                        lock(&inner.attempts).remove(&current.id);
-                        return Ok(Next::Done);
-                    }
+                }
+                if status.is_settled() {
+                    lock(&inner.attempts).remove(&current.id);
+                    return Ok(Next::Done);
                 }
             }
             let poll_at = last_poll + inner.config.poll_interval;

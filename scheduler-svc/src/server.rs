@@ -53,18 +53,17 @@ type Result<T> = std::result::Result<Response<T>, Status>;
 
 impl Api {
     fn source_ip<T>(&self, request: &Request<T>) -> std::result::Result<IpAddr, Error> {
-        if self.config.trust_forwarded_for {
-            if let Some(forwarded) = request
+        if self.config.trust_forwarded_for
+            && let Some(forwarded) = request
                 .metadata()
                 .get("x-forwarded-for")
                 .and_then(|v| v.to_str().ok())
-            {
-                let first = forwarded.split(',').next().unwrap_or_default().trim();
-                return first.parse().map_err(|_| Error::InvalidArgument {
-                    field: "x-forwarded-for",
-                    reason: format!("`{first}` is not an IP address"),
-                });
-            }
+        {
+            let first = forwarded.split(',').next().unwrap_or_default().trim();
+            return first.parse().map_err(|_| Error::InvalidArgument {
+                field: "x-forwarded-for",
+                reason: format!("`{first}` is not an IP address"),
+            });
         }
         request
             .remote_addr()

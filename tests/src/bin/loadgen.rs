@@ -1,1 +1,220 @@
-fn main() {}
+//! `loadgen`: drives many concurrent lesson lifecycles (session → request → READY → delete)
+//! through the scheduler's public API against a test agent that does no work (`--null`), and
+//! prints lifecycles per second and request→READY latencies.
+//!
+//! Machines here are noisy, so every round also measures a baseline in the same run: the same
+//! number of lifecycles done by calling the agent directly (Provision → Deprovision) at the same
+//! concurrency. Rounds alternate baseline and scheduler; the ratio of the two is the scheduler's
+//! overhead over the bare RPC cost.
+//!
+//! Build with `cargo build --release --workspace --bins`, then run `target/release/loadgen`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use antidote_proto::agent::v1 as agent;
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Clients, Process, Scheduler, example_curriculum, workspace_bin};
+use clap::Parser;
+use tokio::sync::Semaphore;
+
+#[derive(Parser)]
+#[command(
+    name = "loadgen",
+    about = "Lifecycle throughput and latency of the scheduler"
+)]
+struct Args {
+    /// Lifecycles per round.
+    #[arg(long, default_value_t = 4000)]
+    lifecycles: usize,
+    /// Lifecycles in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Rounds of (baseline, scheduler), alternating.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// HTTP/2 connections to spread the load over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Lesson to request.
+    #[arg(long, default_value = "hello-web")]
+    lesson: String,
+    /// Reconciler workers in the scheduler.
+    #[arg(long, default_value_t = 64)]
+    workers: usize,
+}
+
+struct Stats {
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut latencies: Vec<Duration>, elapsed: Duration) -> Stats {
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    Stats {
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let dir = tempfile::tempdir()?;
+    let agent_process = Process::spawn(
+        &workspace_bin("test-agent"),
+        &["--null".into()],
+        dir.path().join("agent.log"),
+    )
+    .await?;
+    let config = format!(
+        "instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
+         [[agents]]\nname = \"null\"\naddress = \"{}\"\n",
+        example_curriculum().display(),
+        args.workers,
+        agent_process.url()
+    );
+    let scheduler = Scheduler::start(dir.path(), &config).await?;
+    let mut clients = Vec::new();
+    for _ in 0..args.connections {
+        clients.push(Clients::connect(scheduler.process.addr).await?);
+    }
+    let mut agents = Vec::new();
+    for _ in 0..args.connections {
+        agents.push(agent::backend_client::BackendClient::connect(agent_process.url()).await?);
+    }
+    // Warm up (and wait for the agent handshake) with one lifecycle.
+    lifecycle(&clients[0], &args.lesson).await?;
+
+    println!(
+        "loadgen: {} lifecycles per round, concurrency {}, {} rounds, lesson {}",
+        args.lifecycles, args.concurrency, args.rounds, args.lesson
+    );
+    let mut ratios = Vec::new();
+    let mut scheduler_rates = Vec::new();
+    let mut p99s = Vec::new();
+    for round in 1..=args.rounds {
+        let baseline = run(&args, |i| {
+            let mut client = agents[i % agents.len()].clone();
+            async move { direct(&mut client).await }
+        })
+        .await?;
+        let measured = run(&args, |i| {
+            let clients = clients[i % clients.len()].clone();
+            let lesson = args.lesson.clone();
+            async move { lifecycle(&clients, &lesson).await }
+        })
+        .await?;
+        let ratio = measured.per_second / baseline.per_second;
+        println!(
+            "round {round}: baseline (agent direct) {:>8.0}/s p50 {:>6.2} ms p99 {:>6.2} ms | \
+             scheduler {:>8.0} lifecycles/s, request→READY p50 {:>6.2} ms p99 {:>6.2} ms | \
+             throughput ratio {ratio:.3}",
+            baseline.per_second,
+            ms(baseline.p50),
+            ms(baseline.p99),
+            measured.per_second,
+            ms(measured.p50),
+            ms(measured.p99),
+        );
+        ratios.push(ratio);
+        scheduler_rates.push(measured.per_second);
+        p99s.push(measured.p99);
+    }
+    scheduler_rates.sort_by(f64::total_cmp);
+    ratios.sort_by(f64::total_cmp);
+    p99s.sort();
+    println!(
+        "median: scheduler {:.0} lifecycles/s, request→READY p99 {:.2} ms, scheduler/baseline throughput {:.3}",
+        scheduler_rates[scheduler_rates.len() / 2],
+        ms(p99s[p99s.len() / 2]),
+        ratios[ratios.len() / 2]
+    );
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Runs `args.lifecycles` operations at `args.concurrency`; each returns its latency.
+async fn run<F, Fut>(args: &Args, op: F) -> anyhow::Result<Stats>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Duration>> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(args.concurrency));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(args.lifecycles);
+    for i in 0..args.lifecycles {
+        let permit = permits.clone().acquire_owned().await?;
+        let fut = op(i);
+        tasks.push(tokio::spawn(async move {
+            let result = fut.await;
+            drop(permit);
+            result
+        }));
+    }
+    let mut latencies = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        latencies.push(task.await??);
+    }
+    Ok(stats(latencies, start.elapsed()))
+}
+
+/// One lifecycle through the scheduler; returns request→READY.
+async fn lifecycle(clients: &Clients, lesson: &str) -> anyhow::Result<Duration> {
+    let session = clients.session().await?;
+    let start = Instant::now();
+    let requested = clients.request(&session, lesson, 0).await?;
+    let ready = clients.ready(&requested.id).await?;
+    let latency = start.elapsed();
+    clients
+        .lessons
+        .clone()
+        .delete_live_lesson(api::DeleteLiveLessonRequest { id: ready.id })
+        .await?;
+    Ok(latency)
+}
+
+/// The baseline: the agent's own Provision → Deprovision, with no scheduler in between;
+/// returns the Provision latency.
+async fn direct(
+    client: &mut agent::backend_client::BackendClient<tonic::transport::Channel>,
+) -> anyhow::Result<Duration> {
+    let id = uuid::Uuid::new_v4().to_string();
+    let spec = agent::LessonSpec {
+        live_lesson_id: id.clone(),
+        session_id: uuid::Uuid::new_v4().to_string(),
+        lesson_slug: "hello-web".into(),
+        generation: 1,
+        endpoints: vec![agent::Endpoint {
+            name: "web".into(),
+            presentations: vec![agent::Presentation {
+                name: "page".into(),
+                r#type: agent::PresentationType::Http as i32,
+                port: 8080,
+            }],
+            ..Default::default()
+        }],
+        labels: HashMap::from([("antidote.io/instance".to_owned(), "baseline".to_owned())]),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    client
+        .provision(agent::ProvisionRequest { spec: Some(spec) })
+        .await?;
+    let latency = start.elapsed();
+    client
+        .deprovision(agent::DeprovisionRequest {
+            live_lesson_id: id,
+            handle: Default::default(),
+        })
+        .await?;
+    Ok(latency)
+}
