@@ -215,6 +215,8 @@ pub struct LiveLesson {
     pub handle: Vec<u8>,
     /// Observed endpoints.
     pub endpoints: Vec<EndpointInfo>,
+    /// Its session is persistent: exempt from idle expiry.
+    pub persistent: bool,
     /// When it was created.
     pub created_at: Millis,
     /// When it was last used; its TTL counts from here.

@@ -269,18 +269,12 @@ impl Reconciler {
                 }
             }
             None => match placement::choose(inner.fleet.agents(), &placement::needs(definition)) {
-                Ok(agent) => {
-                    let placed = inner.store.place(lesson.id, &agent.name).await?;
-                    if placed.agent.as_deref() == Some(agent.name.as_str()) {
-                        agent
-                            .load
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    agent
-                }
+                Ok(agent) => agent,
                 Err(why) => {
-                    let reason =
-                        format!("no agent can take lesson `{}`: {why}", lesson.lesson_slug);
+                    let reason = format!(
+                        "no agent can take lesson `{}`: {why}",
+                        lesson.lesson_slug
+                    );
                     if Instant::now() >= deadline {
                         return self.fail(&lesson, reason).await;
                     }
@@ -303,15 +297,28 @@ impl Reconciler {
         }
 
         let mut current = lesson.clone();
-        if current.status == Status::Pending {
+        if current.status == Status::Pending || current.agent.is_none() {
+            // Placement and BOOTING are one write: the live lesson is on this agent from now on.
             let observation = Observation {
-                status: Status::Booting,
-                reason: format!("placed on agent `{}`", agent.name),
-                endpoints: None,
-                handle: None,
+                agent: Some(agent.name.clone()),
+                ..Observation::status(Status::Booting, format!("placed on agent `{}`", agent.name))
+            };
+            let status = if current.status == Status::Pending {
+                Status::Booting
+            } else {
+                current.status
+            };
+            let observation = Observation {
+                status,
+                ..observation
             };
             match self.record(&current, observation).await {
-                Some(updated) => current = updated,
+                Some(updated) => {
+                    if current.agent.is_none() {
+                        agent.load.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    current = updated;
+                }
                 None => return Ok(Next::Done),
             }
         }
@@ -448,9 +455,7 @@ impl Reconciler {
             }
         }
         let _ = cancel;
-        inner
-            .store
-            .forget(lesson.id, "removed", Millis::now())
+        inner.store.forget(lesson.id)
             .await?;
         if let Some(agent) = &agent {
             fleet::release(agent);
@@ -493,13 +498,8 @@ impl Reconciler {
 
     async fn fail(&self, lesson: &LiveLesson, reason: String) -> Result<Next, Error> {
         tracing::warn!(%reason, "live lesson failed");
-        let observation = Observation {
-            status: Status::Failed,
-            reason,
-            endpoints: None,
-            handle: None,
-        };
-        self.record(lesson, observation).await;
+        self.record(lesson, Observation::status(Status::Failed, reason))
+            .await;
         lock(&self.inner.attempts).remove(&lesson.id);
         Ok(Next::Done)
     }
@@ -509,13 +509,8 @@ impl Reconciler {
         if lesson.reason == reason && lesson.status == status {
             return;
         }
-        let observation = Observation {
-            status,
-            reason,
-            endpoints: None,
-            handle: None,
-        };
-        self.record(lesson, observation).await;
+        self.record(lesson, Observation::status(status, reason))
+            .await;
     }
 
     /// Writes an observation for the live lesson's generation and publishes the new state.

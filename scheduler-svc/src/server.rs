@@ -78,13 +78,8 @@ impl Api {
         (!persistent).then_some(self.config.ttl.live_lesson)
     }
 
-    async fn api_lesson(&self, lesson: &LiveLesson) -> std::result::Result<api::LiveLesson, Error> {
-        let persistent = match self.store.session(lesson.session_id).await {
-            Ok(session) => session.persistent,
-            Err(Error::SessionNotFound(_)) => false,
-            Err(err) => return Err(err),
-        };
-        Ok(wire::live_lesson(lesson, self.lesson_ttl(persistent)))
+    fn api_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
+        wire::live_lesson(lesson, self.lesson_ttl(lesson.persistent))
     }
 
     fn check_lesson(&self, slug: &str, stage: u32) -> std::result::Result<(), Error> {
@@ -297,7 +292,7 @@ impl LiveLessonService for Api {
             self.hub.publish(&lesson);
             self.reconciler.enqueue(lesson.id);
         }
-        Ok(Response::new(self.api_lesson(&lesson).await?))
+        Ok(Response::new(self.api_lesson(&lesson)))
     }
 
     async fn get_live_lesson(
@@ -306,7 +301,7 @@ impl LiveLessonService for Api {
     ) -> Result<api::LiveLesson> {
         let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
         let lesson = self.store.live_lesson(id).await?;
-        Ok(Response::new(self.api_lesson(&lesson).await?))
+        Ok(Response::new(self.api_lesson(&lesson)))
     }
 
     async fn list_live_lessons(
@@ -341,15 +336,12 @@ impl LiveLessonService for Api {
         // update instead of being lost.
         let mut updates = self.hub.subscribe(id);
         let first = self.store.live_lesson(id).await?;
-        let persistent = match self.store.session(first.session_id).await {
-            Ok(session) => session.persistent,
-            Err(_) => false,
-        };
-        let ttl = self.lesson_ttl(persistent);
+        let ttl = self.config.ttl.live_lesson;
+        let expiry = move |lesson: &LiveLesson| (!lesson.persistent).then_some(ttl);
         let shutdown = self.shutdown.clone();
         let stream = async_stream(move |tx| async move {
             let mut last = first.clone();
-            if tx.send(Ok(wire::live_lesson(&first, ttl))).await.is_err() {
+            if tx.send(Ok(wire::live_lesson(&first, expiry(&first)))).await.is_err() {
                 return;
             }
             loop {
@@ -375,7 +367,7 @@ impl LiveLessonService for Api {
                     continue;
                 }
                 last = lesson.clone();
-                if tx.send(Ok(wire::live_lesson(&lesson, ttl))).await.is_err() {
+                if tx.send(Ok(wire::live_lesson(&lesson, expiry(&lesson)))).await.is_err() {
                     return;
                 }
             }
@@ -388,10 +380,10 @@ impl LiveLessonService for Api {
         request: Request<api::HeartbeatRequest>,
     ) -> Result<api::HeartbeatResponse> {
         let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
-        let (lesson, persistent) = self.store.heartbeat(id, Millis::now()).await?;
+        let lesson = self.store.heartbeat(id, Millis::now()).await?;
         Ok(Response::new(api::HeartbeatResponse {
             expires_at: self
-                .lesson_ttl(persistent)
+                .lesson_ttl(lesson.persistent)
                 .map(|ttl| wire::timestamp(lesson.last_active.plus(ttl))),
         }))
     }
@@ -408,7 +400,7 @@ impl LiveLessonService for Api {
             self.hub.publish(&lesson);
             self.reconciler.enqueue(id);
         }
-        Ok(Response::new(self.api_lesson(&lesson).await?))
+        Ok(Response::new(self.api_lesson(&lesson)))
     }
 
     async fn delete_live_lesson(
@@ -439,20 +431,12 @@ impl AdminService for Api {
             lesson_slug: (!lesson_slug.is_empty()).then_some(lesson_slug),
             agent: (!agent.is_empty()).then_some(agent),
         };
-        let persistent: std::collections::HashSet<SessionId> = self
-            .store
-            .sessions()
-            .await?
-            .into_iter()
-            .filter(|s| s.persistent)
-            .map(|s| s.id)
-            .collect();
         let live_lessons = self
             .store
             .live_lessons(&filter)
             .await?
             .iter()
-            .map(|l| wire::live_lesson(l, self.lesson_ttl(persistent.contains(&l.session_id))))
+            .map(|l| self.api_lesson(l))
             .collect();
         Ok(Response::new(api::AdminListLiveLessonsResponse {
             live_lessons,
@@ -558,6 +542,7 @@ impl AdminService for Api {
             agent: Some(agent.name.clone()),
             handle: Vec::new(),
             endpoints: Vec::new(),
+            persistent: false,
             created_at: Millis::now(),
             last_active: Millis::now(),
         };

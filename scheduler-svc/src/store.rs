@@ -2,24 +2,27 @@
 //! SQLite file through sqlx (WAL, migrations embedded in the binary).
 //!
 //! Writes go through a pool of exactly one connection: SQLite has a single writer anyway, and
-//! with one connection every transaction runs alone, so read-then-write sequences (limits,
-//! "one live lesson per (session, lesson)") are atomic. The unique key on
-//! `(session_id, lesson_slug)` still guards the invariant at the schema level. Reads use a
-//! separate pool of read-only connections, which WAL lets run beside the writer.
+//! queueing in the pool is cheaper than retrying on SQLITE_BUSY. Reads use a separate pool of
+//! read-only connections, which WAL lets run beside the writer.
 //!
+//! Every hot-path operation is one SQL statement, so it is atomic without BEGIN/COMMIT round
+//! trips: limits are checked inside the insert that they guard, the unique key on
+//! `(session_id, lesson_slug)` makes concurrent identical requests meet on one row, and updates
+//! are conditional on the generation the caller saw. Triggers (see the migration) record the
+//! event of every transition and carry activity to the session inside the same statement.
 //! Every function that changes a live lesson returns its new row, so callers can publish it to
-//! watchers without reading it again, and records an event in the same transaction.
+//! watchers without reading it again.
 
 use std::net::IpAddr;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::Row;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
 
 use crate::error::Error;
 use crate::model::{
@@ -29,8 +32,8 @@ use crate::model::{
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \
-     observed_generation, status, reason, deleting, agent, handle, endpoints, created_at, \
-     last_active";
+     observed_generation, status, reason, deleting, agent, handle, endpoints, persistent, \
+     created_at, last_active";
 
 const SESSION_COLUMNS: &str = "id, source_ip, persistent, created_at, last_active";
 
@@ -65,6 +68,21 @@ pub struct Observation {
     pub endpoints: Option<Vec<EndpointInfo>>,
     /// The agent's handle, if it returned one.
     pub handle: Option<Vec<u8>>,
+    /// The agent this places the live lesson on, if any (an existing placement never changes).
+    pub agent: Option<String>,
+}
+
+impl Observation {
+    /// An observation of a status and reason only.
+    pub fn status(status: Status, reason: impl Into<String>) -> Observation {
+        Observation {
+            status,
+            reason: reason.into(),
+            endpoints: None,
+            handle: None,
+            agent: None,
+        }
+    }
 }
 
 /// Filters for the admin listing.
@@ -90,7 +108,10 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
+        // No ping before each acquire: these are in-process connections to a local file, and a
+        // ping would be one more round trip to the connection's worker thread per statement.
         let writer = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
@@ -99,6 +120,7 @@ impl Store {
             .await?;
         sqlx::migrate!("./migrations").run(&writer).await?;
         let reader = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(4)
             .idle_timeout(None)
             .max_lifetime(None)
@@ -116,20 +138,9 @@ impl Store {
     // ----- sessions -----
 
     /// Records a new session for `ip`, unless the address already holds `limit` live sessions
-    /// (0 = no limit).
+    /// (0 = no limit). One statement: the check and the insert cannot be split by another
+    /// writer.
     pub async fn create_session(&self, ip: IpAddr, limit: u32, now: Millis) -> Result<Session> {
-        let mut tx = self.writer.begin().await?;
-        if limit > 0 {
-            let held: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM sessions WHERE source_ip = ? AND expired = 0",
-            )
-            .bind(ip.to_string())
-            .fetch_one(&mut *tx)
-            .await?;
-            if held >= i64::from(limit) {
-                return Err(Error::TooManySessions { ip, limit });
-            }
-        }
         let session = Session {
             id: SessionId::new(),
             source_ip: ip,
@@ -137,17 +148,20 @@ impl Store {
             created_at: now,
             last_active: now,
         };
-        sqlx::query(
+        let done = sqlx::query(
             "INSERT INTO sessions (id, source_ip, persistent, created_at, last_active) \
-             VALUES (?, ?, 0, ?, ?)",
+             SELECT ?1, ?2, 0, ?3, ?3 WHERE ?4 = 0 OR \
+             (SELECT COUNT(*) FROM sessions WHERE source_ip = ?2 AND expired = 0) < ?4",
         )
         .bind(session.id.to_string())
         .bind(ip.to_string())
         .bind(now.0)
-        .bind(now.0)
-        .execute(&mut *tx)
+        .bind(limit)
+        .execute(&self.writer)
         .await?;
-        tx.commit().await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::TooManySessions { ip, limit });
+        }
         Ok(session)
     }
 
@@ -174,7 +188,7 @@ impl Store {
         rows.iter().map(session_from_row).collect()
     }
 
-    /// Sets or clears a session's persistent flag.
+    /// Sets or clears a session's persistent flag (a trigger copies it to its live lessons).
     pub async fn persist_session(&self, id: SessionId, persistent: bool) -> Result<Session> {
         let row = sqlx::query(&format!(
             "UPDATE sessions SET persistent = ? WHERE id = ? AND expired = 0 \
@@ -192,7 +206,10 @@ impl Store {
     // ----- live lessons: requests -----
 
     /// Asks for `lesson` at `stage` in `session`: creates the live lesson, or touches it, or
-    /// gives it a new generation (stage change, retry after FAILED), all in one transaction.
+    /// gives it a new generation (stage change, retry after FAILED).
+    ///
+    /// The common cases (create, ask again) are one statement: an insert that also checks the
+    /// session and the limit, and on the unique key's conflict only touches the existing row.
     pub async fn request_live_lesson(
         &self,
         session: SessionId,
@@ -201,35 +218,15 @@ impl Store {
         limit: u32,
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
-        let mut tx = self.writer.begin().await?;
-        touch_session(&mut tx, session, now).await?;
-        let existing = sqlx::query(&format!(
-            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE session_id = ? AND lesson_slug = ?"
-        ))
-        .bind(session.to_string())
-        .bind(lesson)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some(row) = existing {
-            let current = lesson_from_row(&row)?;
-            let (lesson, outcome) = change_or_touch(&mut tx, current, stage, now).await?;
-            tx.commit().await?;
-            return Ok((lesson, outcome));
-        }
-        if limit > 0 {
-            let held: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM live_lessons WHERE session_id = ?")
-                    .bind(session.to_string())
-                    .fetch_one(&mut *tx)
-                    .await?;
-            if held >= i64::from(limit) {
-                return Err(Error::TooManyLiveLessons { session, limit });
-            }
-        }
         let id = LiveLessonId::new();
         let row = sqlx::query(&format!(
             "INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
-             created_at, last_active) VALUES (?, ?, ?, ?, 1, 'PENDING', ?, ?) \
+             reason, persistent, created_at, last_active, updated_at) \
+             SELECT ?1, s.id, ?3, ?4, 1, 'PENDING', 'requested', s.persistent, ?5, ?5, ?5 \
+             FROM sessions s WHERE s.id = ?2 AND s.expired = 0 AND (?6 = 0 \
+               OR (SELECT COUNT(*) FROM live_lessons WHERE session_id = ?2) < ?6 \
+               OR EXISTS (SELECT 1 FROM live_lessons WHERE session_id = ?2 AND lesson_slug = ?3)) \
+             ON CONFLICT (session_id, lesson_slug) DO UPDATE SET last_active = excluded.last_active \
              RETURNING {LESSON_COLUMNS}"
         ))
         .bind(id.to_string())
@@ -237,13 +234,19 @@ impl Store {
         .bind(lesson)
         .bind(stage)
         .bind(now.0)
-        .bind(now.0)
-        .fetch_one(&mut *tx)
+        .bind(limit)
+        .fetch_optional(&self.writer)
         .await?;
-        let lesson = lesson_from_row(&row)?;
-        record_event(&mut tx, &lesson, "requested", now).await?;
-        tx.commit().await?;
-        Ok((lesson, Requested::Created))
+        let Some(row) = row else {
+            // Nothing inserted or touched: say which check refused it.
+            self.session(session).await?;
+            return Err(Error::TooManyLiveLessons { session, limit });
+        };
+        let current = lesson_from_row(&row)?;
+        if current.id == id {
+            return Ok((current, Requested::Created));
+        }
+        self.change_stage(current, stage, now).await
     }
 
     /// Moves a live lesson to another stage (same rules as asking again with a stage).
@@ -253,75 +256,125 @@ impl Store {
         stage: u32,
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
-        let mut tx = self.writer.begin().await?;
-        let current = fetch_lesson(&mut tx, id).await?;
-        touch_session(&mut tx, current.session_id, now).await?;
-        let (lesson, outcome) = change_or_touch(&mut tx, current, stage, now).await?;
-        tx.commit().await?;
-        Ok((lesson, outcome))
-    }
-
-    /// Records activity on a live lesson and its session; returns the live lesson and whether
-    /// its session is persistent.
-    pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<(LiveLesson, bool)> {
-        let mut tx = self.writer.begin().await?;
         let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET last_active = ? WHERE id = ? AND deleting = 0 \
+            "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND \
+             session_id IN (SELECT id FROM sessions WHERE expired = 0) \
              RETURNING {LESSON_COLUMNS}"
         ))
         .bind(now.0)
         .bind(id.to_string())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.writer)
         .await?
         .ok_or(Error::LiveLessonNotFound(id))?;
-        let lesson = lesson_from_row(&row)?;
-        let session = touch_session(&mut tx, lesson.session_id, now).await?;
-        tx.commit().await?;
-        Ok((lesson, session.persistent))
+        self.change_stage(lesson_from_row(&row)?, stage, now).await
+    }
+
+    /// Applies a request for `stage` to an existing (already touched) live lesson.
+    async fn change_stage(
+        &self,
+        current: LiveLesson,
+        stage: u32,
+        now: Millis,
+    ) -> Result<(LiveLesson, Requested)> {
+        if current.deleting {
+            return Err(Error::StillTerminating(current.id));
+        }
+        let failed = current.status == Status::Failed;
+        if current.stage == stage && !failed {
+            return Ok((current, Requested::Touched));
+        }
+        if !current.status.is_settled() {
+            return Err(Error::Busy {
+                id: current.id,
+                status: current.status,
+            });
+        }
+        // A stage change keeps the endpoints: READY → CONFIGURING → READY. A retry after FAILED
+        // starts over from PENDING.
+        let (status, detail) = if current.stage != stage && current.status == Status::Ready {
+            (Status::Configuring, format!("stage change to {stage}"))
+        } else {
+            (Status::Pending, "retry after failure".to_owned())
+        };
+        // Conditional on the generation read above, so a concurrent change cannot be lost.
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET stage = ?1, generation = generation + 1, status = ?2, \
+             reason = ?3, updated_at = ?4 WHERE id = ?5 AND generation = ?6 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(stage)
+        .bind(status.as_str())
+        .bind(detail)
+        .bind(now.0)
+        .bind(current.id.to_string())
+        .bind(current.generation as i64)
+        .fetch_optional(&self.writer)
+        .await?;
+        match row {
+            Some(row) => Ok((lesson_from_row(&row)?, Requested::Changed)),
+            None => Err(Error::Busy {
+                id: current.id,
+                status: current.status,
+            }),
+        }
+    }
+
+    /// Records activity on a live lesson (and, through a trigger, on its session).
+    pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<LiveLesson> {
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(now.0)
+        .bind(id.to_string())
+        .fetch_optional(&self.writer)
+        .await?
+        .ok_or(Error::LiveLessonNotFound(id))?;
+        lesson_from_row(&row)
     }
 
     /// Marks a live lesson for removal (desired state: absent) with a new generation.
-    /// `detail` says why ("deleted", "killed", "expired").
+    /// `detail` says why ("deleted", "killed by an operator"). Deleting twice is not an error.
     pub async fn mark_deleting(
         &self,
         id: LiveLessonId,
         detail: &str,
         now: Millis,
     ) -> Result<LiveLesson> {
-        let mut tx = self.writer.begin().await?;
-        let current = fetch_lesson(&mut tx, id).await?;
-        if current.deleting {
-            tx.commit().await?;
-            return Ok(current);
+        let row = sqlx::query(&format!(
+            "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+             status = 'TERMINATING', reason = ?1, updated_at = ?2 WHERE id = ?3 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(detail)
+        .bind(now.0)
+        .bind(id.to_string())
+        .fetch_optional(&self.writer)
+        .await?;
+        match row {
+            Some(row) => lesson_from_row(&row),
+            None => self.live_lesson(id).await,
         }
-        let lesson = set_deleting(&mut tx, id, now).await?;
-        record_event(&mut tx, &lesson, detail, now).await?;
-        tx.commit().await?;
-        Ok(lesson)
     }
 
     // ----- live lessons: reads -----
 
     /// One live lesson.
     pub async fn live_lesson(&self, id: LiveLessonId) -> Result<LiveLesson> {
+        self.find_live_lesson(id)
+            .await?
+            .ok_or(Error::LiveLessonNotFound(id))
+    }
+
+    /// The live lesson if it still exists.
+    pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
         let row = sqlx::query(&format!(
             "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ?"
         ))
         .bind(id.to_string())
         .fetch_optional(&self.reader)
         .await?;
-        row.map(|row| lesson_from_row(&row))
-            .transpose()?
-            .ok_or(Error::LiveLessonNotFound(id))
-    }
-
-    /// The live lesson if it still exists.
-    pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
-        match self.live_lesson(id).await {
-            Ok(lesson) => Ok(Some(lesson)),
-            Err(Error::LiveLessonNotFound(_)) => Ok(None),
-            Err(err) => Err(err),
-        }
+        row.map(|row| lesson_from_row(&row)).transpose()
     }
 
     /// A session's live lessons, oldest first.
@@ -409,27 +462,13 @@ impl Store {
             .collect()
     }
 
+
     // ----- live lessons: the reconciler's writes -----
 
-    /// Places a live lesson on an agent, if it is not placed yet; returns the agent it is on.
-    pub async fn place(&self, id: LiveLessonId, agent: &str) -> Result<LiveLesson> {
-        let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET agent = COALESCE(agent, ?) WHERE id = ? \
-             RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(agent)
-        .bind(id.to_string())
-        .fetch_optional(&self.writer)
-        .await?;
-        row.map(|row| lesson_from_row(&row))
-            .transpose()?
-            .ok_or(Error::LiveLessonNotFound(id))
-    }
-
-    /// Records what the reconciler observed for `generation`. Returns `None` (and changes
-    /// nothing) when the live lesson is gone or its desired state moved on to a newer
-    /// generation meanwhile: a stale worker can never overwrite newer intent. An event is
-    /// recorded when the status changes.
+    /// Records what the reconciler observed for `generation` (placing the live lesson if the
+    /// observation names an agent). Returns `None`, changing nothing, when the live lesson is
+    /// gone or its desired state moved on to a newer generation: a stale worker can never
+    /// overwrite newer intent. A trigger records an event when the status changes.
     pub async fn observe(
         &self,
         id: LiveLessonId,
@@ -437,71 +476,42 @@ impl Store {
         observation: Observation,
         now: Millis,
     ) -> Result<Option<LiveLesson>> {
-        let mut tx = self.writer.begin().await?;
-        let Some(row) = sqlx::query(&format!(
-            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ? AND generation = ? \
-             AND deleting = 0"
-        ))
-        .bind(id.to_string())
-        .bind(generation as i64)
-        .fetch_optional(&mut *tx)
-        .await?
-        else {
-            return Ok(None);
-        };
-        let before = lesson_from_row(&row)?;
-        let settled = observation.status.is_settled();
         let endpoints = match &observation.endpoints {
-            Some(endpoints) => serde_json::to_string(endpoints)
-                .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
-            None => serde_json::to_string(&before.endpoints)
-                .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
+            Some(endpoints) => Some(
+                serde_json::to_string(endpoints)
+                    .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
+            ),
+            None => None,
         };
         let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET status = ?, reason = ?, endpoints = ?, \
-             handle = COALESCE(?, handle), \
-             observed_generation = CASE WHEN ? THEN generation ELSE observed_generation END \
-             WHERE id = ? RETURNING {LESSON_COLUMNS}"
+            "UPDATE live_lessons SET status = ?1, reason = ?2, \
+             endpoints = COALESCE(?3, endpoints), handle = COALESCE(?4, handle), \
+             agent = COALESCE(agent, ?5), \
+             observed_generation = CASE WHEN ?6 THEN generation ELSE observed_generation END, \
+             updated_at = ?7 WHERE id = ?8 AND generation = ?9 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
         ))
         .bind(observation.status.as_str())
         .bind(&observation.reason)
         .bind(endpoints)
         .bind(observation.handle.as_deref())
-        .bind(settled)
+        .bind(observation.agent.as_deref())
+        .bind(observation.status.is_settled())
+        .bind(now.0)
         .bind(id.to_string())
-        .fetch_one(&mut *tx)
+        .bind(generation as i64)
+        .fetch_optional(&self.writer)
         .await?;
-        let lesson = lesson_from_row(&row)?;
-        if before.status != lesson.status {
-            record_event(&mut tx, &lesson, &lesson.reason, now).await?;
-        }
-        tx.commit().await?;
-        Ok(Some(lesson))
+        row.map(|row| lesson_from_row(&row)).transpose()
     }
 
-    /// Forgets a live lesson whose objects are gone, recording the final event; deletes its
-    /// session too when the session expired and this was its last live lesson.
-    pub async fn forget(&self, id: LiveLessonId, detail: &str, now: Millis) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
-        let Some(row) = sqlx::query(&format!(
-            "DELETE FROM live_lessons WHERE id = ? RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(id.to_string())
-        .fetch_optional(&mut *tx)
-        .await?
-        else {
-            return Ok(());
-        };
-        let lesson = lesson_from_row(&row)?;
-        record_event(&mut tx, &lesson, detail, now).await?;
-        sqlx::query(
-            "DELETE FROM sessions WHERE id = ? AND expired = 1 \
-             AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = sessions.id)",
-        )
-        .bind(lesson.session_id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+    /// Forgets a live lesson whose objects are gone; triggers record the final event and delete
+    /// its session when the session expired and this was its last live lesson.
+    pub async fn forget(&self, id: LiveLessonId) -> Result<()> {
+        sqlx::query("DELETE FROM live_lessons WHERE id = ?")
+            .bind(id.to_string())
+            .execute(&self.writer)
+            .await?;
         Ok(())
     }
 
@@ -514,28 +524,17 @@ impl Store {
         cutoff: Millis,
         now: Millis,
     ) -> Result<Vec<LiveLesson>> {
-        let mut tx = self.writer.begin().await?;
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT l.id FROM live_lessons l JOIN sessions s ON s.id = l.session_id \
-             WHERE l.deleting = 0 AND l.last_active < ? AND s.persistent = 0",
-        )
+        let rows = sqlx::query(&format!(
+            "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+             status = 'TERMINATING', reason = 'expired: idle past the live lesson TTL', \
+             updated_at = ?1 WHERE deleting = 0 AND persistent = 0 AND last_active < ?2 \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(now.0)
         .bind(cutoff.0)
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.writer)
         .await?;
-        let mut expired = Vec::with_capacity(ids.len());
-        for id in ids {
-            let lesson = set_deleting(&mut tx, parse_lesson_id(&id)?, now).await?;
-            record_event(
-                &mut tx,
-                &lesson,
-                "expired: idle past the live lesson TTL",
-                now,
-            )
-            .await?;
-            expired.push(lesson);
-        }
-        tx.commit().await?;
-        Ok(expired)
+        rows.iter().map(lesson_from_row).collect()
     }
 
     /// Expires every non-persistent session idle since before `cutoff`, marks its live lessons
@@ -549,18 +548,20 @@ impl Store {
         .bind(cutoff.0)
         .execute(&mut *tx)
         .await?;
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT l.id FROM live_lessons l JOIN sessions s ON s.id = l.session_id \
-             WHERE s.expired = 1 AND l.deleting = 0",
-        )
+        let rows = sqlx::query(&format!(
+            "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+             status = 'TERMINATING', reason = 'expired: session idle past its TTL', \
+             updated_at = ?1 WHERE deleting = 0 \
+             AND session_id IN (SELECT id FROM sessions WHERE expired = 1) \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(now.0)
         .fetch_all(&mut *tx)
         .await?;
-        let mut expired = Vec::with_capacity(ids.len());
-        for id in ids {
-            let lesson = set_deleting(&mut tx, parse_lesson_id(&id)?, now).await?;
-            record_event(&mut tx, &lesson, "expired: session idle past its TTL", now).await?;
-            expired.push(lesson);
-        }
+        let expired = rows
+            .iter()
+            .map(lesson_from_row)
+            .collect::<Result<Vec<_>>>()?;
         sqlx::query(
             "DELETE FROM sessions WHERE expired = 1 \
              AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = sessions.id)",
@@ -620,121 +621,6 @@ impl Store {
     }
 }
 
-/// Applies a request for `stage` to an existing live lesson.
-async fn change_or_touch(
-    tx: &mut Transaction<'_, Sqlite>,
-    current: LiveLesson,
-    stage: u32,
-    now: Millis,
-) -> Result<(LiveLesson, Requested)> {
-    if current.deleting {
-        return Err(Error::StillTerminating(current.id));
-    }
-    let failed = current.status == Status::Failed;
-    if current.stage == stage && !failed {
-        let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET last_active = ? WHERE id = ? RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(now.0)
-        .bind(current.id.to_string())
-        .fetch_one(&mut **tx)
-        .await?;
-        return Ok((lesson_from_row(&row)?, Requested::Touched));
-    }
-    if !current.status.is_settled() {
-        return Err(Error::Busy {
-            id: current.id,
-            status: current.status,
-        });
-    }
-    // A stage change keeps the endpoints: READY → CONFIGURING → READY. A retry after FAILED
-    // starts over from PENDING.
-    let (status, detail) = if current.stage != stage && current.status == Status::Ready {
-        (Status::Configuring, format!("stage change to {stage}"))
-    } else {
-        (Status::Pending, "retry after failure".to_owned())
-    };
-    let row = sqlx::query(&format!(
-        "UPDATE live_lessons SET stage = ?, generation = generation + 1, status = ?, \
-         reason = '', last_active = ? WHERE id = ? RETURNING {LESSON_COLUMNS}"
-    ))
-    .bind(stage)
-    .bind(status.as_str())
-    .bind(now.0)
-    .bind(current.id.to_string())
-    .fetch_one(&mut **tx)
-    .await?;
-    let lesson = lesson_from_row(&row)?;
-    record_event(tx, &lesson, &detail, now).await?;
-    Ok((lesson, Requested::Changed))
-}
-
-async fn set_deleting(
-    tx: &mut Transaction<'_, Sqlite>,
-    id: LiveLessonId,
-    now: Millis,
-) -> Result<LiveLesson> {
-    let row = sqlx::query(&format!(
-        "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
-         status = 'TERMINATING', reason = '', last_active = ? WHERE id = ? \
-         RETURNING {LESSON_COLUMNS}"
-    ))
-    .bind(now.0)
-    .bind(id.to_string())
-    .fetch_one(&mut **tx)
-    .await?;
-    lesson_from_row(&row)
-}
-
-async fn fetch_lesson(tx: &mut Transaction<'_, Sqlite>, id: LiveLessonId) -> Result<LiveLesson> {
-    let row = sqlx::query(&format!(
-        "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ?"
-    ))
-    .bind(id.to_string())
-    .fetch_optional(&mut **tx)
-    .await?
-    .ok_or(Error::LiveLessonNotFound(id))?;
-    lesson_from_row(&row)
-}
-
-async fn touch_session(
-    tx: &mut Transaction<'_, Sqlite>,
-    id: SessionId,
-    now: Millis,
-) -> Result<Session> {
-    let row = sqlx::query(&format!(
-        "UPDATE sessions SET last_active = ? WHERE id = ? AND expired = 0 \
-         RETURNING {SESSION_COLUMNS}"
-    ))
-    .bind(now.0)
-    .bind(id.to_string())
-    .fetch_optional(&mut **tx)
-    .await?
-    .ok_or(Error::SessionNotFound(id))?;
-    session_from_row(&row)
-}
-
-async fn record_event(
-    tx: &mut Transaction<'_, Sqlite>,
-    lesson: &LiveLesson,
-    detail: &str,
-    now: Millis,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO events (live_lesson_id, at, status, generation, stage, detail) \
-         VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(lesson.id.to_string())
-    .bind(now.0)
-    .bind(lesson.status.as_str())
-    .bind(lesson.generation as i64)
-    .bind(lesson.stage)
-    .bind(detail)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 fn parse_lesson_id(text: &str) -> Result<LiveLessonId> {
     LiveLessonId::from_str(text).map_err(|err| Error::Corrupt(err.to_string()))
 }
@@ -775,6 +661,7 @@ fn lesson_from_row(row: &SqliteRow) -> Result<LiveLesson> {
         handle: row.try_get("handle")?,
         endpoints: serde_json::from_str(&endpoints)
             .map_err(|err| Error::Corrupt(format!("endpoints of {id}: {err}")))?,
+        persistent: row.try_get("persistent")?,
         created_at: Millis(row.try_get("created_at")?),
         last_active: Millis(row.try_get("last_active")?),
     })
@@ -832,10 +719,10 @@ mod tests {
         assert!(matches!(err, Error::Busy { .. }), "{err}");
 
         let ready = Observation {
-            status: Status::Ready,
-            reason: String::new(),
             endpoints: Some(vec![]),
             handle: Some(b"h".to_vec()),
+            agent: Some("a".into()),
+            ..Observation::status(Status::Ready, "ready")
         };
         let observed = store
             .observe(first.id, 1, ready, Millis(5))
@@ -843,6 +730,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(observed.observed_generation, 1);
+        assert_eq!(observed.agent.as_deref(), Some("a"));
         assert!(!observed.needs_work());
 
         let (changed, outcome) = store.set_stage(first.id, 1, Millis(6)).await.unwrap();
@@ -852,12 +740,7 @@ mod tests {
             (Status::Configuring, 2, 1)
         );
         // A stale observation for generation 1 is dropped.
-        let stale = Observation {
-            status: Status::Failed,
-            reason: "late".into(),
-            endpoints: None,
-            handle: None,
-        };
+        let stale = Observation::status(Status::Failed, "late");
         assert!(
             store
                 .observe(first.id, 1, stale, Millis(7))
@@ -895,7 +778,7 @@ mod tests {
             Err(Error::SessionNotFound(_))
         ));
         store
-            .forget(expired[0].id, "gone", Millis(12))
+            .forget(expired[0].id)
             .await
             .unwrap();
         // The expired session went with its last live lesson.

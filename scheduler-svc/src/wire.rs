@@ -356,5 +356,6 @@ pub fn observation(state: &agent::LiveLessonState, status: Status) -> Observatio
                 .collect(),
         ),
         handle: (!state.handle.is_empty()).then(|| state.handle.to_vec()),
+        agent: None,
     }
 }
