@@ -92,6 +92,12 @@ pub enum Error {
     /// The database failed to migrate.
     #[error("store migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A batch of writes failed to commit.
+    #[error("store commit failed: {0}")]
+    Commit(String),
+    /// The writer task is gone (the scheduler is shutting down).
+    #[error("store writer stopped")]
+    WriterStopped,
     /// Stored data could not be decoded (a bug or a hand-edited database).
     #[error("corrupt store row: {0}")]
     Corrupt(String),
@@ -115,7 +121,10 @@ impl Error {
             Error::StillTerminating(_) => Code::Aborted,
             Error::NoAgent { .. } => Code::Unavailable,
             Error::Agent { status, .. } => status.code(),
-            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) => Code::Internal,
+            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) | Error::Commit(_) => {
+                Code::Internal
+            }
+            Error::WriterStopped => Code::Unavailable,
         }
     }
 }

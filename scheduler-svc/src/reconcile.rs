@@ -271,10 +271,8 @@ impl Reconciler {
             None => match placement::choose(inner.fleet.agents(), &placement::needs(definition)) {
                 Ok(agent) => agent,
                 Err(why) => {
-                    let reason = format!(
-                        "no agent can take lesson `{}`: {why}",
-                        lesson.lesson_slug
-                    );
+                    let reason =
+                        format!("no agent can take lesson `{}`: {why}", lesson.lesson_slug);
                     if Instant::now() >= deadline {
                         return self.fail(&lesson, reason).await;
                     }
@@ -315,7 +313,9 @@ impl Reconciler {
             match self.record(&current, observation).await {
                 Some(updated) => {
                     if current.agent.is_none() {
-                        agent.load.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        agent
+                            .load
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     current = updated;
                 }
@@ -455,8 +455,7 @@ impl Reconciler {
             }
         }
         let _ = cancel;
-        inner.store.forget(lesson.id)
-            .await?;
+        inner.store.forget(lesson.id).await?;
         if let Some(agent) = &agent {
             fleet::release(agent);
         }

@@ -341,7 +341,11 @@ impl LiveLessonService for Api {
         let shutdown = self.shutdown.clone();
         let stream = async_stream(move |tx| async move {
             let mut last = first.clone();
-            if tx.send(Ok(wire::live_lesson(&first, expiry(&first)))).await.is_err() {
+            if tx
+                .send(Ok(wire::live_lesson(&first, expiry(&first))))
+                .await
+                .is_err()
+            {
                 return;
             }
             loop {
@@ -367,7 +371,11 @@ impl LiveLessonService for Api {
                     continue;
                 }
                 last = lesson.clone();
-                if tx.send(Ok(wire::live_lesson(&lesson, expiry(&lesson)))).await.is_err() {
+                if tx
+                    .send(Ok(wire::live_lesson(&lesson, expiry(&lesson))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -1,9 +1,10 @@
 //! The durable state: sessions, live lessons, their event log and agents' instance ids, in an
 //! SQLite file through sqlx (WAL, migrations embedded in the binary).
 //!
-//! Writes go through a pool of exactly one connection: SQLite has a single writer anyway, and
-//! queueing in the pool is cheaper than retrying on SQLITE_BUSY. Reads use a separate pool of
-//! read-only connections, which WAL lets run beside the writer.
+//! Writes go to one task that owns the only writing connection (SQLite has a single writer
+//! anyway) and commits whatever jobs are waiting together (group commit); callers get their
+//! result only after the commit. Reads use a pool of read-only connections, which WAL lets run
+//! beside the writer.
 //!
 //! Every hot-path operation is one SQL statement, so it is atomic without BEGIN/COMMIT round
 //! trips: limits are checked inside the insert that they guard, the unique key on
@@ -18,11 +19,16 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::Row;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
+use sqlx::{Connection as _, Row};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
 use crate::model::{
@@ -40,11 +46,28 @@ const SESSION_COLUMNS: &str = "id, source_ip, persistent, created_at, last_activ
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    /// The single writer connection.
-    writer: SqlitePool,
+    /// Hands write jobs to the writer task, which owns the only writing connection.
+    writer: mpsc::UnboundedSender<Job>,
     /// Read-only connections for queries.
     reader: SqlitePool,
+    /// Ends when the writer task has stopped (after every sender is gone).
+    writer_done: Arc<tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
+
+/// What a write job hands back after it ran: a function that delivers its result once the
+/// batch's commit succeeded (`None`) or failed (`Some`).
+type Deliver = Box<dyn FnOnce(Option<&sqlx::Error>) + Send>;
+
+/// A write job: statements to run on the writing connection inside the current batch.
+type Job = Box<
+    dyn for<'c> FnOnce(
+            &'c mut SqliteConnection,
+        ) -> Pin<Box<dyn Future<Output = Deliver> + Send + 'c>>
+        + Send,
+>;
+
+/// Most jobs committed together.
+const MAX_BATCH: usize = 512;
 
 /// What a request did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,17 +131,10 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
+        let mut connection = SqliteConnection::connect_with(&options).await?;
+        sqlx::migrate!("./migrations").run(&mut connection).await?;
         // No ping before each acquire: these are in-process connections to a local file, and a
-        // ping would be one more round trip to the connection's worker thread per statement.
-        let writer = SqlitePoolOptions::new()
-            .test_before_acquire(false)
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options.clone())
-            .await?;
-        sqlx::migrate!("./migrations").run(&writer).await?;
+        // ping would be one more round trip to the connection's worker thread per query.
         let reader = SqlitePoolOptions::new()
             .test_before_acquire(false)
             .max_connections(4)
@@ -126,13 +142,54 @@ impl Store {
             .max_lifetime(None)
             .connect_with(options.read_only(true))
             .await?;
-        Ok(Store { writer, reader })
+        let (writer, jobs) = mpsc::unbounded_channel();
+        let task = tokio::spawn(write_loop(connection, jobs));
+        Ok(Store {
+            writer,
+            reader,
+            writer_done: Arc::new(tokio::sync::Mutex::new(Some(task))),
+        })
     }
 
-    /// Closes both pools, waiting for queries in flight.
-    pub async fn close(&self) {
-        self.writer.close().await;
+    /// Closes the readers and waits (boundedly) for the writer to finish the jobs it has; it
+    /// stops once every clone of this store is dropped. Whatever is cut short is safe: every
+    /// committed batch is durable and nothing else was promised.
+    pub async fn close(self) {
         self.reader.close().await;
+        let done = self.writer_done.clone();
+        drop(self);
+        if let Some(task) = done.lock().await.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+
+    /// Runs `job` on the writing connection, in the next batch, and returns its result once
+    /// the batch is committed.
+    async fn write<T, F>(&self, job: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(
+                &'c mut SqliteConnection,
+            ) -> Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>
+            + Send
+            + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            Box::pin(async move {
+                let result = job(conn).await;
+                let deliver: Deliver = Box::new(move |commit: Option<&sqlx::Error>| {
+                    let result = match commit {
+                        None => result,
+                        Some(err) => Err(Error::Commit(err.to_string())),
+                    };
+                    let _ = tx.send(result);
+                });
+                deliver
+            })
+        });
+        self.writer.send(job).map_err(|_| Error::WriterStopped)?;
+        rx.await.map_err(|_| Error::WriterStopped)?
     }
 
     // ----- sessions -----
@@ -148,17 +205,24 @@ impl Store {
             created_at: now,
             last_active: now,
         };
-        let done = sqlx::query(
-            "INSERT INTO sessions (id, source_ip, persistent, created_at, last_active) \
+        let done = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "INSERT INTO sessions (id, source_ip, persistent, created_at, last_active) \
              SELECT ?1, ?2, 0, ?3, ?3 WHERE ?4 = 0 OR \
              (SELECT COUNT(*) FROM sessions WHERE source_ip = ?2 AND expired = 0) < ?4",
-        )
-        .bind(session.id.to_string())
-        .bind(ip.to_string())
-        .bind(now.0)
-        .bind(limit)
-        .execute(&self.writer)
-        .await?;
+                    )
+                    .bind(session.id.to_string())
+                    .bind(ip.to_string())
+                    .bind(now.0)
+                    .bind(limit)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
         if done.rows_affected() == 0 {
             return Err(Error::TooManySessions { ip, limit });
         }
@@ -190,14 +254,21 @@ impl Store {
 
     /// Sets or clears a session's persistent flag (a trigger copies it to its live lessons).
     pub async fn persist_session(&self, id: SessionId, persistent: bool) -> Result<Session> {
-        let row = sqlx::query(&format!(
-            "UPDATE sessions SET persistent = ? WHERE id = ? AND expired = 0 \
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE sessions SET persistent = ? WHERE id = ? AND expired = 0 \
              RETURNING {SESSION_COLUMNS}"
-        ))
-        .bind(persistent)
-        .bind(id.to_string())
-        .fetch_optional(&self.writer)
-        .await?;
+                    ))
+                    .bind(persistent)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
         row.map(|row| session_from_row(&row))
             .transpose()?
             .ok_or(Error::SessionNotFound(id))
@@ -219,7 +290,10 @@ impl Store {
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
         let id = LiveLessonId::new();
-        let row = sqlx::query(&format!(
+        let lesson = lesson.to_owned();
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move { sqlx::query(&format!(
             "INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
              reason, persistent, created_at, last_active, updated_at) \
              SELECT ?1, s.id, ?3, ?4, 1, 'PENDING', 'requested', s.persistent, ?5, ?5, ?5 \
@@ -231,12 +305,14 @@ impl Store {
         ))
         .bind(id.to_string())
         .bind(session.to_string())
-        .bind(lesson)
+        .bind(lesson.to_owned())
         .bind(stage)
         .bind(now.0)
         .bind(limit)
-        .fetch_optional(&self.writer)
-        .await?;
+        .fetch_optional(&mut *conn)
+        .await.map_err(Error::from) })
+            })
+            .await?;
         let Some(row) = row else {
             // Nothing inserted or touched: say which check refused it.
             self.session(session).await?;
@@ -256,16 +332,23 @@ impl Store {
         stage: u32,
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
-        let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND \
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND \
              session_id IN (SELECT id FROM sessions WHERE expired = 0) \
              RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(now.0)
-        .bind(id.to_string())
-        .fetch_optional(&self.writer)
-        .await?
-        .ok_or(Error::LiveLessonNotFound(id))?;
+                    ))
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?
+            .ok_or(Error::LiveLessonNotFound(id))?;
         self.change_stage(lesson_from_row(&row)?, stage, now).await
     }
 
@@ -297,19 +380,25 @@ impl Store {
             (Status::Pending, "retry after failure".to_owned())
         };
         // Conditional on the generation read above, so a concurrent change cannot be lost.
-        let row = sqlx::query(&format!(
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
             "UPDATE live_lessons SET stage = ?1, generation = generation + 1, status = ?2, \
              reason = ?3, updated_at = ?4 WHERE id = ?5 AND generation = ?6 AND deleting = 0 \
              RETURNING {LESSON_COLUMNS}"
         ))
         .bind(stage)
         .bind(status.as_str())
-        .bind(detail)
+        .bind(detail.to_owned())
         .bind(now.0)
         .bind(current.id.to_string())
         .bind(current.generation as i64)
-        .fetch_optional(&self.writer)
-        .await?;
+        .fetch_optional(&mut *conn)
+        .await.map_err(Error::from)
+                })
+            })
+            .await?;
         match row {
             Some(row) => Ok((lesson_from_row(&row)?, Requested::Changed)),
             None => Err(Error::Busy {
@@ -321,15 +410,22 @@ impl Store {
 
     /// Records activity on a live lesson (and, through a trigger, on its session).
     pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<LiveLesson> {
-        let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND deleting = 0 \
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND deleting = 0 \
              RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(now.0)
-        .bind(id.to_string())
-        .fetch_optional(&self.writer)
-        .await?
-        .ok_or(Error::LiveLessonNotFound(id))?;
+                    ))
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?
+            .ok_or(Error::LiveLessonNotFound(id))?;
         lesson_from_row(&row)
     }
 
@@ -341,16 +437,24 @@ impl Store {
         detail: &str,
         now: Millis,
     ) -> Result<LiveLesson> {
-        let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+        let detail = detail.to_owned();
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
              status = 'TERMINATING', reason = ?1, updated_at = ?2 WHERE id = ?3 AND deleting = 0 \
              RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(detail)
-        .bind(now.0)
-        .bind(id.to_string())
-        .fetch_optional(&self.writer)
-        .await?;
+                    ))
+                    .bind(detail.to_owned())
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
         match row {
             Some(row) => lesson_from_row(&row),
             None => self.live_lesson(id).await,
@@ -462,7 +566,6 @@ impl Store {
             .collect()
     }
 
-
     // ----- live lessons: the reconciler's writes -----
 
     /// Records what the reconciler observed for `generation` (placing the live lesson if the
@@ -483,35 +586,48 @@ impl Store {
             ),
             None => None,
         };
-        let row = sqlx::query(&format!(
-            "UPDATE live_lessons SET status = ?1, reason = ?2, \
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET status = ?1, reason = ?2, \
              endpoints = COALESCE(?3, endpoints), handle = COALESCE(?4, handle), \
              agent = COALESCE(agent, ?5), \
              observed_generation = CASE WHEN ?6 THEN generation ELSE observed_generation END, \
              updated_at = ?7 WHERE id = ?8 AND generation = ?9 AND deleting = 0 \
              RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(observation.status.as_str())
-        .bind(&observation.reason)
-        .bind(endpoints)
-        .bind(observation.handle.as_deref())
-        .bind(observation.agent.as_deref())
-        .bind(observation.status.is_settled())
-        .bind(now.0)
-        .bind(id.to_string())
-        .bind(generation as i64)
-        .fetch_optional(&self.writer)
-        .await?;
+                    ))
+                    .bind(observation.status.as_str())
+                    .bind(observation.reason)
+                    .bind(endpoints)
+                    .bind(observation.handle)
+                    .bind(observation.agent)
+                    .bind(observation.status.is_settled())
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .bind(generation as i64)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
         row.map(|row| lesson_from_row(&row)).transpose()
     }
 
     /// Forgets a live lesson whose objects are gone; triggers record the final event and delete
     /// its session when the session expired and this was its last live lesson.
     pub async fn forget(&self, id: LiveLessonId) -> Result<()> {
-        sqlx::query("DELETE FROM live_lessons WHERE id = ?")
-            .bind(id.to_string())
-            .execute(&self.writer)
-            .await?;
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM live_lessons WHERE id = ?")
+                    .bind(id.to_string())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+            })
+        })
+        .await?;
         Ok(())
     }
 
@@ -524,63 +640,81 @@ impl Store {
         cutoff: Millis,
         now: Millis,
     ) -> Result<Vec<LiveLesson>> {
-        let rows = sqlx::query(&format!(
-            "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+        let rows = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
              status = 'TERMINATING', reason = 'expired: idle past the live lesson TTL', \
              updated_at = ?1 WHERE deleting = 0 AND persistent = 0 AND last_active < ?2 \
              RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(now.0)
-        .bind(cutoff.0)
-        .fetch_all(&self.writer)
-        .await?;
+                    ))
+                    .bind(now.0)
+                    .bind(cutoff.0)
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
         rows.iter().map(lesson_from_row).collect()
     }
 
     /// Expires every non-persistent session idle since before `cutoff`, marks its live lessons
     /// for removal and returns them; sessions left without live lessons are deleted at once.
+    ///
+    /// Three statements with no transaction around them: each is idempotent and the next tick
+    /// redoes whatever a crash interrupted (expired sessions accept no requests meanwhile).
     pub async fn expire_sessions(&self, cutoff: Millis, now: Millis) -> Result<Vec<LiveLesson>> {
-        let mut tx = self.writer.begin().await?;
-        sqlx::query(
-            "UPDATE sessions SET expired = 1 WHERE expired = 0 AND persistent = 0 \
-             AND last_active < ?",
-        )
-        .bind(cutoff.0)
-        .execute(&mut *tx)
-        .await?;
-        let rows = sqlx::query(&format!(
-            "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
-             status = 'TERMINATING', reason = 'expired: session idle past its TTL', \
-             updated_at = ?1 WHERE deleting = 0 \
-             AND session_id IN (SELECT id FROM sessions WHERE expired = 1) \
-             RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(now.0)
-        .fetch_all(&mut *tx)
-        .await?;
-        let expired = rows
-            .iter()
-            .map(lesson_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        sqlx::query(
-            "DELETE FROM sessions WHERE expired = 1 \
-             AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = sessions.id)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(expired)
+        let rows = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE sessions SET expired = 1 WHERE expired = 0 AND persistent = 0 \
+                         AND last_active < ?",
+                    )
+                    .bind(cutoff.0)
+                    .execute(&mut *conn)
+                    .await?;
+                    let rows = sqlx::query(&format!(
+                        "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
+                         status = 'TERMINATING', reason = 'expired: session idle past its TTL', \
+                         updated_at = ?1 WHERE deleting = 0 \
+                         AND session_id IN (SELECT id FROM sessions WHERE expired = 1) \
+                         RETURNING {LESSON_COLUMNS}"
+                    ))
+                    .bind(now.0)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                    sqlx::query(
+                        "DELETE FROM sessions WHERE expired = 1 \
+                         AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = sessions.id)",
+                    )
+                    .execute(&mut *conn)
+                    .await?;
+                    Ok(rows)
+                })
+            })
+            .await?;
+        rows.iter().map(lesson_from_row).collect()
     }
 
     /// Deletes events of live lessons that no longer exist, older than `cutoff`.
     pub async fn prune_events(&self, cutoff: Millis) -> Result<u64> {
-        let done = sqlx::query(
-            "DELETE FROM events WHERE at < ? \
+        let done = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "DELETE FROM events WHERE at < ? \
              AND live_lesson_id NOT IN (SELECT id FROM live_lessons)",
-        )
-        .bind(cutoff.0)
-        .execute(&self.writer)
-        .await?;
+                    )
+                    .bind(cutoff.0)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
         Ok(done.rows_affected())
     }
 
@@ -607,18 +741,62 @@ impl Store {
 
     /// Records the instance id an agent reported.
     pub async fn set_agent_instance(&self, agent: &str, instance: &str, now: Millis) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO agents (name, instance_id, seen_at) VALUES (?, ?, ?) \
+        let (agent, instance) = (agent.to_owned(), instance.to_owned());
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO agents (name, instance_id, seen_at) VALUES (?, ?, ?) \
              ON CONFLICT (name) DO UPDATE SET instance_id = excluded.instance_id, \
              seen_at = excluded.seen_at",
-        )
-        .bind(agent)
-        .bind(instance)
-        .bind(now.0)
-        .execute(&self.writer)
+                )
+                .bind(agent.to_owned())
+                .bind(instance.to_owned())
+                .bind(now.0)
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::from)
+            })
+        })
         .await?;
         Ok(())
     }
+}
+
+/// The writer task: takes every job waiting, runs them one after another in one transaction
+/// (group commit), then delivers their results. Under load this turns many small commits into
+/// few, and the connection never waits for a pool hand-over between jobs. A failing statement
+/// only fails its own job (SQLite rolls back just that statement); a failing commit fails the
+/// whole batch.
+async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let grouped = batch.len() > 1;
+        let begin = if grouped {
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut connection)
+                .await
+                .err()
+        } else {
+            None
+        };
+        let mut delivers = Vec::with_capacity(batch.len());
+        for job in batch.drain(..) {
+            delivers.push(job(&mut connection).await);
+        }
+        let commit = match begin {
+            Some(err) => Some(err),
+            None if grouped => sqlx::query("COMMIT").execute(&mut connection).await.err(),
+            None => None,
+        };
+        if let Some(err) = &commit {
+            tracing::error!(error = %err, jobs = delivers.len(), "store commit failed");
+            let _ = sqlx::query("ROLLBACK").execute(&mut connection).await;
+        }
+        for deliver in delivers {
+            deliver(commit.as_ref());
+        }
+    }
+    let _ = connection.close().await;
 }
 
 fn parse_lesson_id(text: &str) -> Result<LiveLessonId> {
@@ -777,10 +955,7 @@ mod tests {
             store.session(session.id).await,
             Err(Error::SessionNotFound(_))
         ));
-        store
-            .forget(expired[0].id)
-            .await
-            .unwrap();
+        store.forget(expired[0].id).await.unwrap();
         // The expired session went with its last live lesson.
         assert!(store.sessions().await.unwrap().is_empty());
         let raw: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sessions")

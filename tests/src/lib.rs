@@ -55,7 +55,10 @@ impl Process {
         let stderr = std::fs::File::create(&log)?;
         let mut child = Command::new(program)
             .args(args)
-            .env("RUST_LOG", "info,scheduler_svc=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,scheduler_svc=debug".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
