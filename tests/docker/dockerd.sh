@@ -112,18 +112,46 @@ choose_iptables() {
   die "no working iptables (tried ${candidates[*]}); the kernel needs ip_tables or nf_tables with nat"
 }
 
-# Kill stray processes of our private engine: containerd and shims that use our containerd
-# socket. Matches on the full socket path in the command line, so nothing else is touched.
-kill_strays() {
-  local sig=$1 p cmd pids=()
+# Pids of our engine's leftovers: containerd and shims, found by our containerd socket path in
+# their command line (so nothing else matches), plus the shims' children (container inits,
+# whose death ends their whole pid namespace).
+stray_pids() {
+  local p cmd ppid shims=() inits=()
   for p in /proc/[0-9]*; do
     [[ ${p#/proc/} != "$$" ]] || continue
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
-    [[ $cmd == *"$EXEC_ROOT/containerd/"* ]] && pids+=("${p#/proc/}")
+    [[ $cmd == *"$EXEC_ROOT/containerd/"* ]] && shims+=("${p#/proc/}")
   done
-  (( ${#pids[@]} )) || return 1
-  kill "-$sig" "${pids[@]}" 2>/dev/null || true
+  (( ${#shims[@]} )) || return 1
+  for p in /proc/[0-9]*; do
+    ppid=$(awk '/^PPid:/ { print $2 }' 2>/dev/null <"$p/status") || continue
+    [[ " ${shims[*]} " == *" $ppid "* ]] && inits+=("${p#/proc/}")
+  done
+  echo "${inits[*]} ${shims[*]}"
+}
+
+# Kill leftovers of a daemon that is gone (crashed or killed): containers first, then the
+# shims and containerd. Returns 1 if there was nothing to kill.
+kill_strays() {
+  local pids deadline
+  pids=$(stray_pids) || return 1
+  log "killing leftovers of the private engine: $pids"
+  # shellcheck disable=SC2086
+  kill -KILL $pids 2>/dev/null || true
+  deadline=$((SECONDS + 10))
+  while pids=$(stray_pids) && (( SECONDS < deadline )); do sleep 0.2; done
   return 0
+}
+
+# Unmount whatever is left under our dirs (netns and shm mounts, the data root's own mount),
+# deepest first. Only when our daemon is not running.
+unmount_ours() {
+  local d m
+  for d in "$@"; do
+    [[ -e $d ]] || continue
+    awk -v r="$d" '$2 == r || index($2, r "/") == 1 { print $2 }' /proc/self/mounts | sort -r \
+      | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  done
 }
 
 wait_ready() {
@@ -162,8 +190,9 @@ cmd_start() {
   need_root
   install_packages
   choose_iptables
-  # Leftovers of a daemon that died: stale shims/containerd, pidfile, socket.
-  if kill_strays TERM; then sleep 1; kill_strays KILL || true; fi
+  # Leftovers of a daemon that died: containers, shims, containerd, mounts, pidfile, socket.
+  kill_strays || true
+  unmount_ours "$EXEC_ROOT" "$DATA_ROOT"
   rm -f "$PIDFILE" "$SOCK"
   mkdir -p "$DATA_ROOT" "$EXEC_ROOT"
   # Our own (empty) config file, so /etc/docker/daemon.json cannot interfere.
@@ -212,21 +241,12 @@ cmd_stop() {
   else
     log "private dockerd is not running"
   fi
-  # dockerd normally stops its containerd; after a crash containerd and shims linger.
-  if kill_strays TERM; then
-    deadline=$((SECONDS + 10))
-    while kill_strays 0 && (( SECONDS < deadline )); do sleep 0.2; done
-    kill_strays KILL || true
-  fi
-  # Safe leftovers: socket, pidfile, exec root (netns mounts, runtime state).
+  # dockerd stops its containers and containerd; after a crash they linger.
+  kill_strays || true
+  # Safe leftovers: socket, pidfile, mounts, exec root (runtime state). The data root stays.
   rm -f "$PIDFILE" "$SOCK"
-  if [[ -d $EXEC_ROOT ]]; then
-    local m
-    # Unmount anything (netns bind mounts) left under the exec root, deepest first.
-    while read -r m; do umount -l "$m" 2>/dev/null || true; done \
-      < <(awk -v r="$EXEC_ROOT/" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r)
-    rm -rf "$EXEC_ROOT"
-  fi
+  unmount_ours "$EXEC_ROOT" "$DATA_ROOT"
+  rm -rf "$EXEC_ROOT"
   # Restore the host's ip_forward if dockerd turned it on.
   if [[ -f $STATE/ip_forward.orig ]]; then
     cat "$STATE/ip_forward.orig" >/proc/sys/net/ipv4/ip_forward 2>/dev/null || true
@@ -246,10 +266,6 @@ cmd_env() {
 
 cmd_purge() {
   cmd_stop
-  if [[ -d $DATA_ROOT ]]; then
-    awk -v r="$DATA_ROOT/" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r \
-      | while read -r m; do umount -l "$m" 2>/dev/null || true; done
-  fi
   rm -rf "$STATE"
 }
 
