@@ -8,7 +8,8 @@
 #   dockerd.sh stop    stop the private daemon (and its containerd and shims); never touches an
 #                      engine this script did not start. Keeps the data root (images stay cached).
 #   dockerd.sh env     print DOCKER_HOST=... if the private daemon answers (exit 1 otherwise).
-#   dockerd.sh purge   stop, then delete the state dir (data root, images) as well.
+#   dockerd.sh purge   stop, then delete the state dir (data root, images) too, and Docker's
+#                      iptables rules and idle bridges if no other dockerd runs.
 #
 # Environment: ANTIDOTE_DOCKER_STATE (state dir, default /tmp/antidote-dockerd),
 #              ANTIDOTE_DOCKER_TIMEOUT (seconds to wait for the daemon, default 60).
@@ -36,14 +37,13 @@ DATA_ROOT=$STATE/data
 PIDFILE=$STATE/dockerd.pid
 LOGFILE=$STATE/dockerd.log
 SHIM_BIN=$STATE/bin
-CONTAINERD_SOCK=$EXEC_ROOT/containerd/containerd.sock
 PRIVATE_HOST=unix://$SOCK
 
 # Answers within a few seconds? $1: a DOCKER_HOST value.
 answers() {
   [[ -n $1 ]] || return 1
   command -v docker >/dev/null 2>&1 || return 1
-  DOCKER_HOST=$1 DOCKER_CONTEXT= timeout 10 docker version --format '{{.Server.Version}}' \
+  DOCKER_HOST=$1 DOCKER_CONTEXT='' timeout 10 docker version --format '{{.Server.Version}}' \
     >/dev/null 2>&1
 }
 
@@ -56,6 +56,13 @@ private_pid() {
   # The pid must still be our dockerd (pids get reused).
   tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--pidfile $PIDFILE" || return 1
   echo "$pid"
+}
+
+# Running and not a zombie (this VM's init reaps orphans late; `kill -0` succeeds on zombies).
+alive() {
+  local st
+  st=$(sed 's/.*) //' 2>/dev/null <"/proc/$1/stat" | cut -d' ' -f1) || return 1
+  [[ -n $st && $st != Z ]]
 }
 
 need_root() { [[ $(id -u) == 0 ]] || die "must run as root to start dockerd"; }
@@ -80,34 +87,82 @@ install_packages() {
   command -v dockerd >/dev/null 2>&1 || die "dockerd still missing after installing docker.io"
 }
 
-# Docker runs `iptables` from PATH. Pick the variant that works here without touching the
-# system's alternatives: legacy if legacy tables are already in use (never mix the two),
-# else the default (nft on Debian 12), else the other one. Result: $SHIM_BIN/iptables*.
+# Docker runs `iptables` from PATH. Pick a variant (nft or legacy) without touching the
+# system's alternatives, and link it into $SHIM_BIN, which goes first in dockerd's PATH:
+#   1. the variant of our previous start, if it still works (the rules left from it live there);
+#   2. a variant that already has Docker's chains;
+#   3. the system default (`iptables`, nft on Debian 12), then nft, then legacy.
+# Docker's rules must not be split across the two: the stale FORWARD policy DROP of an engine
+# that used the other variant drops our traffic, even between containers of one network (this
+# kernel has br_netfilter, so bridged packets traverse iptables too; seen here). So Docker's
+# leftovers in the other variant are removed, unless another dockerd is running.
+ipt_works() { "$1" -w -t nat -S >/dev/null 2>&1 && "$1" -w -t filter -S >/dev/null 2>&1; }
+ipt_has_docker() { command -v "iptables-$1-save" >/dev/null && "iptables-$1-save" -t filter 2>/dev/null | grep -q '^:DOCKER'; }
+
+# Any dockerd running that is not ours?
+foreign_dockerd() {
+  local f p
+  for f in $(grep -lsx dockerd /proc/[0-9]*/comm); do
+    p=${f#/proc/}; p=${p%/comm}
+    alive "$p" || continue
+    tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qF -- "--pidfile $PIDFILE" && continue
+    return 0
+  done
+  return 1
+}
+
+# Remove Docker's rules (DOCKER* chains, rules naming docker0/br-<id>, jumps to DOCKER*,
+# masquerading of our address pool) from one iptables variant, and set FORWARD back to ACCEPT.
+# Only call it when no dockerd uses that variant. Other rules are kept (save, filter, restore).
+ipt_clean_docker() {
+  local v=$1 t dump
+  command -v "iptables-$v-save" >/dev/null || return 0
+  for t in filter nat; do
+    dump=$("iptables-$v-save" -t "$t" 2>/dev/null) || continue
+    grep -qE '^:DOCKER|docker0|br-[0-9a-f]{12}' <<<"$dump" || continue
+    grep -vE '^:DOCKER|-j DOCKER|^-A DOCKER|docker0|br-[0-9a-f]{12}|-s 10\.213\.[0-9.]+/[0-9]+ .*-j MASQUERADE' \
+      <<<"$dump" | sed -E 's/^:FORWARD DROP/:FORWARD ACCEPT/' | "iptables-$v-restore" -w \
+      || log "warning: could not clean Docker's rules from iptables-$v ($t)"
+  done
+}
+
 choose_iptables() {
-  local candidates=() v
-  if [[ -s /proc/net/ip_tables_names ]] && command -v iptables-legacy >/dev/null; then
-    candidates+=(legacy)
+  local candidates=() v def=""
+  [[ -s $STATE/iptables-variant ]] && candidates+=("$(<"$STATE/iptables-variant")")
+  ipt_has_docker nft && candidates+=(nft)
+  ipt_has_docker legacy && candidates+=(legacy)
+  if command -v iptables >/dev/null; then
+    case $(iptables -V 2>/dev/null) in
+      *nf_tables*) def=nft ;;
+      *legacy*) def=legacy ;;
+    esac
   fi
-  candidates+=(default nft legacy)
+  [[ -n $def ]] && candidates+=("$def")
+  candidates+=(nft legacy)
   mkdir -p "$SHIM_BIN"
   for v in "${candidates[@]}"; do
-    local ipt ip6t save restore
-    case $v in
-      default) ipt=$(command -v iptables || true); ip6t=$(command -v ip6tables || true)
-               save=$(command -v iptables-save || true); restore=$(command -v iptables-restore || true) ;;
-      *)       ipt=$(command -v "iptables-$v" || true); ip6t=$(command -v "ip6tables-$v" || true)
-               save=$(command -v "iptables-$v-save" || true)
-               restore=$(command -v "iptables-$v-restore" || true) ;;
-    esac
-    [[ -n $ipt ]] || continue
-    if "$ipt" -w -t nat -S >/dev/null 2>&1 && "$ipt" -w -t filter -S >/dev/null 2>&1; then
-      ln -sfn "$ipt" "$SHIM_BIN/iptables"
-      [[ -n $ip6t ]] && ln -sfn "$ip6t" "$SHIM_BIN/ip6tables"
-      [[ -n $save ]] && ln -sfn "$save" "$SHIM_BIN/iptables-save"
-      [[ -n $restore ]] && ln -sfn "$restore" "$SHIM_BIN/iptables-restore"
-      log "iptables: $("$ipt" -V 2>/dev/null) ($v)"
-      return 0
+    [[ $v == nft || $v == legacy ]] || continue
+    command -v "iptables-$v" >/dev/null || continue
+    ipt_works "iptables-$v" || continue
+    local t
+    for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+      if command -v "${t/tables/tables-$v}" >/dev/null; then
+        ln -sfn "$(command -v "${t/tables/tables-$v}")" "$SHIM_BIN/$t"
+      fi
+    done
+    echo "$v" >"$STATE/iptables-variant"
+    log "iptables: $("iptables-$v" -V 2>/dev/null)"
+    local other=legacy
+    [[ $v == legacy ]] && other=nft
+    if ipt_has_docker "$other"; then
+      if foreign_dockerd; then
+        log "warning: iptables-$other has Docker rules and another dockerd runs; leaving them"
+      else
+        log "removing stale Docker rules from iptables-$other"
+        ipt_clean_docker "$other"
+      fi
     fi
+    return 0
   done
   die "no working iptables (tried ${candidates[*]}); the kernel needs ip_tables or nf_tables with nat"
 }
@@ -116,30 +171,47 @@ choose_iptables() {
 # their command line (so nothing else matches), plus the shims' children (container inits,
 # whose death ends their whole pid namespace).
 stray_pids() {
-  local p cmd ppid shims=() inits=()
-  for p in /proc/[0-9]*; do
-    [[ ${p#/proc/} != "$$" ]] || continue
-    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
-    [[ $cmd == *"$EXEC_ROOT/containerd/"* ]] && shims+=("${p#/proc/}")
+  local f p ppid shims=() inits=()
+  # The pattern goes through a file so that grep's own command line does not match.
+  printf '%s\n' "$EXEC_ROOT/containerd/" >"$STATE/.stray-pattern"
+  for f in $(grep -lsFf "$STATE/.stray-pattern" /proc/[0-9]*/cmdline); do
+    p=${f#/proc/}; p=${p%/cmdline}
+    [[ $p != "$$" && $p != "$BASHPID" ]] && shims+=("$p")
   done
   (( ${#shims[@]} )) || return 1
-  for p in /proc/[0-9]*; do
-    ppid=$(awk '/^PPid:/ { print $2 }' 2>/dev/null <"$p/status") || continue
-    [[ " ${shims[*]} " == *" $ppid "* ]] && inits+=("${p#/proc/}")
-  done
+  while IFS=: read -r f _ ppid; do
+    p=${f#/proc/}; p=${p%/status}
+    [[ " ${shims[*]} " == *" ${ppid//[[:space:]]/} "* ]] && inits+=("$p")
+  done < <(grep -s '^PPid:' /proc/[0-9]*/status)
   echo "${inits[*]} ${shims[*]}"
 }
 
-# Kill leftovers of a daemon that is gone (crashed or killed): containers first, then the
-# shims and containerd. Returns 1 if there was nothing to kill.
+# Kill leftovers of a daemon that is gone (crashed or killed): containers, shims, containerd;
+# SIGTERM, then SIGKILL after 3 s. Returns 1 if there was nothing to kill.
 kill_strays() {
-  local pids deadline
+  local pids p left deadline
   pids=$(stray_pids) || return 1
   log "killing leftovers of the private engine: $pids"
   # shellcheck disable=SC2086
-  kill -KILL $pids 2>/dev/null || true
-  deadline=$((SECONDS + 10))
-  while pids=$(stray_pids) && (( SECONDS < deadline )); do sleep 0.2; done
+  kill -TERM $pids 2>/dev/null || true
+  deadline=$((SECONDS + 3))
+  while :; do
+    left=()
+    for p in $pids; do alive "$p" && left+=("$p"); done
+    (( ${#left[@]} )) || break
+    if (( SECONDS >= deadline )); then
+      kill -KILL "${left[@]}" 2>/dev/null || true
+      deadline=$((SECONDS + 5)) # wait a little for the kills, then give up
+      while :; do
+        left=()
+        for p in $pids; do alive "$p" && left+=("$p"); done
+        (( ${#left[@]} && SECONDS < deadline )) || break
+        sleep 0.1
+      done
+      break
+    fi
+    sleep 0.1
+  done
   return 0
 }
 
@@ -158,7 +230,7 @@ wait_ready() {
   local pid=$1 deadline=$((SECONDS + TIMEOUT))
   while (( SECONDS < deadline )); do
     if answers "$PRIVATE_HOST"; then return 0; fi
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! alive "$pid"; then
       log "dockerd (pid $pid) exited; log follows:"; tail -n 60 "$LOGFILE" >&2 || true
       return 1
     fi
@@ -198,6 +270,7 @@ cmd_start() {
   # Our own (empty) config file, so /etc/docker/daemon.json cannot interfere.
   [[ -f $STATE/daemon.json ]] || echo '{}' >"$STATE/daemon.json"
   [[ -f $STATE/ip_forward.orig ]] || cat /proc/sys/net/ipv4/ip_forward >"$STATE/ip_forward.orig" 2>/dev/null || true
+  # shellcheck disable=SC2054 # the commas belong to --default-address-pool
   local args=(
     --config-file "$STATE/daemon.json"
     --storage-driver=vfs
@@ -232,11 +305,11 @@ cmd_stop() {
     log "stopping dockerd (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     deadline=$((SECONDS + 30))
-    while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then
+    while alive "$pid" && (( SECONDS < deadline )); do sleep 0.1; done
+    if alive "$pid"; then
       log "dockerd ignored SIGTERM for 30s; killing it"
       kill -KILL "$pid" 2>/dev/null || true
-      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+      while alive "$pid"; do sleep 0.1; done
     fi
   else
     log "private dockerd is not running"
@@ -264,8 +337,18 @@ cmd_env() {
   fi
 }
 
+# stop, then delete the state dir and, unless another dockerd runs, Docker's iptables rules and
+# idle docker0/br-<id> bridges (dockerd leaves both behind at exit; a later start recreates them).
 cmd_purge() {
   cmd_stop
+  if ! foreign_dockerd; then
+    local v l
+    for v in nft legacy; do ipt_has_docker "$v" && ipt_clean_docker "$v"; done
+    for l in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{ print $2 }'); do
+      [[ $l == docker0 || $l =~ ^br-[0-9a-f]{12}$ ]] || continue
+      [[ -z $(ls -A "/sys/class/net/$l/brif" 2>/dev/null) ]] && ip link delete "$l" 2>/dev/null || true
+    done
+  fi
   rm -rf "$STATE"
 }
 

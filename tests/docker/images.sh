@@ -94,7 +94,7 @@ EOF
   cat >"$ctx/Dockerfile" <<'EOF'
 FROM scratch
 COPY rootfs/ /
-RUN ["/bin/busybox", "sh", "-c", "/bin/busybox --install -s /bin && chown 1000:1000 /home/antidote && chmod 1777 /tmp"]
+RUN ["/bin/busybox", "sh", "-c", "/bin/busybox --install -s /bin && chown 1000:1000 /home/antidote /www /www/index.html && chmod 1777 /tmp"]
 ENTRYPOINT ["/bin/sh", "/antidote/entrypoint.sh"]
 EOF
 }
