@@ -143,7 +143,23 @@ impl Store {
             .connect_with(options.read_only(true))
             .await?;
         let (writer, jobs) = mpsc::unbounded_channel();
-        let task = tokio::spawn(write_loop(connection, jobs));
+        // The writer runs on a thread of its own: every statement is a round trip to sqlx's
+        // SQLite thread, and on the shared runtime each reply would wait behind API work for a
+        // worker; here the reply wakes the writer directly.
+        let (done_tx, done_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+                    Ok(runtime) => runtime.block_on(write_loop(connection, jobs)),
+                    Err(err) => tracing::error!(error = %err, "cannot start the store writer"),
+                }
+                let _ = done_tx.send(());
+            })
+            .map_err(|err| Error::Commit(format!("cannot start the store writer: {err}")))?;
+        let task = tokio::spawn(async move {
+            let _ = done_rx.await;
+        });
         Ok(Store {
             writer,
             reader,
