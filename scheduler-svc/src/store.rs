@@ -150,7 +150,10 @@ impl Store {
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
-                match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
                     Ok(runtime) => runtime.block_on(write_loop(connection, jobs)),
                     Err(err) => tracing::error!(error = %err, "cannot start the store writer"),
                 }

@@ -262,8 +262,8 @@ async fn a_hundred_concurrent_identical_requests_create_one_live_lesson() {
 }
 
 #[tokio::test]
-async fn health_reflection_and_agents_are_served() {
-    let env = Env::start(&[], Knobs::default()).await;
+async fn health_reflection_agents_and_a_clean_sigterm() {
+    let mut env = Env::start(&[], Knobs::default()).await;
     let c = &env.scheduler.clients;
     let mut health = tonic_health::pb::health_client::HealthClient::new(c.channel.clone());
     let status = health
@@ -310,4 +310,41 @@ async fn health_reflection_and_agents_are_served() {
         .into_inner();
     assert_eq!(plan.agent, "loopback");
     assert_eq!(plan.objects.len(), 4, "{plan:?}");
+
+    // Reflection lists our services.
+    let services = reflected_services(&c.channel).await;
+    assert!(
+        services
+            .iter()
+            .any(|s| s == "antidote.api.v1.LiveLessonService"),
+        "{services:?}"
+    );
+
+    // SIGTERM: a graceful stop with exit status 0; the live lesson stays in the store.
+    let status = env.scheduler.process.terminate().await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", env.logs());
+}
+
+/// The service names server reflection lists.
+async fn reflected_services(channel: &tonic::transport::Channel) -> Vec<String> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = stream.message().await.unwrap().expect("one response");
+    match response.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
 }
