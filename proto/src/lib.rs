@@ -2,7 +2,8 @@
 //!
 //! - [`api::v1`]: the public API served by the scheduler (`antidote.api.v1`).
 //! - [`agent::v1`]: the protocol between the scheduler and backend agents (`antidote.agent.v1`).
-//! - [`FILE_DESCRIPTOR_SET`]: every file's descriptor, for gRPC server reflection.
+//! - [`FILE_DESCRIPTOR_SET`], every file's descriptor, for gRPC server reflection.
+//! - [`sdk`], building blocks for agents written in Rust.
 //!
 //! Generated types stay at the edges of the other crates: each converts them to its own domain
 //! types in one module.
@@ -30,6 +31,8 @@ pub mod agent {
         pub const MAJOR: u32 = 1;
     }
 }
+
+pub mod sdk;
 
 /// The encoded `FileDescriptorSet` of every Antidote proto file, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -1,0 +1,415 @@
+//! Every Docker call the agent makes, through bollard. Names are derived from the live lesson id
+//! so that a retried Provision finds what an earlier attempt created instead of creating it
+//! again; labels make everything findable after a restart.
+
+use std::collections::HashMap;
+
+use antidote_proto::agent::v1 as proto;
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, ExecConfig, HostConfig, Ipam, IpamConfig,
+    NetworkConnectRequest, NetworkCreateRequest, NetworkingConfig, PortBinding,
+};
+use bollard::query_parameters::{
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, ListNetworksOptions,
+    RemoveContainerOptions,
+};
+use futures::StreamExt;
+
+use crate::settings::Settings;
+
+/// The label naming a live lesson (from the spec's labels).
+pub const LABEL_LIVE_LESSON: &str = "antidote.io/live-lesson";
+/// The label naming the endpoint a container realises.
+pub const LABEL_ENDPOINT: &str = "antidote.io/endpoint";
+/// The label marking objects this agent manages.
+pub const LABEL_MANAGED: &str = "antidote.io/managed-by";
+
+/// A Docker failure, with the engine's words.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The engine said no, or could not be reached.
+    #[error("docker: {0}")]
+    Docker(#[from] DockerError),
+    /// An image is missing; no registry is used, so it must be built locally.
+    #[error(
+        "image `{image}` for endpoint `{endpoint}` is not present on the Docker engine (no registry is used: build it locally, e.g. tests/docker/images.sh)"
+    )]
+    MissingImage {
+        /// The image reference.
+        image: String,
+        /// The endpoint needing it.
+        endpoint: String,
+    },
+}
+
+/// Whether an error is the engine's 404.
+pub fn is_not_found(err: &DockerError) -> bool {
+    matches!(err, DockerError::DockerResponseServerError { status_code: 404, .. })
+}
+
+/// A short, stable name stem for a live lesson: `antidote-<first 12 hex of its id>`.
+pub fn stem(live_lesson_id: &str) -> String {
+    let hex: String = live_lesson_id
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(12)
+        .collect();
+    format!("antidote-{hex}")
+}
+
+/// The container name of an endpoint.
+pub fn container_name(live_lesson_id: &str, endpoint: &str) -> String {
+    format!("{}-{endpoint}", stem(live_lesson_id))
+}
+
+/// The lesson's own network (every endpoint is on it; names resolve on it).
+pub fn lesson_network(live_lesson_id: &str) -> String {
+    format!("{}-lesson", stem(live_lesson_id))
+}
+
+/// The network of the `index`th connection.
+pub fn connection_network(live_lesson_id: &str, index: usize) -> String {
+    format!("{}-link{index}", stem(live_lesson_id))
+}
+
+/// Labels for every object of a live lesson.
+pub fn labels(spec: &proto::LessonSpec) -> HashMap<String, String> {
+    let mut labels = spec.labels.clone();
+    labels.insert(LABEL_LIVE_LESSON.into(), spec.live_lesson_id.clone());
+    labels.insert(LABEL_MANAGED.into(), "agent-docker".into());
+    labels
+}
+
+/// Where a created endpoint can be reached.
+#[derive(Debug, Clone, Default)]
+pub struct Placed {
+    /// Container port → published `host:port`.
+    pub published: HashMap<u16, String>,
+    /// The address on the lesson network.
+    pub internal_address: String,
+}
+
+/// Checks every image the spec needs is present.
+pub async fn check_images(
+    docker: &Docker,
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+) -> Result<(), EngineError> {
+    for endpoint in &spec.endpoints {
+        let slug = endpoint.image.as_ref().map(|i| i.slug.as_str()).unwrap_or_default();
+        let image = settings.image(slug);
+        match docker.inspect_image(&image).await {
+            Ok(_) => {}
+            Err(err) if is_not_found(&err) => {
+                return Err(EngineError::MissingImage {
+                    image,
+                    endpoint: endpoint.name.clone(),
+                });
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
+}
+
+async fn ensure_network(
+    docker: &Docker,
+    name: &str,
+    labels: &HashMap<String, String>,
+    internal: bool,
+    subnet: Option<&str>,
+) -> Result<(), EngineError> {
+    let existing = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(HashMap::from([("name".to_owned(), vec![name.to_owned()])])),
+        }))
+        .await?;
+    if existing.iter().any(|n| n.name.as_deref() == Some(name)) {
+        return Ok(());
+    }
+    let request = NetworkCreateRequest {
+        name: name.to_owned(),
+        driver: Some("bridge".into()),
+        internal: Some(internal),
+        labels: Some(labels.clone()),
+        ipam: subnet.map(|subnet| Ipam {
+            config: Some(vec![IpamConfig {
+                subnet: Some(subnet.to_owned()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    match docker.create_network(request).await {
+        Ok(_) => Ok(()),
+        // A concurrent attempt created it first: same name, same owner.
+        Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Creates (or finds) the lesson's networks and containers, in lesson order, starts them, and
+/// reports where each endpoint's ports are published.
+pub async fn create(
+    docker: &Docker,
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+) -> Result<HashMap<String, Placed>, EngineError> {
+    let id = &spec.live_lesson_id;
+    let labels = labels(spec);
+    let lesson_net = lesson_network(id);
+    ensure_network(docker, &lesson_net, &labels, false, None).await?;
+    for (index, connection) in spec.connections.iter().enumerate() {
+        let subnet = (!connection.subnet.is_empty()).then_some(connection.subnet.as_str());
+        // Links are internal: they carry lesson traffic between endpoints, never to the host.
+        ensure_network(docker, &connection_network(id, index), &labels, true, subnet).await?;
+    }
+    let mut placed = HashMap::new();
+    for endpoint in &spec.endpoints {
+        let name = container_name(id, &endpoint.name);
+        let image = endpoint.image.clone().unwrap_or_default();
+        let exists = match docker
+            .inspect_container(&name, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(_) => true,
+            Err(err) if is_not_found(&err) => false,
+            Err(err) => return Err(err.into()),
+        };
+        if !exists {
+            let mut container_labels = labels.clone();
+            container_labels.insert(LABEL_ENDPOINT.into(), endpoint.name.clone());
+            let ports: Vec<u32> = endpoint
+                .presentations
+                .iter()
+                .map(|p| p.port)
+                .chain(endpoint.additional_ports.iter().copied())
+                .collect();
+            let port_bindings = ports
+                .iter()
+                .map(|port| {
+                    (
+                        format!("{port}/tcp"),
+                        Some(vec![PortBinding {
+                            host_ip: Some(settings.publish_host.clone()),
+                            host_port: Some(String::new()),
+                        }]),
+                    )
+                })
+                .collect();
+            let trusted = matches!(
+                proto::Flavor::try_from(image.flavor),
+                Ok(proto::Flavor::Trusted | proto::Flavor::Legacy)
+            );
+            let body = ContainerCreateBody {
+                image: Some(settings.image(&image.slug)),
+                hostname: Some(endpoint.name.clone()),
+                labels: Some(container_labels),
+                exposed_ports: Some(
+                    ports
+                        .iter()
+                        .map(|port| format!("{port}/tcp"))
+                        .collect(),
+                ),
+                host_config: Some(HostConfig {
+                    network_mode: Some(lesson_net.clone()),
+                    port_bindings: Some(port_bindings),
+                    privileged: Some(trusted),
+                    cap_add: trusted.then(|| vec!["NET_ADMIN".to_owned()]),
+                    memory: (settings.memory_mib > 0)
+                        .then(|| (settings.memory_mib * 1024 * 1024) as i64),
+                    nano_cpus: (settings.cpus > 0.0).then(|| (settings.cpus * 1e9) as i64),
+                    sysctls: Some(HashMap::from([(
+                        "net.ipv4.ip_forward".to_owned(),
+                        if image.enable_forwarding { "1" } else { "0" }.to_owned(),
+                    )])),
+                    ..Default::default()
+                }),
+                networking_config: Some(NetworkingConfig {
+                    endpoints_config: Some(HashMap::from([(
+                        lesson_net.clone(),
+                        EndpointSettings {
+                            aliases: Some(vec![endpoint.name.clone()]),
+                            ..Default::default()
+                        },
+                    )])),
+                }),
+                ..Default::default()
+            };
+            match docker
+                .create_container(
+                    Some(CreateContainerOptions {
+                        name: Some(name.clone()),
+                        ..Default::default()
+                    }),
+                    body,
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => {}
+                Err(err) => return Err(err.into()),
+            }
+            for (index, connection) in spec.connections.iter().enumerate() {
+                if connection.a == endpoint.name || connection.b == endpoint.name {
+                    docker
+                        .connect_network(
+                            &connection_network(id, index),
+                            NetworkConnectRequest {
+                                container: name.clone(),
+                                endpoint_config: Some(EndpointSettings {
+                                    aliases: Some(vec![endpoint.name.clone()]),
+                                    ..Default::default()
+                                }),
+                            },
+                        )
+                        .await?;
+                }
+            }
+        }
+        match docker.start_container(&name, None).await {
+            Ok(()) => {}
+            // 304: already running.
+            Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => {}
+            Err(err) => return Err(err.into()),
+        }
+        placed.insert(endpoint.name.clone(), inspect(docker, &name, &lesson_net).await?);
+    }
+    Ok(placed)
+}
+
+/// Where a container's ports are published and its address on the lesson network.
+pub async fn inspect(docker: &Docker, name: &str, lesson_net: &str) -> Result<Placed, EngineError> {
+    let info = docker
+        .inspect_container(name, None::<InspectContainerOptions>)
+        .await?;
+    let settings = info.network_settings.unwrap_or_default();
+    let mut published = HashMap::new();
+    for (key, bindings) in settings.ports.unwrap_or_default() {
+        let Some(port) = key.split('/').next().and_then(|p| p.parse::<u16>().ok()) else {
+            continue;
+        };
+        if let Some(binding) = bindings.unwrap_or_default().into_iter().next() {
+            published.insert(
+                port,
+                format!(
+                    "{}:{}",
+                    binding.host_ip.unwrap_or_else(|| "127.0.0.1".into()),
+                    binding.host_port.unwrap_or_default()
+                ),
+            );
+        }
+    }
+    let internal_address = settings
+        .networks
+        .unwrap_or_default()
+        .get(lesson_net)
+        .and_then(|n| n.ip_address.clone())
+        .unwrap_or_default();
+    Ok(Placed {
+        published,
+        internal_address,
+    })
+}
+
+/// Runs a shell script in a container; returns the exit code and the combined output.
+pub async fn exec_shell(
+    docker: &Docker,
+    container: &str,
+    script: &str,
+) -> Result<(i64, String), EngineError> {
+    let exec = docker
+        .create_exec(
+            container,
+            ExecConfig {
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                cmd: Some(vec!["sh".into(), "-c".into(), script.to_owned()]),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut output = String::new();
+    if let bollard::exec::StartExecResults::Attached { output: mut stream, .. } =
+        docker.start_exec(&exec.id, None).await?
+    {
+        while let Some(chunk) = stream.next().await {
+            output.push_str(&chunk?.to_string());
+        }
+    }
+    let inspected = docker.inspect_exec(&exec.id).await?;
+    Ok((inspected.exit_code.unwrap_or(-1), output))
+}
+
+/// Containers with every label of `selector` (all states), as (name, labels, state).
+pub async fn containers(
+    docker: &Docker,
+    selector: &HashMap<String, String>,
+) -> Result<Vec<(String, HashMap<String, String>, String)>, EngineError> {
+    let mut filters: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    filters.push(format!("{LABEL_MANAGED}=agent-docker"));
+    let list = docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_owned(), filters)])),
+            ..Default::default()
+        }))
+        .await?;
+    Ok(list
+        .into_iter()
+        .map(|c| {
+            let name = c
+                .names
+                .unwrap_or_default()
+                .first()
+                .map(|n| n.trim_start_matches('/').to_owned())
+                .unwrap_or_default();
+            let state = c.state.map(|s| s.to_string()).unwrap_or_default();
+            (name, c.labels.unwrap_or_default(), state)
+        })
+        .collect())
+}
+
+/// Removes every container and network of a live lesson; idempotent.
+pub async fn remove(docker: &Docker, live_lesson_id: &str) -> Result<(), EngineError> {
+    let selector = HashMap::from([(LABEL_LIVE_LESSON.to_owned(), live_lesson_id.to_owned())]);
+    for (name, _, _) in containers(docker, &selector).await? {
+        match docker
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            Ok(()) => {}
+            Err(err) if is_not_found(&err) => {}
+            // 409: removal already in progress.
+            Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let networks = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(HashMap::from([(
+                "label".to_owned(),
+                vec![format!("{LABEL_LIVE_LESSON}={live_lesson_id}")],
+            )])),
+        }))
+        .await?;
+    for network in networks {
+        let Some(name) = network.name else { continue };
+        match docker.remove_network(&name).await {
+            Ok(()) => {}
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
+}
