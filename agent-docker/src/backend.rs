@@ -91,7 +91,10 @@ impl Agent {
             let options = bollard::query_parameters::EventsOptions {
                 filters: Some(HashMap::from([
                     ("type".to_owned(), vec!["container".to_owned()]),
-                    ("label".to_owned(), vec![format!("{}=agent-docker", engine::LABEL_MANAGED)]),
+                    (
+                        "label".to_owned(),
+                        vec![format!("{}=agent-docker", engine::LABEL_MANAGED)],
+                    ),
                 ])),
                 ..Default::default()
             };
@@ -107,9 +110,10 @@ impl Agent {
                     continue;
                 }
                 let attributes = event.actor.and_then(|a| a.attributes).unwrap_or_default();
-                let (Some(id), Some(endpoint)) =
-                    (attributes.get(LABEL_LIVE_LESSON), attributes.get(LABEL_ENDPOINT))
-                else {
+                let (Some(id), Some(endpoint)) = (
+                    attributes.get(LABEL_LIVE_LESSON),
+                    attributes.get(LABEL_ENDPOINT),
+                ) else {
                     continue;
                 };
                 let exit = attributes.get("exitCode").cloned().unwrap_or_default();
@@ -141,7 +145,10 @@ impl Agent {
             async move { agent.run(spec, start).await }
         });
         let mut work = self.work();
-        let entry = work.entry(id).or_insert(Work { spec: spec.clone(), driver: None });
+        let entry = work.entry(id).or_insert(Work {
+            spec: spec.clone(),
+            driver: None,
+        });
         entry.spec = spec;
         if let Some(old) = entry.driver.replace(task) {
             old.abort();
@@ -200,7 +207,9 @@ impl Agent {
         });
 
         for endpoint in &spec.endpoints {
-            let Some(configuration) = &endpoint.configuration else { continue };
+            let Some(configuration) = &endpoint.configuration else {
+                continue;
+            };
             if configuration.r#type != proto::ConfigurationType::Shell as i32 {
                 return Err(format!(
                     "endpoint `{}`: configuration type {:?} is not supported by agent-docker (only shell scripts run in containers)",
@@ -312,7 +321,12 @@ impl Agent {
         Ok(!found.is_empty())
     }
 
-    fn initial_state(&self, spec: &proto::LessonSpec, phase: Phase, reason: &str) -> proto::LiveLessonState {
+    fn initial_state(
+        &self,
+        spec: &proto::LessonSpec,
+        phase: Phase,
+        reason: &str,
+    ) -> proto::LiveLessonState {
         proto::LiveLessonState {
             live_lesson_id: spec.live_lesson_id.clone(),
             generation: spec.generation,
@@ -412,27 +426,43 @@ fn validate(spec: &proto::LessonSpec) -> Result<(), Status> {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         if !valid_name {
-            return bad(format!("spec.endpoints[{i}].name"), "must be 1-40 of a-z, 0-9 and -");
+            return bad(
+                format!("spec.endpoints[{i}].name"),
+                "must be 1-40 of a-z, 0-9 and -",
+            );
         }
-        if endpoint.image.as_ref().is_none_or(|image| image.slug.is_empty()) {
+        if endpoint
+            .image
+            .as_ref()
+            .is_none_or(|image| image.slug.is_empty())
+        {
             return bad(format!("spec.endpoints[{i}].image.slug"), "is empty");
         }
         for (j, p) in endpoint.presentations.iter().enumerate() {
             if p.port == 0 || p.port > 65535 {
-                return bad(format!("spec.endpoints[{i}].presentations[{j}].port"), "must be 1..65535");
+                return bad(
+                    format!("spec.endpoints[{i}].presentations[{j}].port"),
+                    "must be 1..65535",
+                );
             }
             if !matches!(
                 PresentationType::try_from(p.r#type),
                 Ok(PresentationType::Ssh | PresentationType::Http)
             ) {
-                return bad(format!("spec.endpoints[{i}].presentations[{j}].type"), "must be SSH or HTTP");
+                return bad(
+                    format!("spec.endpoints[{i}].presentations[{j}].type"),
+                    "must be SSH or HTTP",
+                );
             }
         }
     }
     for (i, c) in spec.connections.iter().enumerate() {
         for end in [&c.a, &c.b] {
             if !spec.endpoints.iter().any(|e| &e.name == end) {
-                return bad(format!("spec.connections[{i}]"), &format!("names unknown endpoint `{end}`"));
+                return bad(
+                    format!("spec.connections[{i}]"),
+                    &format!("names unknown endpoint `{end}`"),
+                );
             }
         }
     }
@@ -492,7 +522,11 @@ impl Backend for Agent {
                     "internal link {}–{}{}",
                     c.a,
                     c.b,
-                    if c.subnet.is_empty() { String::new() } else { format!(" on {}", c.subnet) }
+                    if c.subnet.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on {}", c.subnet)
+                    }
                 ),
             });
         }
@@ -514,11 +548,19 @@ impl Backend for Agent {
             objects.push(proto::PlannedObject {
                 kind: "container".into(),
                 name: engine::container_name(id, &e.name),
-                ports: e.presentations.iter().map(|p| p.port).chain(e.additional_ports.iter().copied()).collect(),
+                ports: e
+                    .presentations
+                    .iter()
+                    .map(|p| p.port)
+                    .chain(e.additional_ports.iter().copied())
+                    .collect(),
                 detail: format!("image {image}"),
             });
         }
-        Ok(Response::new(proto::PlanResponse { objects, diagnostics }))
+        Ok(Response::new(proto::PlanResponse {
+            objects,
+            diagnostics,
+        }))
     }
 
     async fn provision(
@@ -531,7 +573,8 @@ impl Backend for Agent {
             .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
         validate(&spec)?;
         let id = spec.live_lesson_id.clone();
-        if let Some(current) = self.inner.book.get(&id) {
+        let driven = self.work().contains_key(&id);
+        if let Some(current) = self.inner.book.get(&id).filter(|_| driven) {
             if spec.generation < current.generation {
                 return Err(Status::failed_precondition(format!(
                     "generation {} is older than generation {} held for live lesson {id}",
@@ -539,11 +582,18 @@ impl Backend for Agent {
                 )));
             }
             if spec.generation == current.generation {
-                return Ok(Response::new(proto::ProvisionResponse { state: Some(current) }));
+                return Ok(Response::new(proto::ProvisionResponse {
+                    state: Some(current),
+                }));
             }
             // A newer generation: a stage change on the existing objects (or, after a failed
             // creation, creation again: every step finds what exists).
-            let start = if current.phase == Phase::Failed as i32 && current.endpoints.iter().all(|e| e.presentations.iter().all(|p| p.address.is_empty())) {
+            let start = if current.phase == Phase::Failed as i32
+                && current
+                    .endpoints
+                    .iter()
+                    .all(|e| e.presentations.iter().all(|p| p.address.is_empty()))
+            {
                 Start::Create
             } else {
                 Start::Configure
@@ -552,7 +602,9 @@ impl Backend for Agent {
             state.endpoints = current.endpoints;
             let state = self.inner.book.put(state);
             self.drive(spec, start);
-            return Ok(Response::new(proto::ProvisionResponse { state: Some(state) }));
+            return Ok(Response::new(proto::ProvisionResponse {
+                state: Some(state),
+            }));
         }
         if let Some(max) = std::num::NonZeroU32::new(self.inner.settings.max_live_lessons)
             && self.inner.book.len() as u32 >= max.get()
@@ -566,11 +618,28 @@ impl Backend for Agent {
         let adopted = self.exists(&id).await?;
         let state = self.inner.book.put(self.initial_state(
             &spec,
-            if adopted { Phase::Configuring } else { Phase::Pending },
-            if adopted { "adopting existing containers" } else { "accepted" },
+            if adopted {
+                Phase::Configuring
+            } else {
+                Phase::Pending
+            },
+            if adopted {
+                "adopting existing containers"
+            } else {
+                "accepted"
+            },
         ));
-        self.drive(spec, if adopted { Start::Configure } else { Start::Create });
-        Ok(Response::new(proto::ProvisionResponse { state: Some(state) }))
+        self.drive(
+            spec,
+            if adopted {
+                Start::Configure
+            } else {
+                Start::Create
+            },
+        );
+        Ok(Response::new(proto::ProvisionResponse {
+            state: Some(state),
+        }))
     }
 
     async fn deprovision(
@@ -587,7 +656,9 @@ impl Backend for Agent {
             s.phase = Phase::Terminating as i32;
             s.reason = "removing containers and networks".into();
         });
-        engine::remove(&self.inner.docker, &id).await.map_err(unavailable)?;
+        engine::remove(&self.inner.docker, &id)
+            .await
+            .map_err(unavailable)?;
         self.inner.book.remove(&id);
         Ok(Response::new(proto::DeprovisionResponse { gone: true }))
     }
@@ -597,11 +668,9 @@ impl Backend for Agent {
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
         let id = request.into_inner().live_lesson_id;
-        let state = self
-            .inner
-            .book
-            .get(&id)
-            .ok_or_else(|| Status::not_found(format!("live lesson {id} is not held by this agent")))?;
+        let state = self.inner.book.get(&id).ok_or_else(|| {
+            Status::not_found(format!("live lesson {id} is not held by this agent"))
+        })?;
         Ok(Response::new(proto::GetResponse { state: Some(state) }))
     }
 
@@ -612,11 +681,23 @@ impl Backend for Agent {
         let request = request.into_inner();
         // The engine is the truth: live lessons with containers but not (yet) in the book (this
         // agent restarted and nobody recovered them) are listed from their labels.
-        let found = engine::containers(&self.inner.docker, &request.label_selector)
-            .await
-            .map_err(unavailable)?;
-        for (_, labels, _) in found {
-            let Some(id) = labels.get(LABEL_LIVE_LESSON) else { continue };
+        let docker = &self.inner.docker;
+        let mut found: Vec<HashMap<String, String>> =
+            engine::containers(docker, &request.label_selector)
+                .await
+                .map_err(unavailable)?
+                .into_iter()
+                .map(|(_, labels, _)| labels)
+                .collect();
+        found.extend(
+            engine::network_lessons(docker, &request.label_selector)
+                .await
+                .map_err(unavailable)?,
+        );
+        for labels in found {
+            let Some(id) = labels.get(LABEL_LIVE_LESSON) else {
+                continue;
+            };
             if self.inner.book.get(id).is_none() {
                 let mut labels = labels.clone();
                 labels.remove(LABEL_ENDPOINT);
@@ -665,14 +746,15 @@ impl Backend for Agent {
                 "live lesson {id} has no containers on this engine"
             )));
         }
-        let spec = request
-            .spec
-            .ok_or_else(|| Status::invalid_argument("spec: missing (needed to adopt the containers)"))?;
+        let spec = request.spec.ok_or_else(|| {
+            Status::invalid_argument("spec: missing (needed to adopt the containers)")
+        })?;
         validate(&spec)?;
-        let state = self
-            .inner
-            .book
-            .put(self.initial_state(&spec, Phase::Configuring, "adopting existing containers"));
+        let state = self.inner.book.put(self.initial_state(
+            &spec,
+            Phase::Configuring,
+            "adopting existing containers",
+        ));
         self.drive(spec, Start::Configure);
         Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
     }

@@ -46,7 +46,13 @@ pub enum EngineError {
 
 /// Whether an error is the engine's 404.
 pub fn is_not_found(err: &DockerError) -> bool {
-    matches!(err, DockerError::DockerResponseServerError { status_code: 404, .. })
+    matches!(
+        err,
+        DockerError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
 }
 
 /// A short, stable name stem for a live lesson: `antidote-<first 12 hex of its id>`.
@@ -98,7 +104,11 @@ pub async fn check_images(
     spec: &proto::LessonSpec,
 ) -> Result<(), EngineError> {
     for endpoint in &spec.endpoints {
-        let slug = endpoint.image.as_ref().map(|i| i.slug.as_str()).unwrap_or_default();
+        let slug = endpoint
+            .image
+            .as_ref()
+            .map(|i| i.slug.as_str())
+            .unwrap_or_default();
         let image = settings.image(slug);
         match docker.inspect_image(&image).await {
             Ok(_) => {}
@@ -121,6 +131,8 @@ async fn ensure_network(
     internal: bool,
     subnet: Option<&str>,
 ) -> Result<(), EngineError> {
+    // `subnet` stays for engines where overlapping pools are allowed; today every caller
+    // passes None (see `create`).
     let existing = docker
         .list_networks(Some(ListNetworksOptions {
             filters: Some(HashMap::from([("name".to_owned(), vec![name.to_owned()])])),
@@ -146,7 +158,9 @@ async fn ensure_network(
     match docker.create_network(request).await {
         Ok(_) => Ok(()),
         // A concurrent attempt created it first: same name, same owner.
-        Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => Ok(()),
+        Err(DockerError::DockerResponseServerError {
+            status_code: 409, ..
+        }) => Ok(()),
         Err(err) => Err(err.into()),
     }
 }
@@ -162,10 +176,14 @@ pub async fn create(
     let labels = labels(spec);
     let lesson_net = lesson_network(id);
     ensure_network(docker, &lesson_net, &labels, false, None).await?;
-    for (index, connection) in spec.connections.iter().enumerate() {
-        let subnet = (!connection.subnet.is_empty()).then_some(connection.subnet.as_str());
-        // Links are internal: they carry lesson traffic between endpoints, never to the host.
-        ensure_network(docker, &connection_network(id, index), &labels, true, subnet).await?;
+    for index in 0..spec.connections.len() {
+        // The curriculum's subnet is not given to Docker's IPAM: Docker refuses overlapping
+        // pools, and two learners taking the same lesson would collide. The lesson's
+        // configuration addresses its links itself (as the example curriculum does). Links are
+        // not `internal`: Docker filters internal bridges by their IPAM subnet, which would
+        // drop the lesson's own addresses; other lessons are still cut off by Docker's
+        // isolation between bridges.
+        ensure_network(docker, &connection_network(id, index), &labels, false, None).await?;
     }
     let mut placed = HashMap::new();
     for endpoint in &spec.endpoints {
@@ -208,17 +226,15 @@ pub async fn create(
                 image: Some(settings.image(&image.slug)),
                 hostname: Some(endpoint.name.clone()),
                 labels: Some(container_labels),
-                exposed_ports: Some(
-                    ports
-                        .iter()
-                        .map(|port| format!("{port}/tcp"))
-                        .collect(),
-                ),
+                exposed_ports: Some(ports.iter().map(|port| format!("{port}/tcp")).collect()),
                 host_config: Some(HostConfig {
                     network_mode: Some(lesson_net.clone()),
                     port_bindings: Some(port_bindings),
-                    privileged: Some(trusted),
-                    cap_add: trusted.then(|| vec!["NET_ADMIN".to_owned()]),
+                    privileged: Some(trusted && settings.trusted_privileged),
+                    // NET_ADMIN acts only on the container's own network namespace; every
+                    // endpoint needs it to address its links (stage configuration runs inside
+                    // it). Untrusted endpoints get nothing more.
+                    cap_add: Some(vec!["NET_ADMIN".to_owned(), "NET_RAW".to_owned()]),
                     memory: (settings.memory_mib > 0)
                         .then(|| (settings.memory_mib * 1024 * 1024) as i64),
                     nano_cpus: (settings.cpus > 0.0).then(|| (settings.cpus * 1e9) as i64),
@@ -250,7 +266,9 @@ pub async fn create(
                 .await
             {
                 Ok(_) => {}
-                Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => {}
+                Err(DockerError::DockerResponseServerError {
+                    status_code: 409, ..
+                }) => {}
                 Err(err) => return Err(err.into()),
             }
             for (index, connection) in spec.connections.iter().enumerate() {
@@ -273,10 +291,15 @@ pub async fn create(
         match docker.start_container(&name, None).await {
             Ok(()) => {}
             // 304: already running.
-            Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => {}
+            Err(DockerError::DockerResponseServerError {
+                status_code: 304, ..
+            }) => {}
             Err(err) => return Err(err.into()),
         }
-        placed.insert(endpoint.name.clone(), inspect(docker, &name, &lesson_net).await?);
+        placed.insert(
+            endpoint.name.clone(),
+            inspect(docker, &name, &lesson_net).await?,
+        );
     }
     Ok(placed)
 }
@@ -333,8 +356,9 @@ pub async fn exec_shell(
         )
         .await?;
     let mut output = String::new();
-    if let bollard::exec::StartExecResults::Attached { output: mut stream, .. } =
-        docker.start_exec(&exec.id, None).await?
+    if let bollard::exec::StartExecResults::Attached {
+        output: mut stream, ..
+    } = docker.start_exec(&exec.id, None).await?
     {
         while let Some(chunk) = stream.next().await {
             output.push_str(&chunk?.to_string());
@@ -373,6 +397,31 @@ pub async fn containers(
         .collect())
 }
 
+/// Labels of every live lesson that still has a network on the engine (a removal cut short can
+/// leave networks without containers), one entry per live lesson.
+pub async fn network_lessons(
+    docker: &Docker,
+    selector: &HashMap<String, String>,
+) -> Result<Vec<HashMap<String, String>>, EngineError> {
+    let mut filters: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    filters.push(format!("{LABEL_MANAGED}=agent-docker"));
+    let networks = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(HashMap::from([("label".to_owned(), filters)])),
+        }))
+        .await?;
+    let mut seen = std::collections::HashSet::new();
+    Ok(networks
+        .into_iter()
+        .filter_map(|n| n.labels)
+        .filter(|labels| {
+            labels
+                .get(LABEL_LIVE_LESSON)
+                .is_some_and(|id| seen.insert(id.clone()))
+        })
+        .collect())
+}
+
 /// Removes every container and network of a live lesson; idempotent.
 pub async fn remove(docker: &Docker, live_lesson_id: &str) -> Result<(), EngineError> {
     let selector = HashMap::from([(LABEL_LIVE_LESSON.to_owned(), live_lesson_id.to_owned())]);
@@ -391,7 +440,9 @@ pub async fn remove(docker: &Docker, live_lesson_id: &str) -> Result<(), EngineE
             Ok(()) => {}
             Err(err) if is_not_found(&err) => {}
             // 409: removal already in progress.
-            Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => {}
+            Err(DockerError::DockerResponseServerError {
+                status_code: 409, ..
+            }) => {}
             Err(err) => return Err(err.into()),
         }
     }

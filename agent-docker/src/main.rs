@@ -19,7 +19,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let settings = Settings::parse();
-    let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
+    let host =
+        std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
     let docker = bollard::Docker::connect_with_defaults()
         .with_context(|| format!("cannot use the Docker engine at {host}"))?;
     let docker = docker.negotiate_version().await.with_context(|| {

@@ -37,7 +37,11 @@ pub async fn probe(address: &str, expect: Expect, timeout: Duration) -> Result<(
             .await
             .map_err(|err| format!("read: {err}"))?;
         let head = &buf[..n];
-        let wanted: &[u8] = if expect == Expect::Http { b"HTTP/" } else { b"SSH-" };
+        let wanted: &[u8] = if expect == Expect::Http {
+            b"HTTP/"
+        } else {
+            b"SSH-"
+        };
         if head.starts_with(wanted) {
             Ok(())
         } else if n == 0 {
@@ -45,7 +49,10 @@ pub async fn probe(address: &str, expect: Expect, timeout: Duration) -> Result<(
         } else {
             Err(format!(
                 "unexpected greeting {:?}",
-                String::from_utf8_lossy(head).chars().take(40).collect::<String>()
+                String::from_utf8_lossy(head)
+                    .chars()
+                    .take(40)
+                    .collect::<String>()
             ))
         }
     };

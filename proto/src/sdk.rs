@@ -54,7 +54,9 @@ impl Default for StateBook {
 impl StateBook {
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
         // Every critical section leaves the map consistent; a poisoned lock is still usable.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The state of one live lesson.

@@ -142,9 +142,15 @@ impl From<Error> for tonic::Status {
 }
 
 /// Whether an agent call that failed with this code may succeed if tried again (DESIGN.md §4).
+/// CANCELLED is included because the scheduler never cancels its own calls: tonic reports a
+/// connection that closed under a call (an agent restarting) as CANCELLED.
 pub fn is_retryable(code: Code) -> bool {
     matches!(
         code,
-        Code::Unavailable | Code::Aborted | Code::ResourceExhausted | Code::DeadlineExceeded
+        Code::Unavailable
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::DeadlineExceeded
+            | Code::Cancelled
     )
 }
