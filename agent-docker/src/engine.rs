@@ -237,7 +237,7 @@ pub async fn create(
                     cap_add: Some(vec!["NET_ADMIN".to_owned(), "NET_RAW".to_owned()]),
                     memory: (settings.memory_mib > 0)
                         .then(|| (settings.memory_mib * 1024 * 1024) as i64),
-                    nano_cpus: (settings.cpus > 0.0).then(|| (settings.cpus * 1e9) as i64),
+                    nano_cpus: (settings.cpus > 0.0).then_some((settings.cpus * 1e9) as i64),
                     sysctls: Some(HashMap::from([(
                         "net.ipv4.ip_forward".to_owned(),
                         if image.enable_forwarding { "1" } else { "0" }.to_owned(),
