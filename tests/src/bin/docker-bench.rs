@@ -1,0 +1,248 @@
+//! `docker-bench`: agent-docker's speed against the bare Docker API, measured in the same run.
+//!
+//! Each round, interleaved: the baseline creates N single-endpoint "lessons" straight through
+//! the Docker API with C concurrent clients (a network, a container publishing port 8080 on
+//! 127.0.0.1, start, wait until HTTP answers), then removes them (container, network); then the
+//! same number of `hello-web` live lessons go through the scheduler's public API at the same
+//! concurrency (session → request → watch until READY), and are deleted (until gone). It prints
+//! both wall times and their ratios.
+//!
+//! Needs DOCKER_HOST (tests/docker/dockerd.sh start) and the images (tests/docker/images.sh).
+//! Build with `cargo build --release --workspace --bins`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Clients, Process, Scheduler, example_curriculum, workspace_bin};
+use anyhow::Context as _;
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding};
+use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
+use clap::Parser;
+use tokio::sync::Semaphore;
+
+#[derive(Parser)]
+#[command(name = "docker-bench", about = "agent-docker against the bare Docker API")]
+struct Args {
+    /// Lessons per round.
+    #[arg(long, default_value_t = 50)]
+    lessons: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 10)]
+    concurrency: usize,
+    /// Rounds (baseline and scheduler alternate within each).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let docker = Docker::connect_with_defaults()?.negotiate_version().await.context(
+        "no Docker engine: run `tests/docker/dockerd.sh start` and export the DOCKER_HOST it prints",
+    )?;
+    let dir = tempfile::tempdir()?;
+    let privileged = std::env::var("ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED").unwrap_or_else(|_| "false".into());
+    let agent = Process::spawn(
+        &workspace_bin("agent-docker"),
+        &["--listen".into(), "127.0.0.1:0".into(), "--trusted-privileged".into(), privileged],
+        dir.path().join("agent.log"),
+    )
+    .await?;
+    let config = format!(
+        "instance_id = \"docker-bench\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [limits]\nsessions_per_ip = 0\n[reconciler]\npoll_interval = \"500ms\"\n\
+         [[agents]]\nname = \"docker\"\naddress = \"{}\"\n",
+        example_curriculum().display(),
+        agent.url()
+    );
+    let scheduler = Scheduler::start(dir.path(), &config).await?;
+    let clients = scheduler.clients.clone();
+    // Warm up: one lesson through each path, so the first round pays no first-use costs.
+    let id = clients.request(&clients.session().await?, "hello-web", 0).await?.id;
+    clients.ready(&id).await?;
+    delete(&clients, id).await?;
+    baseline_lesson(&docker, 0, true).await?;
+
+    println!(
+        "docker-bench: {} single-endpoint HTTP lessons per round, concurrency {}, {} rounds",
+        args.lessons, args.concurrency, args.rounds
+    );
+    let (mut ready_ratios, mut teardown_ratios) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        let (base_up, base_down) = baseline(&docker, &args).await?;
+        let (sched_up, sched_down) = through_scheduler(&clients, &args).await?;
+        let (ready, teardown) = (
+            sched_up.as_secs_f64() / base_up.as_secs_f64(),
+            sched_down.as_secs_f64() / base_down.as_secs_f64(),
+        );
+        println!(
+            "round {round}: to READY: baseline {:.2} s, scheduler {:.2} s, ratio {ready:.2} | \
+             teardown: baseline {:.2} s, scheduler {:.2} s, ratio {teardown:.2}",
+            base_up.as_secs_f64(),
+            sched_up.as_secs_f64(),
+            base_down.as_secs_f64(),
+            sched_down.as_secs_f64()
+        );
+        ready_ratios.push(ready);
+        teardown_ratios.push(teardown);
+    }
+    ready_ratios.sort_by(f64::total_cmp);
+    teardown_ratios.sort_by(f64::total_cmp);
+    println!(
+        "median ratios (scheduler/baseline): to READY {:.2}, teardown {:.2}",
+        ready_ratios[ready_ratios.len() / 2],
+        teardown_ratios[teardown_ratios.len() / 2]
+    );
+    Ok(())
+}
+
+async fn delete(clients: &Clients, id: String) -> anyhow::Result<()> {
+    clients
+        .lessons
+        .clone()
+        .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.clone() })
+        .await?;
+    clients.gone(&id, Duration::from_secs(120)).await
+}
+
+/// Runs `count` jobs with `concurrency` in flight; returns the wall time.
+async fn fan_out<F, Fut>(count: usize, concurrency: usize, job: F) -> anyhow::Result<Duration>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(concurrency));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        let permit = permits.clone().acquire_owned().await?;
+        let fut = job(i);
+        tasks.push(tokio::spawn(async move {
+            let result = fut.await;
+            drop(permit);
+            result
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(start.elapsed())
+}
+
+async fn through_scheduler(clients: &Clients, args: &Args) -> anyhow::Result<(Duration, Duration)> {
+    let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let up = fan_out(args.lessons, args.concurrency, |_| {
+        let (clients, ids) = (clients.clone(), ids.clone());
+        async move {
+            let session = clients.session().await?;
+            let id = clients.request(&session, "hello-web", 0).await?.id;
+            clients.ready(&id).await?;
+            ids.lock().expect("not poisoned").push(id);
+            Ok(())
+        }
+    })
+    .await?;
+    let ids: Vec<String> = std::mem::take(&mut *ids.lock().expect("not poisoned"));
+    let ids = Arc::new(ids);
+    let down = fan_out(ids.len(), args.concurrency, |i| {
+        let (clients, ids) = (clients.clone(), ids.clone());
+        async move { delete(&clients, ids[i].clone()).await }
+    })
+    .await?;
+    Ok((up, down))
+}
+
+async fn baseline(docker: &Docker, args: &Args) -> anyhow::Result<(Duration, Duration)> {
+    let up = fan_out(args.lessons, args.concurrency, |i| {
+        let docker = docker.clone();
+        async move { baseline_lesson(&docker, i, false).await }
+    })
+    .await?;
+    let down = fan_out(args.lessons, args.concurrency, |i| {
+        let docker = docker.clone();
+        async move { baseline_remove(&docker, i).await }
+    })
+    .await?;
+    Ok((up, down))
+}
+
+fn baseline_name(i: usize) -> String {
+    format!("bench-baseline-{i}")
+}
+
+/// One lesson's worth of Docker work, done directly: network, container, start, HTTP answers.
+async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow::Result<()> {
+    let name = baseline_name(i);
+    docker
+        .create_network(NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(HashMap::from([("antidote.io/bench".to_owned(), "baseline".to_owned())])),
+            ..Default::default()
+        })
+        .await?;
+    docker
+        .create_container(
+            Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }),
+            ContainerCreateBody {
+                image: Some("antidote/busybox:latest".into()),
+                labels: Some(HashMap::from([("antidote.io/bench".to_owned(), "baseline".to_owned())])),
+                exposed_ports: Some(vec!["8080/tcp".into()]),
+                host_config: Some(HostConfig {
+                    network_mode: Some(name.clone()),
+                    port_bindings: Some(HashMap::from([(
+                        "8080/tcp".to_owned(),
+                        Some(vec![PortBinding { host_ip: Some("127.0.0.1".into()), host_port: Some(String::new()) }]),
+                    )])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await?;
+    docker.start_container(&name, None).await?;
+    let info = docker.inspect_container(&name, None).await?;
+    let port = info
+        .network_settings
+        .and_then(|n| n.ports)
+        .and_then(|p| p.get("8080/tcp").cloned().flatten())
+        .and_then(|b| b.first().and_then(|b| b.host_port.clone()))
+        .context("port 8080 was not published")?;
+    let address = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if http_answers(&address).await {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{address} never answered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if and_remove {
+        baseline_remove(docker, i).await?;
+    }
+    Ok(())
+}
+
+async fn baseline_remove(docker: &Docker, i: usize) -> anyhow::Result<()> {
+    let name = baseline_name(i);
+    docker
+        .remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() }))
+        .await?;
+    docker.remove_network(&name).await?;
+    Ok(())
+}
+
+async fn http_answers(address: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await.ok()?;
+        let mut head = [0u8; 5];
+        stream.read_exact(&mut head).await.ok()?;
+        Some(&head == b"HTTP/")
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt).await.ok().flatten().unwrap_or(false)
+}
