@@ -186,9 +186,7 @@ impl Agent {
         let settings = &self.inner.settings;
         let id = &spec.live_lesson_id;
         if start == Start::Create {
-            engine::check_images(docker, settings, spec)
-                .await
-                .map_err(|err| err.to_string())?;
+            // A missing image surfaces from the container's creation (404), named there.
             self.set(spec, |s| {
                 s.phase = Phase::Booting as i32;
                 s.reason = "creating networks and containers".into();

@@ -97,33 +97,6 @@ pub struct Placed {
     pub internal_address: String,
 }
 
-/// Checks every image the spec needs is present.
-pub async fn check_images(
-    docker: &Docker,
-    settings: &Settings,
-    spec: &proto::LessonSpec,
-) -> Result<(), EngineError> {
-    for endpoint in &spec.endpoints {
-        let slug = endpoint
-            .image
-            .as_ref()
-            .map(|i| i.slug.as_str())
-            .unwrap_or_default();
-        let image = settings.image(slug);
-        match docker.inspect_image(&image).await {
-            Ok(_) => {}
-            Err(err) if is_not_found(&err) => {
-                return Err(EngineError::MissingImage {
-                    image,
-                    endpoint: endpoint.name.clone(),
-                });
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Ok(())
-}
-
 async fn ensure_network(
     docker: &Docker,
     name: &str,
@@ -189,15 +162,7 @@ pub async fn create(
     for endpoint in &spec.endpoints {
         let name = container_name(id, &endpoint.name);
         let image = endpoint.image.clone().unwrap_or_default();
-        let exists = match docker
-            .inspect_container(&name, None::<InspectContainerOptions>)
-            .await
         {
-            Ok(_) => true,
-            Err(err) if is_not_found(&err) => false,
-            Err(err) => return Err(err.into()),
-        };
-        if !exists {
             let mut container_labels = labels.clone();
             container_labels.insert(LABEL_ENDPOINT.into(), endpoint.name.clone());
             let ports: Vec<u32> = endpoint
@@ -255,7 +220,9 @@ pub async fn create(
                 }),
                 ..Default::default()
             };
-            match docker
+            // Create first and let a conflict say it exists: one call instead of two on the
+            // common path, and no window between a check and the create.
+            let created = match docker
                 .create_container(
                     Some(CreateContainerOptions {
                         name: Some(name.clone()),
@@ -265,14 +232,20 @@ pub async fn create(
                 )
                 .await
             {
-                Ok(_) => {}
+                Ok(_) => true,
                 Err(DockerError::DockerResponseServerError {
                     status_code: 409, ..
-                }) => {}
+                }) => false,
+                Err(err) if is_not_found(&err) => {
+                    return Err(EngineError::MissingImage {
+                        image: settings.image(&image.slug),
+                        endpoint: endpoint.name.clone(),
+                    });
+                }
                 Err(err) => return Err(err.into()),
-            }
+            };
             for (index, connection) in spec.connections.iter().enumerate() {
-                if connection.a == endpoint.name || connection.b == endpoint.name {
+                if created && (connection.a == endpoint.name || connection.b == endpoint.name) {
                     docker
                         .connect_network(
                             &connection_network(id, index),

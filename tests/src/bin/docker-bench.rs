@@ -24,7 +24,10 @@ use clap::Parser;
 use tokio::sync::Semaphore;
 
 #[derive(Parser)]
-#[command(name = "docker-bench", about = "agent-docker against the bare Docker API")]
+#[command(
+    name = "docker-bench",
+    about = "agent-docker against the bare Docker API"
+)]
 struct Args {
     /// Lessons per round.
     #[arg(long, default_value_t = 50)]
@@ -44,10 +47,16 @@ async fn main() -> anyhow::Result<()> {
         "no Docker engine: run `tests/docker/dockerd.sh start` and export the DOCKER_HOST it prints",
     )?;
     let dir = tempfile::tempdir()?;
-    let privileged = std::env::var("ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED").unwrap_or_else(|_| "false".into());
+    let privileged =
+        std::env::var("ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED").unwrap_or_else(|_| "false".into());
     let agent = Process::spawn(
         &workspace_bin("agent-docker"),
-        &["--listen".into(), "127.0.0.1:0".into(), "--trusted-privileged".into(), privileged],
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--trusted-privileged".into(),
+            privileged,
+        ],
         dir.path().join("agent.log"),
     )
     .await?;
@@ -61,7 +70,10 @@ async fn main() -> anyhow::Result<()> {
     let scheduler = Scheduler::start(dir.path(), &config).await?;
     let clients = scheduler.clients.clone();
     // Warm up: one lesson through each path, so the first round pays no first-use costs.
-    let id = clients.request(&clients.session().await?, "hello-web", 0).await?.id;
+    let id = clients
+        .request(&clients.session().await?, "hello-web", 0)
+        .await?
+        .id;
     clients.ready(&id).await?;
     delete(&clients, id).await?;
     baseline_lesson(&docker, 0, true).await?;
@@ -180,22 +192,34 @@ async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow:
         .create_network(NetworkCreateRequest {
             name: name.clone(),
             driver: Some("bridge".into()),
-            labels: Some(HashMap::from([("antidote.io/bench".to_owned(), "baseline".to_owned())])),
+            labels: Some(HashMap::from([(
+                "antidote.io/bench".to_owned(),
+                "baseline".to_owned(),
+            )])),
             ..Default::default()
         })
         .await?;
     docker
         .create_container(
-            Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }),
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
             ContainerCreateBody {
                 image: Some("antidote/busybox:latest".into()),
-                labels: Some(HashMap::from([("antidote.io/bench".to_owned(), "baseline".to_owned())])),
+                labels: Some(HashMap::from([(
+                    "antidote.io/bench".to_owned(),
+                    "baseline".to_owned(),
+                )])),
                 exposed_ports: Some(vec!["8080/tcp".into()]),
                 host_config: Some(HostConfig {
                     network_mode: Some(name.clone()),
                     port_bindings: Some(HashMap::from([(
                         "8080/tcp".to_owned(),
-                        Some(vec![PortBinding { host_ip: Some("127.0.0.1".into()), host_port: Some(String::new()) }]),
+                        Some(vec![PortBinding {
+                            host_ip: Some("127.0.0.1".into()),
+                            host_port: Some(String::new()),
+                        }]),
                     )])),
                     ..Default::default()
                 }),
@@ -229,7 +253,13 @@ async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow:
 async fn baseline_remove(docker: &Docker, i: usize) -> anyhow::Result<()> {
     let name = baseline_name(i);
     docker
-        .remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() }))
+        .remove_container(
+            &name,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
         .await?;
     docker.remove_network(&name).await?;
     Ok(())
@@ -244,5 +274,9 @@ async fn http_answers(address: &str) -> bool {
         stream.read_exact(&mut head).await.ok()?;
         Some(&head == b"HTTP/")
     };
-    tokio::time::timeout(Duration::from_secs(2), attempt).await.ok().flatten().unwrap_or(false)
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
