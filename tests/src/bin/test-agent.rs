@@ -14,18 +14,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_server::{Backend, BackendServer};
+use antidote_proto::sdk::{StateBook, WatchStream};
 use clap::Parser;
-use futures::Stream;
 use proto::{Phase, PresentationType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -83,10 +81,8 @@ fn humantime_duration(text: &str) -> Result<Duration, String> {
 
 /// One live lesson held by the agent.
 struct Entry {
-    /// The newest spec received.
+    /// The newest spec received (its reported state lives in the state book).
     spec: proto::LessonSpec,
-    /// Its state as reported.
-    state: proto::LiveLessonState,
     /// Listener tasks, one per presentation; aborted on Deprovision.
     listeners: Vec<JoinHandle<()>>,
     /// The stage the listeners report, shared with them.
@@ -99,30 +95,14 @@ struct Agent {
     args: Args,
     instance_id: String,
     entries: Mutex<BTreeMap<String, Entry>>,
-    revision: Mutex<u64>,
-    events: broadcast::Sender<proto::WatchEvent>,
+    /// What Get/List/Watch answer (the SDK's rules for revisions, pages and streams).
+    book: Arc<StateBook>,
 }
 
 impl Agent {
-    fn next_revision(&self) -> u64 {
-        let mut revision = self.revision.lock().unwrap();
-        *revision += 1;
-        *revision
-    }
-
-    /// Publishes a state change (revision bumped) and stores it.
-    fn update(self: &Arc<Self>, id: &str, change: impl FnOnce(&mut proto::LiveLessonState)) {
-        let mut entries = self.entries.lock().unwrap();
-        let Some(entry) = entries.get_mut(id) else {
-            return;
-        };
-        change(&mut entry.state);
-        entry.state.revision = self.next_revision();
-        let event = proto::WatchEvent {
-            revision: entry.state.revision,
-            event: Some(proto::watch_event::Event::Changed(entry.state.clone())),
-        };
-        let _ = self.events.send(event);
+    /// Changes a live lesson's reported state (watchers see it).
+    fn update(&self, id: &str, change: impl FnOnce(&mut proto::LiveLessonState)) {
+        self.book.update(id, change);
     }
 
     fn journal(&self, line: &str) {
@@ -154,12 +134,11 @@ impl Agent {
                 let Some(entry) = entries.get(&id) else {
                     return;
                 };
-                if entry.state.generation != generation {
+                let Some(state) = agent.book.get(&id).filter(|s| s.generation == generation) else {
                     return;
-                }
+                };
                 *entry.stage.lock().unwrap() = entry.spec.stage;
-                let targets: Vec<(usize, i32, String)> = entry
-                    .state
+                let targets: Vec<(usize, i32, String)> = state
                     .endpoints
                     .iter()
                     .enumerate()
@@ -292,10 +271,6 @@ fn validate(spec: &proto::LessonSpec) -> Result<(), Status> {
     Ok(())
 }
 
-fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-}
-
 /// The gRPC face of the agent (a local type, so it can implement the generated trait).
 #[derive(Clone)]
 struct Service(Arc<Agent>);
@@ -347,7 +322,7 @@ impl Backend for Service {
             capabilities,
             capacity: Some(proto::Capacity {
                 max_live_lessons: self.args.max_live_lessons,
-                live_lessons: self.entries.lock().unwrap().len() as u32,
+                live_lessons: self.book.len() as u32,
             }),
             labels: HashMap::new(),
         }))
@@ -395,35 +370,32 @@ impl Backend for Service {
         // An existing live lesson: same generation → current state; newer → stage change.
         {
             let mut entries = self.entries.lock().unwrap();
-            if let Some(entry) = entries.get_mut(&id) {
-                if generation < entry.state.generation {
+            if let Some(entry) = entries.get_mut(&id)
+                && let Some(mut state) = self.book.get(&id)
+            {
+                if generation < state.generation {
                     return Err(Status::failed_precondition(format!(
                         "generation {generation} is older than the {} this agent holds",
-                        entry.state.generation
+                        state.generation
                     )));
                 }
-                if generation == entry.state.generation {
+                if generation == state.generation {
                     return Ok(Response::new(proto::ProvisionResponse {
-                        state: Some(entry.state.clone()),
+                        state: Some(state),
                     }));
                 }
                 entry.spec = spec.clone();
-                entry.state.generation = generation;
-                entry.state.stage = spec.stage;
-                entry.state.labels = spec.labels.clone();
+                state.generation = generation;
+                state.stage = spec.stage;
+                state.labels = spec.labels.clone();
                 if self.args.null {
-                    entry.state.phase = Phase::Ready as i32;
+                    state.phase = Phase::Ready as i32;
                     *entry.stage.lock().unwrap() = spec.stage;
                 } else {
-                    entry.state.phase = Phase::Configuring as i32;
-                    entry.state.reason = format!("configuring stage {}", spec.stage);
+                    state.phase = Phase::Configuring as i32;
+                    state.reason = format!("configuring stage {}", spec.stage);
                 }
-                entry.state.revision = self.next_revision();
-                let state = entry.state.clone();
-                let _ = self.events.send(proto::WatchEvent {
-                    revision: state.revision,
-                    event: Some(proto::watch_event::Event::Changed(state.clone())),
-                });
+                let state = self.book.put(state);
                 if !self.args.null {
                     if let Some(old) = entry.driver.take() {
                         old.abort();
@@ -483,13 +455,13 @@ impl Backend for Service {
             });
         }
         let mut entries = self.entries.lock().unwrap();
-        if let Some(entry) = entries.get(&id) {
+        if entries.contains_key(&id) {
             // A concurrent identical Provision won the race: keep its objects, drop ours.
             for listener in listeners {
                 listener.abort();
             }
             return Ok(Response::new(proto::ProvisionResponse {
-                state: Some(entry.state.clone()),
+                state: self.book.get(&id),
             }));
         }
         self.journal(&format!("create {id} {generation}"));
@@ -507,17 +479,14 @@ impl Backend for Service {
             handle: id.clone().into_bytes().into(),
             conditions: vec![],
             labels: spec.labels.clone(),
-            revision: self.next_revision(),
+            revision: 0,
         };
-        let _ = self.events.send(proto::WatchEvent {
-            revision: state.revision,
-            event: Some(proto::watch_event::Event::Changed(state.clone())),
-        });
+        // Stored under the entries lock, so a concurrent Provision sees both or neither.
+        let state = self.book.put(state);
         entries.insert(
             id.clone(),
             Entry {
                 spec,
-                state: state.clone(),
                 listeners,
                 stage,
                 driver: None,
@@ -548,13 +517,8 @@ impl Backend for Service {
             if let Some(driver) = entry.driver {
                 driver.abort();
             }
-            let _ = self.events.send(proto::WatchEvent {
-                revision: self.next_revision(),
-                event: Some(proto::watch_event::Event::Deleted(proto::Deleted {
-                    live_lesson_id: id,
-                })),
-            });
         }
+        self.book.remove(&id);
         Ok(Response::new(proto::DeprovisionResponse { gone: true }))
     }
 
@@ -563,133 +527,26 @@ impl Backend for Service {
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
         let id = request.into_inner().live_lesson_id;
-        let entries = self.entries.lock().unwrap();
-        let entry = entries.get(&id).ok_or_else(|| {
+        let state = self.book.get(&id).ok_or_else(|| {
             Status::not_found(format!("live lesson `{id}` is not held by this agent"))
         })?;
-        Ok(Response::new(proto::GetResponse {
-            state: Some(entry.state.clone()),
-        }))
+        Ok(Response::new(proto::GetResponse { state: Some(state) }))
     }
 
     async fn list(
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
-        let request = request.into_inner();
-        let page_size = match request.page_size {
-            0 => 500,
-            n => n.min(500),
-        } as usize;
-        let entries = self.entries.lock().unwrap();
-        let mut items: Vec<_> = entries
-            .range::<str, _>((
-                match request.page_token.as_str() {
-                    "" => std::ops::Bound::Unbounded,
-                    token => std::ops::Bound::Excluded(token),
-                },
-                std::ops::Bound::Unbounded,
-            ))
-            .filter(|(_, e)| matches(&e.state.labels, &request.label_selector))
-            .take(page_size + 1)
-            .map(|(_, e)| e.state.clone())
-            .collect();
-        let next_page_token = if items.len() > page_size {
-            items.truncate(page_size);
-            items
-                .last()
-                .map(|s| s.live_lesson_id.clone())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
-        Ok(Response::new(proto::ListResponse {
-            items,
-            next_page_token,
-            revision: *self.revision.lock().unwrap(),
-        }))
+        Ok(Response::new(self.book.list(&request.into_inner())))
     }
 
-    type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
+    type WatchStream = WatchStream;
 
     async fn watch(
         &self,
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let request = request.into_inner();
-        let heartbeat = request
-            .heartbeat_interval
-            .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
-            .filter(|d| !d.is_zero())
-            .unwrap_or(Duration::from_secs(10))
-            .min(Duration::from_secs(30));
-        let selector = request.label_selector;
-        let agent = self.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
-        tokio::spawn(async move {
-            // Subscribe before the snapshot so nothing falls between them.
-            let mut events = agent.events.subscribe();
-            let snapshot = |agent: &Agent| {
-                let entries = agent.entries.lock().unwrap();
-                proto::WatchEvent {
-                    revision: *agent.revision.lock().unwrap(),
-                    event: Some(proto::watch_event::Event::Snapshot(proto::Snapshot {
-                        items: entries
-                            .values()
-                            .filter(|e| matches(&e.state.labels, &selector))
-                            .map(|e| e.state.clone())
-                            .collect(),
-                    })),
-                }
-            };
-            if tx.send(Ok(snapshot(&agent))).await.is_err() {
-                return;
-            }
-            let mut ticker = tokio::time::interval(heartbeat);
-            ticker.reset();
-            loop {
-                let event = tokio::select! {
-                    _ = tx.closed() => return,
-                    _ = ticker.tick() => proto::WatchEvent {
-                        revision: *agent.revision.lock().unwrap(),
-                        event: Some(proto::watch_event::Event::Heartbeat(proto::Heartbeat {
-                            sent_at: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
-                        })),
-                    },
-                    received = events.recv() => match received {
-                        Ok(event) => {
-                            let wanted = match &event.event {
-                                Some(proto::watch_event::Event::Changed(state)) => matches(&state.labels, &selector),
-                                _ => true,
-                            };
-                            if !wanted {
-                                continue;
-                            }
-                            event
-                        }
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let resync = proto::WatchEvent {
-                                revision: *agent.revision.lock().unwrap(),
-                                event: Some(proto::watch_event::Event::Resync(proto::Resync {
-                                    reason: format!("watcher fell behind by {n} events"),
-                                })),
-                            };
-                            if tx.send(Ok(resync)).await.is_err() {
-                                return;
-                            }
-                            snapshot(&agent)
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
-                };
-                if tx.send(Ok(event)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(self.book.watch(request.into_inner())))
     }
 
     async fn recover(
@@ -697,13 +554,10 @@ impl Backend for Service {
         request: Request<proto::RecoverRequest>,
     ) -> Result<Response<proto::RecoverResponse>, Status> {
         let id = request.into_inner().live_lesson_id;
-        let entries = self.entries.lock().unwrap();
-        let entry = entries.get(&id).ok_or_else(|| {
+        let state = self.book.get(&id).ok_or_else(|| {
             Status::not_found(format!("live lesson `{id}` has no objects on this agent"))
         })?;
-        Ok(Response::new(proto::RecoverResponse {
-            state: Some(entry.state.clone()),
-        }))
+        Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
     }
 }
 
@@ -712,13 +566,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let listener = TcpListener::bind(args.listen).await?;
     let address = listener.local_addr()?;
-    let (events, _) = broadcast::channel(4096);
     let agent = Arc::new(Agent {
         args,
         instance_id: uuid::Uuid::new_v4().to_string(),
         entries: Mutex::new(BTreeMap::new()),
-        revision: Mutex::new(0),
-        events,
+        book: Arc::new(StateBook::default()),
     });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
