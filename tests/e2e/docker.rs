@@ -5,10 +5,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Process, Scheduler, example_curriculum, workspace_bin};
+use antidote_tests::{Process, Scheduler, example_curriculum, fetch, presentation, workspace_bin};
 use api::LiveLessonStatus as S;
 use tempfile::TempDir;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use crate::PATIENCE;
 
@@ -183,29 +183,6 @@ fn ping(from: &str, to: &str) -> bool {
     docker(&["exec", from, "ping", "-c", "1", "-W", "2", to]).0
 }
 
-async fn http_get(address: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(address)
-        .await
-        .expect("published port accepts");
-    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
-    let mut text = String::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await;
-    text
-}
-
-fn presentation<'a>(
-    lesson: &'a api::LiveLesson,
-    endpoint: &str,
-    name: &str,
-) -> &'a api::LivePresentation {
-    lesson
-        .endpoints
-        .iter()
-        .find(|e| e.name == endpoint)
-        .and_then(|e| e.presentations.iter().find(|p| p.name == name))
-        .unwrap_or_else(|| panic!("{endpoint}/{name} missing from {lesson:?}"))
-}
-
 #[tokio::test]
 async fn docker_multi_endpoint_lesson_isolation_stage_change_and_cleanup() {
     let env = DockerEnv::start("e2e-docker-life", &example_curriculum(), &[]).await;
@@ -218,7 +195,7 @@ async fn docker_multi_endpoint_lesson_isolation_stage_change_and_cleanup() {
     assert_eq!((a.healthy, a.total), (4, 4), "{a:?}");
 
     // Presentations answer on the host: an SSH banner, and the page the stage wrote.
-    let page = http_get(&presentation(&a, "server", "web").address).await;
+    let page = fetch(presentation(&a, "server", "web")).await;
     assert!(page.starts_with("HTTP/1."), "{page}");
     let mut ssh = tokio::net::TcpStream::connect(&presentation(&a, "router", "cli").address)
         .await
@@ -351,7 +328,7 @@ async fn docker_agent_kill_9_mid_provision_recovers_without_recreating_and_orpha
         after.trim(),
         "the container was adopted, not recreated"
     );
-    let page = http_get(&presentation(&ready, "web", "page").address).await;
+    let page = fetch(presentation(&ready, "web", "page")).await;
     assert!(page.starts_with("HTTP/1."), "{page}");
 
     // A container with our labels that the scheduler does not know is an orphan: removed after

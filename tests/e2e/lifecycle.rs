@@ -1,40 +1,14 @@
 //! The whole lifecycle through the public API.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
 use api::LiveLessonStatus as S;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use antidote_tests::{fetch, presentation};
 
 use crate::{Env, Knobs, PATIENCE};
-
-/// Reads what a presentation answers: the SSH banner or the HTTP body.
-async fn fetch(presentation: &api::LivePresentation) -> String {
-    let mut stream = tokio::net::TcpStream::connect(&presentation.address)
-        .await
-        .expect("presentation accepts connections");
-    if presentation.r#type == "http" {
-        stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
-    }
-    let mut text = String::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await;
-    text
-}
-
-fn presentation<'a>(
-    lesson: &'a api::LiveLesson,
-    endpoint: &str,
-    name: &str,
-) -> &'a api::LivePresentation {
-    lesson
-        .endpoints
-        .iter()
-        .find(|e| e.name == endpoint)
-        .and_then(|e| e.presentations.iter().find(|p| p.name == name))
-        .unwrap_or_else(|| panic!("{endpoint}/{name} missing from {lesson:?}"))
-}
 
 #[tokio::test]
 async fn session_request_watch_stage_heartbeat_delete() {

@@ -300,3 +300,34 @@ pub fn example_curriculum() -> PathBuf {
         .canonicalize()
         .expect("deploy/curriculum exists")
 }
+
+/// One presentation of a live lesson; panics naming what is missing.
+pub fn presentation<'a>(
+    lesson: &'a api::LiveLesson,
+    endpoint: &str,
+    name: &str,
+) -> &'a api::LivePresentation {
+    lesson
+        .endpoints
+        .iter()
+        .find(|e| e.name == endpoint)
+        .and_then(|e| e.presentations.iter().find(|p| p.name == name))
+        .unwrap_or_else(|| panic!("{endpoint}/{name} missing from {lesson:?}"))
+}
+
+/// Reads what a presentation answers: the SSH banner, or the whole HTTP response to `GET /`.
+pub async fn fetch(presentation: &api::LivePresentation) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(&presentation.address)
+        .await
+        .expect("the presentation accepts connections");
+    if presentation.r#type == "http" {
+        stream
+            .write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .await
+            .expect("the request is sent");
+    }
+    let mut text = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await;
+    text
+}
