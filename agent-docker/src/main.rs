@@ -1,5 +1,8 @@
-//! `agent-docker`: connects to the Docker engine (DOCKER_HOST, or the default socket), then serves
-//! antidote.agent.v1 until SIGTERM or ctrl-c.
+//! `agent-docker`: connects to the Docker engine, then serves antidote.agent.v1 until SIGTERM or
+//! ctrl-c. The engine is the one Docker's own clients would use: `DOCKER_HOST` (a unix socket,
+//! or `tcp://HOST:PORT`; with `DOCKER_TLS_VERIFY=1` the connection uses TLS with the `ca.pem`,
+//! `cert.pem` and `key.pem` in `DOCKER_CERT_PATH`, default `~/.docker`), else the default
+//! socket.
 
 use agent_docker::backend::Agent;
 use agent_docker::settings::Settings;
