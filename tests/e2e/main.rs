@@ -4,6 +4,7 @@
 mod bad_input;
 mod docker;
 mod lifecycle;
+mod negotiation;
 mod reaping;
 mod restart;
 
