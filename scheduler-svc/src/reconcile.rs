@@ -146,6 +146,18 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Enqueues `id` again after `delay` (a retry with backoff), unless shutdown comes first.
+    fn enqueue_after(&self, id: LiveLessonId, delay: Duration, shutdown: &CancellationToken) {
+        let queue = self.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(delay) => queue.enqueue(id),
+            }
+        });
+    }
+
     async fn on_fleet_event(&self, event: FleetEvent) {
         match event {
             FleetEvent::Restarted(agent) => match self.inner.store.on_agent(&agent).await {
@@ -196,21 +208,11 @@ impl Reconciler {
             };
             match next {
                 Ok(Next::Done) => {}
-                Ok(Next::After(delay)) => {
-                    let queue = self.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        queue.enqueue(id);
-                    });
-                }
+                Ok(Next::After(delay)) => self.enqueue_after(id, delay, &shutdown),
                 Err(err) => {
                     let delay = self.backoff(id, None);
                     tracing::error!(live_lesson.id = %id, error = %err, ?delay, "reconcile failed; retrying");
-                    let queue = self.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        queue.enqueue(id);
-                    });
+                    self.enqueue_after(id, delay, &shutdown);
                 }
             }
             self.inner.queue.done(id);

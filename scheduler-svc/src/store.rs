@@ -51,7 +51,7 @@ pub struct Store {
     /// Read-only connections for queries.
     reader: SqlitePool,
     /// Ends when the writer task has stopped (after every sender is gone).
-    writer_done: Arc<tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    writer_done: Arc<tokio::sync::Mutex<Option<oneshot::Receiver<()>>>>,
 }
 
 /// What a write job hands back after it ran: a function that delivers its result once the
@@ -160,13 +160,11 @@ impl Store {
                 let _ = done_tx.send(());
             })
             .map_err(|err| Error::Commit(format!("cannot start the store writer: {err}")))?;
-        let task = tokio::spawn(async move {
-            let _ = done_rx.await;
-        });
+
         Ok(Store {
             writer,
             reader,
-            writer_done: Arc::new(tokio::sync::Mutex::new(Some(task))),
+            writer_done: Arc::new(tokio::sync::Mutex::new(Some(done_rx))),
         })
     }
 
@@ -177,8 +175,8 @@ impl Store {
         self.reader.close().await;
         let done = self.writer_done.clone();
         drop(self);
-        if let Some(task) = done.lock().await.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        if let Some(stopped) = done.lock().await.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), stopped).await;
         }
     }
 

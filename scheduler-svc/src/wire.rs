@@ -25,6 +25,11 @@ pub mod labels {
     pub const LESSON: &str = "antidote.io/lesson";
 }
 
+/// Ports as the wire carries them.
+fn ports(ports: &[std::num::NonZeroU16]) -> Vec<u32> {
+    ports.iter().map(|p| u32::from(p.get())).collect()
+}
+
 /// A timestamp for the API.
 pub fn timestamp(at: Millis) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -169,11 +174,7 @@ pub fn lesson(lesson: &Lesson, guides: &[String]) -> api::Lesson {
                     .map(ConfigurationType::as_str)
                     .unwrap_or_default()
                     .into(),
-                additional_ports: e
-                    .additional_ports
-                    .iter()
-                    .map(|p| u32::from(p.get()))
-                    .collect(),
+                additional_ports: ports(&e.additional_ports),
                 presentations: e
                     .presentations
                     .iter()
@@ -247,11 +248,7 @@ pub fn lesson_spec(
                     enable_forwarding: i.enable_forwarding,
                     network_interfaces: i.network_interfaces.clone(),
                 }),
-                additional_ports: e
-                    .additional_ports
-                    .iter()
-                    .map(|p| u32::from(p.get()))
-                    .collect(),
+                additional_ports: ports(&e.additional_ports),
                 presentations: e
                     .presentations
                     .iter()
