@@ -1,23 +1,20 @@
-//! The `antidote.agent.v1` service of agent-docker.
+//! agent-docker's [`Backend`]: what a live lesson is on a Docker engine.
 //!
-//! Provision records the spec and starts a driver task for the generation; the driver creates
-//! (or finds) the Docker objects, runs the stage's configuration by exec (retried), probes every
-//! presentation from the host through its published port, waits the ready delay, and reports
-//! READY, or FAILED with a reason that quotes the engine or the configuration's output. Every
-//! state change goes through the state book, which answers Get/List/Watch.
+//! The SDK's runtime applies the protocol's rules (generations, idempotency, adoption, Watch)
+//! and calls [`Docker::realise`] once per generation: it creates (or finds) the Docker objects,
+//! runs the stage's configuration by exec (retried), probes every presentation from the host
+//! through its published port and waits the ready delay; an error is the FAILED reason, quoting
+//! the engine or the configuration's output.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::agent::v1::backend_server::Backend;
-use antidote_proto::sdk::{StateBook, WatchStream};
-use bollard::Docker;
+use antidote_proto::sdk::{self, Backend, Description, Report, Start, StateBook, capabilities};
 use futures::StreamExt;
 use proto::{Phase, PresentationType};
-use tokio::task::JoinHandle;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON};
 use crate::probe::{self, Expect};
@@ -25,63 +22,33 @@ use crate::settings::Settings;
 
 /// The capabilities agent-docker offers.
 pub const CAPABILITIES: &[&str] = &[
-    "presentation.ssh",
-    "presentation.http",
-    "stage.configuration",
-    "network.isolation",
-    "plan",
-    "watch",
-    "recover",
+    capabilities::PRESENTATION_SSH,
+    capabilities::PRESENTATION_HTTP,
+    capabilities::STAGE_CONFIGURATION,
+    capabilities::NETWORK_ISOLATION,
+    capabilities::PLAN,
+    capabilities::WATCH,
+    capabilities::RECOVER,
 ];
 
-/// The agent.
+/// The Docker backend.
 #[derive(Clone)]
-pub struct Agent {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    docker: Docker,
-    settings: Settings,
-    /// New on every start (handshake).
-    instance_id: String,
-    /// What Get/List/Watch answer.
+pub struct Docker {
+    docker: bollard::Docker,
+    settings: Arc<Settings>,
+    /// The runtime's state book, for changes that happen on their own (a container dies).
     book: Arc<StateBook>,
-    /// Per live lesson: the newest spec and the task driving it.
-    work: Mutex<HashMap<String, Work>>,
 }
 
-struct Work {
-    spec: proto::LessonSpec,
-    driver: Option<JoinHandle<()>>,
-}
-
-/// How a driver starts.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Start {
-    /// Create (or find) every object, then configure.
-    Create,
-    /// Objects exist: configure the new stage.
-    Configure,
-}
-
-impl Agent {
-    /// An agent driving `docker`.
-    pub fn new(docker: Docker, settings: Settings) -> Agent {
-        Agent {
-            inner: Arc::new(Inner {
-                docker,
-                settings,
-                instance_id: uuid::Uuid::new_v4().to_string(),
-                book: Arc::new(StateBook::default()),
-                work: Mutex::new(HashMap::new()),
-            }),
+impl Docker {
+    /// A backend driving `docker`, reporting through `book` (give the same book to
+    /// [`sdk::Agent::with_book`]).
+    pub fn new(docker: bollard::Docker, settings: Settings, book: Arc<StateBook>) -> Docker {
+        Docker {
+            docker,
+            settings: Arc::new(settings),
+            book,
         }
-    }
-
-    fn work(&self) -> std::sync::MutexGuard<'_, HashMap<String, Work>> {
-        // Every critical section is a single map operation; a poisoned lock is still consistent.
-        self.inner.work.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Follows the engine's container events: a container of a READY live lesson that dies
@@ -98,7 +65,7 @@ impl Agent {
                 ])),
                 ..Default::default()
             };
-            let mut events = self.inner.docker.events(Some(options));
+            let mut events = self.docker.events(Some(options));
             loop {
                 let event = tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -117,7 +84,7 @@ impl Agent {
                     continue;
                 };
                 let exit = attributes.get("exitCode").cloned().unwrap_or_default();
-                self.inner.book.update(id, |state| {
+                self.book.update(id, |state| {
                     if state.phase == Phase::Ready as i32 {
                         state.phase = Phase::Failed as i32;
                         state.reason = if action == "oom" {
@@ -136,69 +103,26 @@ impl Agent {
         }
     }
 
-    /// Starts (or restarts) the driver of a live lesson's newest spec.
-    fn drive(&self, spec: proto::LessonSpec, start: Start) {
-        let agent = self.clone();
-        let id = spec.live_lesson_id.clone();
-        let task = tokio::spawn({
-            let spec = spec.clone();
-            async move { agent.run(spec, start).await }
-        });
-        let mut work = self.work();
-        let entry = work.entry(id).or_insert(Work {
-            spec: spec.clone(),
-            driver: None,
-        });
-        entry.spec = spec;
-        if let Some(old) = entry.driver.replace(task) {
-            old.abort();
-        }
-    }
-
-    /// Takes one generation to READY or FAILED.
-    async fn run(&self, spec: proto::LessonSpec, start: Start) {
-        let id = spec.live_lesson_id.clone();
-        let generation = spec.generation;
-        match self.realise(&spec, start).await {
-            Ok(()) => {}
-            Err(reason) => {
-                tracing::warn!(live_lesson.id = %id, %reason, "live lesson failed");
-                self.inner.book.update(&id, |s| {
-                    if s.generation == generation {
-                        s.phase = Phase::Failed as i32;
-                        s.reason = reason;
-                    }
-                });
-            }
-        }
-    }
-
-    fn set(&self, spec: &proto::LessonSpec, change: impl FnOnce(&mut proto::LiveLessonState)) {
-        self.inner.book.update(&spec.live_lesson_id, |s| {
-            if s.generation == spec.generation {
-                change(s);
-            }
-        });
-    }
-
-    async fn realise(&self, spec: &proto::LessonSpec, start: Start) -> Result<(), String> {
-        let docker = &self.inner.docker;
-        let settings = &self.inner.settings;
+    async fn take_to_ready(
+        &self,
+        spec: &proto::LessonSpec,
+        start: Start,
+        report: &Report,
+    ) -> Result<Vec<proto::EndpointState>, String> {
+        let docker = &self.docker;
+        let settings = &self.settings;
         let id = &spec.live_lesson_id;
         if start == Start::Create {
             // A missing image surfaces from the container's creation (404), named there.
-            self.set(spec, |s| {
-                s.phase = Phase::Booting as i32;
-                s.reason = "creating networks and containers".into();
-            });
+            report.phase(Phase::Booting, "creating networks and containers");
         }
         let placed = match start {
             Start::Create => engine::create(docker, settings, spec).await,
-            Start::Configure => self.locate(spec).await,
+            Start::Change | Start::Adopt => self.locate(spec).await,
         }
         .map_err(|err| err.to_string())?;
         let endpoints = endpoint_states(spec, &placed);
-        self.set(spec, |s| {
+        report.update(|s| {
             s.phase = Phase::Configuring as i32;
             s.reason = format!("configuring stage {}", spec.stage);
             s.endpoints = endpoints.clone();
@@ -273,24 +197,15 @@ impl Agent {
                 state.healthy += 1;
             }
         }
-        let delay = spec
-            .ready_delay
-            .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
-            .unwrap_or_default()
-            + settings.ready_delay;
+        let delay = sdk::spec::ready_delay(spec) + settings.ready_delay;
         if !delay.is_zero() {
-            self.set(spec, |s| {
+            report.update(|s| {
                 s.reason = format!("reachable; waiting the ready delay of {delay:?}");
                 s.endpoints = states.clone();
             });
             tokio::time::sleep(delay).await;
         }
-        self.set(spec, |s| {
-            s.phase = Phase::Ready as i32;
-            s.reason = format!("stage {} ready", spec.stage);
-            s.endpoints = states;
-        });
-        Ok(())
+        Ok(states)
     }
 
     /// Where an existing live lesson's endpoints are (for stage changes and recovery).
@@ -304,47 +219,10 @@ impl Agent {
             let name = engine::container_name(&spec.live_lesson_id, &endpoint.name);
             placed.insert(
                 endpoint.name.clone(),
-                engine::inspect(&self.inner.docker, &name, &lesson_net).await?,
+                engine::inspect(&self.docker, &name, &lesson_net).await?,
             );
         }
         Ok(placed)
-    }
-
-    /// Whether the engine holds containers of this live lesson.
-    async fn exists(&self, id: &str) -> Result<bool, Status> {
-        let selector = HashMap::from([(LABEL_LIVE_LESSON.to_owned(), id.to_owned())]);
-        let found = engine::containers(&self.inner.docker, &selector)
-            .await
-            .map_err(unavailable)?;
-        Ok(!found.is_empty())
-    }
-
-    fn initial_state(
-        &self,
-        spec: &proto::LessonSpec,
-        phase: Phase,
-        reason: &str,
-    ) -> proto::LiveLessonState {
-        proto::LiveLessonState {
-            live_lesson_id: spec.live_lesson_id.clone(),
-            generation: spec.generation,
-            stage: spec.stage,
-            phase: phase as i32,
-            reason: reason.into(),
-            endpoints: spec
-                .endpoints
-                .iter()
-                .map(|e| proto::EndpointState {
-                    name: e.name.clone(),
-                    total: e.presentations.len() as u32,
-                    ..Default::default()
-                })
-                .collect(),
-            handle: spec.live_lesson_id.clone().into_bytes().into(),
-            conditions: vec![],
-            labels: engine::labels(spec),
-            revision: 0,
-        }
     }
 }
 
@@ -404,106 +282,56 @@ fn unavailable(err: EngineError) -> Status {
     Status::unavailable(err.to_string())
 }
 
-/// Checks a spec; every problem names its field.
-fn validate(spec: &proto::LessonSpec) -> Result<(), Status> {
-    let bad = |field: String, why: &str| Err(Status::invalid_argument(format!("{field}: {why}")));
-    if uuid::Uuid::try_parse(&spec.live_lesson_id).is_err() {
-        return bad("spec.live_lesson_id".into(), "must be a UUID");
-    }
-    if spec.generation == 0 {
-        return bad("spec.generation".into(), "must be at least 1");
-    }
-    if spec.endpoints.is_empty() {
-        return bad("spec.endpoints".into(), "must not be empty");
-    }
-    for (i, endpoint) in spec.endpoints.iter().enumerate() {
-        let valid_name = !endpoint.name.is_empty()
-            && endpoint.name.len() <= 40
-            && endpoint
-                .name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !valid_name {
-            return bad(
-                format!("spec.endpoints[{i}].name"),
-                "must be 1-40 of a-z, 0-9 and -",
-            );
-        }
-        if endpoint
-            .image
-            .as_ref()
-            .is_none_or(|image| image.slug.is_empty())
-        {
-            return bad(format!("spec.endpoints[{i}].image.slug"), "is empty");
-        }
-        for (j, p) in endpoint.presentations.iter().enumerate() {
-            if p.port == 0 || p.port > 65535 {
-                return bad(
-                    format!("spec.endpoints[{i}].presentations[{j}].port"),
-                    "must be 1..65535",
-                );
-            }
-            if !matches!(
-                PresentationType::try_from(p.r#type),
-                Ok(PresentationType::Ssh | PresentationType::Http)
-            ) {
-                return bad(
-                    format!("spec.endpoints[{i}].presentations[{j}].type"),
-                    "must be SSH or HTTP",
-                );
-            }
-        }
-    }
-    for (i, c) in spec.connections.iter().enumerate() {
-        for end in [&c.a, &c.b] {
-            if !spec.endpoints.iter().any(|e| &e.name == end) {
-                return bad(
-                    format!("spec.connections[{i}]"),
-                    &format!("names unknown endpoint `{end}`"),
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
 #[tonic::async_trait]
-impl Backend for Agent {
-    async fn handshake(
-        &self,
-        request: Request<proto::HandshakeRequest>,
-    ) -> Result<Response<proto::HandshakeResponse>, Status> {
-        let request = request.into_inner();
-        if !request.supported_majors.contains(&proto::MAJOR) {
-            return Err(Status::failed_precondition(format!(
-                "no common major version: the scheduler speaks {:?}, agent-docker speaks [{}]",
-                request.supported_majors,
-                proto::MAJOR
-            )));
-        }
-        Ok(Response::new(proto::HandshakeResponse {
-            major: proto::MAJOR,
-            agent_name: "agent-docker".into(),
-            build_version: env!("CARGO_PKG_VERSION").into(),
-            instance_id: self.inner.instance_id.clone(),
-            capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
-            capacity: Some(proto::Capacity {
-                max_live_lessons: self.inner.settings.max_live_lessons,
-                live_lessons: self.inner.book.len() as u32,
-            }),
-            labels: HashMap::from([("backend".to_owned(), "docker".to_owned())]),
-        }))
+impl Backend for Docker {
+    fn describe(&self) -> Description {
+        let mut description =
+            Description::new("agent-docker", env!("CARGO_PKG_VERSION"), CAPABILITIES);
+        description.max_live_lessons = self.settings.max_live_lessons;
+        description.labels = HashMap::from([("backend".to_owned(), "docker".to_owned())]);
+        description
     }
 
-    async fn plan(
+    async fn realise(
         &self,
-        request: Request<proto::PlanRequest>,
-    ) -> Result<Response<proto::PlanResponse>, Status> {
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
-        validate(&spec)?;
+        spec: proto::LessonSpec,
+        start: Start,
+        report: Report,
+    ) -> Result<Vec<proto::EndpointState>, String> {
+        self.take_to_ready(&spec, start, &report).await
+    }
+
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+        engine::remove(&self.docker, live_lesson_id)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn discover(
+        &self,
+        selector: &HashMap<String, String>,
+    ) -> Result<Vec<HashMap<String, String>>, Status> {
+        // Containers and networks both count: a creation may have stopped between them.
+        let mut found: HashMap<String, HashMap<String, String>> = HashMap::new();
+        let containers = engine::containers(&self.docker, selector)
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .map(|(_, labels, _)| labels);
+        let networks = engine::network_lessons(&self.docker, selector)
+            .await
+            .map_err(unavailable)?;
+        for mut labels in containers.chain(networks) {
+            labels.remove(LABEL_ENDPOINT);
+            labels.remove(engine::LABEL_MANAGED);
+            if let Some(id) = labels.get(LABEL_LIVE_LESSON) {
+                found.entry(id.clone()).or_insert(labels);
+            }
+        }
+        Ok(found.into_values().collect())
+    }
+
+    async fn plan(&self, spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
         let id = &spec.live_lesson_id;
         let mut objects = vec![proto::PlannedObject {
             kind: "network".into(),
@@ -531,8 +359,8 @@ impl Backend for Agent {
         let mut diagnostics = Vec::new();
         for (i, e) in spec.endpoints.iter().enumerate() {
             let slug = e.image.as_ref().map(|i| i.slug.clone()).unwrap_or_default();
-            let image = self.inner.settings.image(&slug);
-            if let Err(err) = self.inner.docker.inspect_image(&image).await {
+            let image = self.settings.image(&slug);
+            if let Err(err) = self.docker.inspect_image(&image).await {
                 diagnostics.push(proto::Diagnostic {
                     severity: proto::Severity::Error as i32,
                     field: format!("endpoints[{i}].image.slug"),
@@ -555,205 +383,9 @@ impl Backend for Agent {
                 detail: format!("image {image}"),
             });
         }
-        Ok(Response::new(proto::PlanResponse {
+        Ok(proto::PlanResponse {
             objects,
             diagnostics,
-        }))
-    }
-
-    async fn provision(
-        &self,
-        request: Request<proto::ProvisionRequest>,
-    ) -> Result<Response<proto::ProvisionResponse>, Status> {
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
-        validate(&spec)?;
-        let id = spec.live_lesson_id.clone();
-        let driven = self.work().contains_key(&id);
-        if let Some(current) = self.inner.book.get(&id).filter(|_| driven) {
-            if spec.generation < current.generation {
-                return Err(Status::failed_precondition(format!(
-                    "generation {} is older than generation {} held for live lesson {id}",
-                    spec.generation, current.generation
-                )));
-            }
-            if spec.generation == current.generation {
-                return Ok(Response::new(proto::ProvisionResponse {
-                    state: Some(current),
-                }));
-            }
-            // A newer generation: a stage change on the existing objects (or, after a failed
-            // creation, creation again: every step finds what exists).
-            let start = if current.phase == Phase::Failed as i32
-                && current
-                    .endpoints
-                    .iter()
-                    .all(|e| e.presentations.iter().all(|p| p.address.is_empty()))
-            {
-                Start::Create
-            } else {
-                Start::Configure
-            };
-            let mut state = self.initial_state(&spec, Phase::Configuring, "stage change");
-            state.endpoints = current.endpoints;
-            let state = self.inner.book.put(state);
-            self.drive(spec, start);
-            return Ok(Response::new(proto::ProvisionResponse {
-                state: Some(state),
-            }));
-        }
-        if let Some(max) = std::num::NonZeroU32::new(self.inner.settings.max_live_lessons)
-            && self.inner.book.len() as u32 >= max.get()
-        {
-            return Err(Status::resource_exhausted(format!(
-                "agent-docker holds {} live lessons, its limit",
-                max
-            )));
-        }
-        // Unknown here but present on the engine (this agent restarted): adopt, never duplicate.
-        let adopted = self.exists(&id).await?;
-        let state = self.inner.book.put(self.initial_state(
-            &spec,
-            if adopted {
-                Phase::Configuring
-            } else {
-                Phase::Pending
-            },
-            if adopted {
-                "adopting existing containers"
-            } else {
-                "accepted"
-            },
-        ));
-        self.drive(
-            spec,
-            if adopted {
-                Start::Configure
-            } else {
-                Start::Create
-            },
-        );
-        Ok(Response::new(proto::ProvisionResponse {
-            state: Some(state),
-        }))
-    }
-
-    async fn deprovision(
-        &self,
-        request: Request<proto::DeprovisionRequest>,
-    ) -> Result<Response<proto::DeprovisionResponse>, Status> {
-        let id = request.into_inner().live_lesson_id;
-        if let Some(work) = self.work().remove(&id)
-            && let Some(driver) = work.driver
-        {
-            driver.abort();
-        }
-        self.inner.book.update(&id, |s| {
-            s.phase = Phase::Terminating as i32;
-            s.reason = "removing containers and networks".into();
-        });
-        engine::remove(&self.inner.docker, &id)
-            .await
-            .map_err(unavailable)?;
-        self.inner.book.remove(&id);
-        Ok(Response::new(proto::DeprovisionResponse { gone: true }))
-    }
-
-    async fn get(
-        &self,
-        request: Request<proto::GetRequest>,
-    ) -> Result<Response<proto::GetResponse>, Status> {
-        let id = request.into_inner().live_lesson_id;
-        let state = self.inner.book.get(&id).ok_or_else(|| {
-            Status::not_found(format!("live lesson {id} is not held by this agent"))
-        })?;
-        Ok(Response::new(proto::GetResponse { state: Some(state) }))
-    }
-
-    async fn list(
-        &self,
-        request: Request<proto::ListRequest>,
-    ) -> Result<Response<proto::ListResponse>, Status> {
-        let request = request.into_inner();
-        // The engine is the truth: live lessons with containers but not (yet) in the book (this
-        // agent restarted and nobody recovered them) are listed from their labels.
-        let docker = &self.inner.docker;
-        let mut found: Vec<HashMap<String, String>> =
-            engine::containers(docker, &request.label_selector)
-                .await
-                .map_err(unavailable)?
-                .into_iter()
-                .map(|(_, labels, _)| labels)
-                .collect();
-        found.extend(
-            engine::network_lessons(docker, &request.label_selector)
-                .await
-                .map_err(unavailable)?,
-        );
-        for labels in found {
-            let Some(id) = labels.get(LABEL_LIVE_LESSON) else {
-                continue;
-            };
-            if self.inner.book.get(id).is_none() {
-                let mut labels = labels.clone();
-                labels.remove(LABEL_ENDPOINT);
-                let generation = labels
-                    .get("antidote.io/generation")
-                    .and_then(|g| g.parse().ok())
-                    .unwrap_or(0);
-                self.inner.book.put(proto::LiveLessonState {
-                    live_lesson_id: id.clone(),
-                    generation,
-                    phase: Phase::Booting as i32,
-                    reason: "found on the engine; not recovered yet".into(),
-                    handle: id.clone().into_bytes().into(),
-                    labels,
-                    ..Default::default()
-                });
-            }
-        }
-        Ok(Response::new(self.inner.book.list(&request)))
-    }
-
-    type WatchStream = WatchStream;
-
-    async fn watch(
-        &self,
-        request: Request<proto::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(self.inner.book.watch(request.into_inner())))
-    }
-
-    async fn recover(
-        &self,
-        request: Request<proto::RecoverRequest>,
-    ) -> Result<Response<proto::RecoverResponse>, Status> {
-        let request = request.into_inner();
-        let id = request.live_lesson_id;
-        if let Some(state) = self.inner.book.get(&id)
-            && state.generation > 0
-            && self.work().contains_key(&id)
-        {
-            return Ok(Response::new(proto::RecoverResponse { state: Some(state) }));
-        }
-        if !self.exists(&id).await? {
-            self.inner.book.remove(&id);
-            return Err(Status::not_found(format!(
-                "live lesson {id} has no containers on this engine"
-            )));
-        }
-        let spec = request.spec.ok_or_else(|| {
-            Status::invalid_argument("spec: missing (needed to adopt the containers)")
-        })?;
-        validate(&spec)?;
-        let state = self.inner.book.put(self.initial_state(
-            &spec,
-            Phase::Configuring,
-            "adopting existing containers",
-        ));
-        self.drive(spec, Start::Configure);
-        Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
+        })
     }
 }

@@ -4,13 +4,13 @@
 //! `cert.pem` and `key.pem` in `DOCKER_CERT_PATH`, default `~/.docker`), else the default
 //! socket.
 
-use agent_docker::backend::Agent;
+use std::sync::Arc;
+
+use agent_docker::backend::Docker;
 use agent_docker::settings::Settings;
-use antidote_proto::agent::v1::backend_server::BackendServer;
+use antidote_proto::sdk::{self, Agent, StateBook};
 use anyhow::Context as _;
 use clap::Parser as _;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -38,45 +38,15 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     println!("listening on {}", listener.local_addr()?);
-    let agent = Agent::new(docker, settings);
+    let book = Arc::new(StateBook::default());
+    let backend = Docker::new(docker, settings, book.clone());
     let shutdown = CancellationToken::new();
-    tokio::spawn(agent.clone().follow_events(shutdown.clone()));
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status(
-            antidote_proto::agent::v1::SERVICE_NAME,
-            tonic_health::ServingStatus::Serving,
-        )
-        .await;
-    let incoming = TcpListenerStream::new(listener).map(|stream| {
-        let stream = stream?;
-        // Small replies must leave at once (Nagle + delayed ACK would hold them ~40 ms).
-        stream.set_nodelay(true)?;
-        Ok::<_, std::io::Error>(stream)
-    });
-    let stop = shutdown.clone();
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(BackendServer::new(agent))
-        .serve_with_incoming_shutdown(incoming, async move {
-            wait_for_signal().await;
-            stop.cancel();
-        })
-        .await?;
-    Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    tokio::spawn(backend.clone().follow_events(shutdown.clone()));
+    let agent = Agent::with_book(backend, book);
+    sdk::serve(agent, listener, async move {
+        sdk::shutdown_signal().await;
+        shutdown.cancel();
+    })
+    .await
+    .map_err(|err| anyhow::anyhow!(err))
 }

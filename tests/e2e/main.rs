@@ -2,6 +2,7 @@
 //! real `test-agent` process over gRPC on loopback, exercised through the public API only.
 
 mod bad_input;
+mod conformance;
 mod docker;
 mod lifecycle;
 mod negotiation;

@@ -162,6 +162,10 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
         stage: 0,
         endpoints: vec![agent::Endpoint {
             name: "web".into(),
+            image: Some(agent::Image {
+                slug: "busybox".into(),
+                ..Default::default()
+            }),
             presentations: vec![agent::Presentation {
                 name: "page".into(),
                 r#type: agent::PresentationType::Http as i32,
@@ -172,6 +176,12 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
         labels: HashMap::from([
             ("antidote.io/instance".to_owned(), "e2e".to_owned()),
             ("antidote.io/live-lesson".to_owned(), orphan.clone()),
+            (
+                "antidote.io/session".to_owned(),
+                uuid::Uuid::new_v4().to_string(),
+            ),
+            ("antidote.io/generation".to_owned(), "1".to_owned()),
+            ("antidote.io/lesson".to_owned(), "hello-web".to_owned()),
         ]),
         ..Default::default()
     };
@@ -188,6 +198,9 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
     foreign_spec
         .labels
         .insert("antidote.io/instance".into(), "someone-else".into());
+    foreign_spec
+        .labels
+        .insert("antidote.io/live-lesson".into(), foreign.clone());
     agent_client
         .provision(agent::ProvisionRequest {
             spec: Some(foreign_spec),
@@ -206,17 +219,17 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
     })
     .await
     .expect("the orphan is removed");
-    let ids: Vec<_> = agent_client
+    let items = agent_client
         .list(agent::ListRequest::default())
         .await
         .unwrap()
         .into_inner()
-        .items
-        .into_iter()
-        .map(|s| s.live_lesson_id)
-        .collect();
+        .items;
+    let ids: Vec<_> = items.into_iter().map(|s| s.live_lesson_id).collect();
     assert!(
         ids.contains(&known.id) && ids.contains(&foreign) && !ids.contains(&orphan),
-        "{ids:?}"
+        "{ids:?} (orphan {orphan}, foreign {foreign}, known {})\n{}",
+        known.id,
+        env.logs()
     );
 }

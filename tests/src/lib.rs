@@ -327,7 +327,22 @@ pub async fn fetch(presentation: &api::LivePresentation) -> String {
             .await
             .expect("the request is sent");
     }
-    let mut text = String::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await;
-    text
+    // HTTP: the whole response (the server closes). SSH: the banner line (a real SSH server
+    // waits for the client's banner, so there is no EOF to wait for).
+    let ssh = presentation.r#type == "ssh";
+    let mut bytes = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            bytes.extend_from_slice(&buf[..n]);
+            if ssh && bytes.contains(&b'\n') {
+                break;
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -188,13 +188,18 @@ async fn direct(
     client: &mut agent::backend_client::BackendClient<tonic::transport::Channel>,
 ) -> anyhow::Result<Duration> {
     let id = uuid::Uuid::new_v4().to_string();
+    let session = uuid::Uuid::new_v4().to_string();
     let spec = agent::LessonSpec {
         live_lesson_id: id.clone(),
-        session_id: uuid::Uuid::new_v4().to_string(),
+        session_id: session.clone(),
         lesson_slug: "hello-web".into(),
         generation: 1,
         endpoints: vec![agent::Endpoint {
             name: "web".into(),
+            image: Some(agent::Image {
+                slug: "busybox".into(),
+                ..Default::default()
+            }),
             presentations: vec![agent::Presentation {
                 name: "page".into(),
                 r#type: agent::PresentationType::Http as i32,
@@ -202,7 +207,13 @@ async fn direct(
             }],
             ..Default::default()
         }],
-        labels: HashMap::from([("antidote.io/instance".to_owned(), "baseline".to_owned())]),
+        labels: HashMap::from([
+            ("antidote.io/instance".to_owned(), "baseline".to_owned()),
+            ("antidote.io/live-lesson".to_owned(), id.clone()),
+            ("antidote.io/session".to_owned(), session),
+            ("antidote.io/generation".to_owned(), "1".to_owned()),
+            ("antidote.io/lesson".to_owned(), "hello-web".to_owned()),
+        ]),
         ..Default::default()
     };
     let start = Instant::now();

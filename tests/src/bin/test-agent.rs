@@ -10,7 +10,7 @@
 //! twice), `--fail-lesson` makes a lesson fail, `--null` does no work at all (READY at once, no
 //! sockets: the load generator's agent).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,16 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::agent::v1::backend_server::{Backend, BackendServer};
-use antidote_proto::sdk::{StateBook, WatchStream};
+use antidote_proto::sdk::{self, Agent, Backend, Description, Report, Start, capabilities};
 use clap::Parser;
 use proto::{Phase, PresentationType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 #[derive(Parser, Clone)]
 #[command(
@@ -79,107 +76,198 @@ fn humantime_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// One live lesson held by the agent.
+/// One live lesson's objects: a listener per presentation.
 struct Entry {
-    /// The newest spec received (its reported state lives in the state book).
-    spec: proto::LessonSpec,
-    /// Listener tasks, one per presentation; aborted on Deprovision.
+    /// The spec's labels (what `discover` matches).
+    labels: HashMap<String, String>,
+    /// Listener tasks, one per presentation; aborted on removal.
     listeners: Vec<JoinHandle<()>>,
+    /// Where each endpoint's presentations listen.
+    endpoints: Vec<proto::EndpointState>,
     /// The stage the listeners report, shared with them.
     stage: Arc<Mutex<u32>>,
-    /// The task driving it to READY.
-    driver: Option<JoinHandle<()>>,
 }
 
-struct Agent {
+impl Drop for Entry {
+    fn drop(&mut self) {
+        for listener in &self.listeners {
+            listener.abort();
+        }
+    }
+}
+
+/// The backend: live lessons as loopback listeners.
+struct Loopback {
     args: Args,
-    instance_id: String,
-    entries: Mutex<BTreeMap<String, Entry>>,
-    /// What Get/List/Watch answer (the SDK's rules for revisions, pages and streams).
-    book: Arc<StateBook>,
+    entries: Mutex<HashMap<String, Entry>>,
 }
 
-impl Agent {
-    /// Changes a live lesson's reported state (watchers see it).
-    fn update(&self, id: &str, change: impl FnOnce(&mut proto::LiveLessonState)) {
-        self.book.update(id, change);
+impl Loopback {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        // Every critical section is one map operation; a poisoned lock is still consistent.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn journal(&self, line: &str) {
+    fn journal(&self, line: &str) -> Result<(), String> {
         if let Some(path) = &self.args.journal {
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
-                .expect("journal file opens");
-            writeln!(file, "{line}").expect("journal line is written");
+                .map_err(|err| format!("journal {}: {err}", path.display()))?;
+            writeln!(file, "{line}").map_err(|err| format!("journal {}: {err}", path.display()))?;
         }
+        Ok(())
     }
 
-    /// Drives a live lesson from its current phase to READY (or FAILED): boot, configure,
-    /// probe every presentation for real.
-    fn drive(self: &Arc<Self>, id: String, generation: u64, boot: bool) -> JoinHandle<()> {
-        let agent = self.clone();
-        tokio::spawn(async move {
-            if boot {
-                tokio::time::sleep(agent.args.boot_delay).await;
-                agent.update(&id, |s| {
-                    s.phase = Phase::Configuring as i32;
-                    s.reason = "configuring".into();
-                });
+    /// Creates a listener per presentation (unless they exist) and returns the endpoints.
+    async fn create(&self, spec: &proto::LessonSpec) -> Result<Vec<proto::EndpointState>, String> {
+        if let Some(entry) = self.entries().get(&spec.live_lesson_id) {
+            return Ok(entry.endpoints.clone());
+        }
+        // Built inside an Entry, whose Drop stops the listeners if this future is dropped.
+        let mut entry = Entry {
+            labels: spec.labels.clone(),
+            listeners: Vec::new(),
+            endpoints: Vec::new(),
+            stage: Arc::new(Mutex::new(spec.stage)),
+        };
+        for endpoint in &spec.endpoints {
+            let mut presentations = Vec::new();
+            if !self.args.null {
+                for p in &endpoint.presentations {
+                    let listener = TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .map_err(|err| format!("cannot bind a listener: {err}"))?;
+                    let address = listener
+                        .local_addr()
+                        .map_err(|err| err.to_string())?
+                        .to_string();
+                    entry.listeners.push(tokio::spawn(serve_presentation(
+                        listener,
+                        p.r#type,
+                        spec.lesson_slug.clone(),
+                        endpoint.name.clone(),
+                        entry.stage.clone(),
+                    )));
+                    presentations.push(sdk::spec::presentation_state(&p.name, p.r#type, address));
+                }
             }
-            tokio::time::sleep(agent.args.configure_delay).await;
-            let (slug, stage, targets) = {
-                let entries = agent.entries.lock().unwrap();
-                let Some(entry) = entries.get(&id) else {
-                    return;
-                };
-                let Some(state) = agent.book.get(&id).filter(|s| s.generation == generation) else {
-                    return;
-                };
-                *entry.stage.lock().unwrap() = entry.spec.stage;
-                let targets: Vec<(usize, i32, String)> = state
-                    .endpoints
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(i, e)| {
-                        e.presentations
-                            .iter()
-                            .map(move |p| (i, p.r#type, p.address.clone()))
-                    })
-                    .collect();
-                (entry.spec.lesson_slug.clone(), entry.spec.stage, targets)
-            };
-            if agent.args.fail_lesson.contains(&slug) {
-                agent.update(&id, |s| {
-                    s.phase = Phase::Failed as i32;
-                    s.reason = format!("lesson `{slug}` is configured to fail in this test agent");
-                });
-                return;
-            }
-            // Probe until every presentation answers like its type.
-            let mut healthy = vec![0u32; targets.len()];
-            loop {
-                for (n, (_, kind, address)) in targets.iter().enumerate() {
-                    if healthy[n] == 0 && probe(*kind, address).await {
-                        healthy[n] = 1;
-                    }
-                }
-                if healthy.iter().all(|h| *h == 1) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            agent.update(&id, |s| {
-                if s.generation != generation {
-                    return;
-                }
-                for endpoint in &mut s.endpoints {
-                    endpoint.healthy = endpoint.total;
-                }
-                s.phase = Phase::Ready as i32;
-                s.reason = format!("stage {stage} ready");
+            entry.endpoints.push(proto::EndpointState {
+                name: endpoint.name.clone(),
+                total: presentations.len() as u32,
+                healthy: 0,
+                presentations,
+                internal_address: "127.0.0.1".into(),
             });
+        }
+        self.journal(&format!(
+            "create {} {}",
+            spec.live_lesson_id, spec.generation
+        ))?;
+        let endpoints = entry.endpoints.clone();
+        self.entries().insert(spec.live_lesson_id.clone(), entry);
+        Ok(endpoints)
+    }
+}
+
+#[tonic::async_trait]
+impl Backend for Loopback {
+    fn describe(&self) -> Description {
+        let mut description = Description::new(
+            "test-agent",
+            env!("CARGO_PKG_VERSION"),
+            &[
+                capabilities::PRESENTATION_SSH,
+                capabilities::PRESENTATION_HTTP,
+                capabilities::STAGE_CONFIGURATION,
+                capabilities::PLAN,
+                capabilities::WATCH,
+                capabilities::RECOVER,
+            ],
+        );
+        if let Some(offered) = &self.args.capabilities {
+            description.capabilities = offered.clone();
+        }
+        description.majors = self.args.majors.clone();
+        description.max_live_lessons = self.args.max_live_lessons;
+        description
+    }
+
+    async fn realise(
+        &self,
+        spec: proto::LessonSpec,
+        start: Start,
+        report: Report,
+    ) -> Result<Vec<proto::EndpointState>, String> {
+        if start == Start::Create && !self.args.null {
+            report.phase(Phase::Booting, "booting");
+            tokio::time::sleep(self.args.boot_delay).await;
+        }
+        let mut endpoints = self.create(&spec).await?;
+        if self.args.null {
+            return Ok(endpoints);
+        }
+        report.update(|s| {
+            s.phase = Phase::Configuring as i32;
+            s.reason = format!("configuring stage {}", spec.stage);
+            s.endpoints = endpoints.clone();
+        });
+        tokio::time::sleep(self.args.configure_delay).await;
+        if let Some(entry) = self.entries().get(&spec.live_lesson_id) {
+            *entry.stage.lock().unwrap_or_else(|p| p.into_inner()) = spec.stage;
+        }
+        if self.args.fail_lesson.contains(&spec.lesson_slug) {
+            return Err(format!(
+                "lesson `{}` is configured to fail in this test agent",
+                spec.lesson_slug
+            ));
+        }
+        // Probe until every presentation answers like its type.
+        for endpoint in &mut endpoints {
+            for p in &endpoint.presentations {
+                while !probe(p.r#type, &p.address).await {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            endpoint.healthy = endpoint.total;
+        }
+        Ok(endpoints)
+    }
+
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+        self.entries().remove(live_lesson_id);
+        Ok(())
+    }
+
+    async fn discover(
+        &self,
+        selector: &HashMap<String, String>,
+    ) -> Result<Vec<HashMap<String, String>>, Status> {
+        Ok(self
+            .entries()
+            .values()
+            .filter(|e| sdk::matches(&e.labels, selector))
+            .map(|e| e.labels.clone())
+            .collect())
+    }
+
+    async fn plan(&self, spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
+        let objects = spec
+            .endpoints
+            .iter()
+            .flat_map(|e| {
+                e.presentations.iter().map(move |p| proto::PlannedObject {
+                    kind: "listener".into(),
+                    name: format!("{}/{}", e.name, p.name),
+                    ports: vec![p.port],
+                    detail: "a TCP listener on 127.0.0.1".into(),
+                })
+            })
+            .collect();
+        Ok(proto::PlanResponse {
+            objects,
+            diagnostics: vec![],
         })
     }
 }
@@ -239,359 +327,16 @@ async fn serve_presentation(
     }
 }
 
-fn validate(spec: &proto::LessonSpec) -> Result<(), Status> {
-    if spec.live_lesson_id.is_empty() {
-        return Err(Status::invalid_argument("spec.live_lesson_id is empty"));
-    }
-    if spec.generation == 0 {
-        return Err(Status::invalid_argument(
-            "spec.generation must be at least 1",
-        ));
-    }
-    if spec.endpoints.is_empty() {
-        return Err(Status::invalid_argument("spec.endpoints is empty"));
-    }
-    for (i, endpoint) in spec.endpoints.iter().enumerate() {
-        for (j, p) in endpoint.presentations.iter().enumerate() {
-            if p.port == 0 || p.port > 65535 {
-                return Err(Status::invalid_argument(format!(
-                    "spec.endpoints[{i}].presentations[{j}].port {} is not 1..65535",
-                    p.port
-                )));
-            }
-            if PresentationType::try_from(p.r#type).unwrap_or(PresentationType::Unspecified)
-                == PresentationType::Unspecified
-            {
-                return Err(Status::invalid_argument(format!(
-                    "spec.endpoints[{i}].presentations[{j}].type is unspecified"
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The gRPC face of the agent (a local type, so it can implement the generated trait).
-#[derive(Clone)]
-struct Service(Arc<Agent>);
-
-impl std::ops::Deref for Service {
-    type Target = Arc<Agent>;
-    fn deref(&self) -> &Arc<Agent> {
-        &self.0
-    }
-}
-
-#[tonic::async_trait]
-impl Backend for Service {
-    async fn handshake(
-        &self,
-        request: Request<proto::HandshakeRequest>,
-    ) -> Result<Response<proto::HandshakeResponse>, Status> {
-        let request = request.into_inner();
-        let Some(major) = self
-            .args
-            .majors
-            .iter()
-            .copied()
-            .filter(|m| request.supported_majors.contains(m))
-            .max()
-        else {
-            return Err(Status::failed_precondition(format!(
-                "no common major version: scheduler speaks {:?}, this agent speaks {:?}",
-                request.supported_majors, self.args.majors
-            )));
-        };
-        let capabilities = self.args.capabilities.clone().unwrap_or_else(|| {
-            [
-                "presentation.ssh",
-                "presentation.http",
-                "stage.configuration",
-                "plan",
-                "watch",
-                "recover",
-            ]
-            .map(String::from)
-            .to_vec()
-        });
-        Ok(Response::new(proto::HandshakeResponse {
-            major,
-            agent_name: "test-agent".into(),
-            build_version: env!("CARGO_PKG_VERSION").into(),
-            instance_id: self.instance_id.clone(),
-            capabilities,
-            capacity: Some(proto::Capacity {
-                max_live_lessons: self.args.max_live_lessons,
-                live_lessons: self.book.len() as u32,
-            }),
-            labels: HashMap::new(),
-        }))
-    }
-
-    async fn plan(
-        &self,
-        request: Request<proto::PlanRequest>,
-    ) -> Result<Response<proto::PlanResponse>, Status> {
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| Status::invalid_argument("spec is missing"))?;
-        validate(&spec)?;
-        let objects = spec
-            .endpoints
-            .iter()
-            .flat_map(|e| {
-                e.presentations.iter().map(move |p| proto::PlannedObject {
-                    kind: "listener".into(),
-                    name: format!("{}/{}", e.name, p.name),
-                    ports: vec![p.port],
-                    detail: "a TCP listener on 127.0.0.1".into(),
-                })
-            })
-            .collect();
-        Ok(Response::new(proto::PlanResponse {
-            objects,
-            diagnostics: vec![],
-        }))
-    }
-
-    async fn provision(
-        &self,
-        request: Request<proto::ProvisionRequest>,
-    ) -> Result<Response<proto::ProvisionResponse>, Status> {
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| Status::invalid_argument("spec is missing"))?;
-        validate(&spec)?;
-        let id = spec.live_lesson_id.clone();
-        let generation = spec.generation;
-
-        // An existing live lesson: same generation → current state; newer → stage change.
-        {
-            let mut entries = self.entries.lock().unwrap();
-            if let Some(entry) = entries.get_mut(&id)
-                && let Some(mut state) = self.book.get(&id)
-            {
-                if generation < state.generation {
-                    return Err(Status::failed_precondition(format!(
-                        "generation {generation} is older than the {} this agent holds",
-                        state.generation
-                    )));
-                }
-                if generation == state.generation {
-                    return Ok(Response::new(proto::ProvisionResponse {
-                        state: Some(state),
-                    }));
-                }
-                entry.spec = spec.clone();
-                state.generation = generation;
-                state.stage = spec.stage;
-                state.labels = spec.labels.clone();
-                if self.args.null {
-                    state.phase = Phase::Ready as i32;
-                    *entry.stage.lock().unwrap() = spec.stage;
-                } else {
-                    state.phase = Phase::Configuring as i32;
-                    state.reason = format!("configuring stage {}", spec.stage);
-                }
-                let state = self.book.put(state);
-                if !self.args.null {
-                    if let Some(old) = entry.driver.take() {
-                        old.abort();
-                    }
-                    drop(entries);
-                    let driver = self.drive(id.clone(), generation, false);
-                    if let Some(entry) = self.entries.lock().unwrap().get_mut(&id) {
-                        entry.driver = Some(driver);
-                    }
-                }
-                return Ok(Response::new(proto::ProvisionResponse {
-                    state: Some(state),
-                }));
-            }
-        }
-
-        // A new live lesson: create its listeners.
-        let stage = Arc::new(Mutex::new(spec.stage));
-        let mut listeners = Vec::new();
-        let mut endpoints = Vec::new();
-        for endpoint in &spec.endpoints {
-            let mut presentations = Vec::new();
-            if !self.args.null {
-                for p in &endpoint.presentations {
-                    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|err| {
-                        Status::unavailable(format!("cannot bind a listener: {err}"))
-                    })?;
-                    let address = listener
-                        .local_addr()
-                        .map_err(|err| Status::internal(err.to_string()))?
-                        .to_string();
-                    listeners.push(tokio::spawn(serve_presentation(
-                        listener,
-                        p.r#type,
-                        spec.lesson_slug.clone(),
-                        endpoint.name.clone(),
-                        stage.clone(),
-                    )));
-                    presentations.push(proto::PresentationState {
-                        name: p.name.clone(),
-                        r#type: p.r#type,
-                        url: if p.r#type == PresentationType::Http as i32 {
-                            format!("http://{address}/")
-                        } else {
-                            String::new()
-                        },
-                        address,
-                    });
-                }
-            }
-            endpoints.push(proto::EndpointState {
-                name: endpoint.name.clone(),
-                total: presentations.len() as u32,
-                healthy: 0,
-                presentations,
-                internal_address: "127.0.0.1".into(),
-            });
-        }
-        let mut entries = self.entries.lock().unwrap();
-        if entries.contains_key(&id) {
-            // A concurrent identical Provision won the race: keep its objects, drop ours.
-            for listener in listeners {
-                listener.abort();
-            }
-            return Ok(Response::new(proto::ProvisionResponse {
-                state: self.book.get(&id),
-            }));
-        }
-        self.journal(&format!("create {id} {generation}"));
-        let state = proto::LiveLessonState {
-            live_lesson_id: id.clone(),
-            generation,
-            stage: spec.stage,
-            phase: if self.args.null {
-                Phase::Ready
-            } else {
-                Phase::Booting
-            } as i32,
-            reason: String::new(),
-            endpoints,
-            handle: id.clone().into_bytes().into(),
-            conditions: vec![],
-            labels: spec.labels.clone(),
-            revision: 0,
-        };
-        // Stored under the entries lock, so a concurrent Provision sees both or neither.
-        let state = self.book.put(state);
-        entries.insert(
-            id.clone(),
-            Entry {
-                spec,
-                listeners,
-                stage,
-                driver: None,
-            },
-        );
-        drop(entries);
-        if !self.args.null {
-            let driver = self.drive(id.clone(), generation, true);
-            if let Some(entry) = self.entries.lock().unwrap().get_mut(&id) {
-                entry.driver = Some(driver);
-            }
-        }
-        Ok(Response::new(proto::ProvisionResponse {
-            state: Some(state),
-        }))
-    }
-
-    async fn deprovision(
-        &self,
-        request: Request<proto::DeprovisionRequest>,
-    ) -> Result<Response<proto::DeprovisionResponse>, Status> {
-        let id = request.into_inner().live_lesson_id;
-        let removed = self.entries.lock().unwrap().remove(&id);
-        if let Some(entry) = removed {
-            for listener in entry.listeners {
-                listener.abort();
-            }
-            if let Some(driver) = entry.driver {
-                driver.abort();
-            }
-        }
-        self.book.remove(&id);
-        Ok(Response::new(proto::DeprovisionResponse { gone: true }))
-    }
-
-    async fn get(
-        &self,
-        request: Request<proto::GetRequest>,
-    ) -> Result<Response<proto::GetResponse>, Status> {
-        let id = request.into_inner().live_lesson_id;
-        let state = self.book.get(&id).ok_or_else(|| {
-            Status::not_found(format!("live lesson `{id}` is not held by this agent"))
-        })?;
-        Ok(Response::new(proto::GetResponse { state: Some(state) }))
-    }
-
-    async fn list(
-        &self,
-        request: Request<proto::ListRequest>,
-    ) -> Result<Response<proto::ListResponse>, Status> {
-        Ok(Response::new(self.book.list(&request.into_inner())))
-    }
-
-    type WatchStream = WatchStream;
-
-    async fn watch(
-        &self,
-        request: Request<proto::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(self.book.watch(request.into_inner())))
-    }
-
-    async fn recover(
-        &self,
-        request: Request<proto::RecoverRequest>,
-    ) -> Result<Response<proto::RecoverResponse>, Status> {
-        let id = request.into_inner().live_lesson_id;
-        let state = self.book.get(&id).ok_or_else(|| {
-            Status::not_found(format!("live lesson `{id}` has no objects on this agent"))
-        })?;
-        Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let listener = TcpListener::bind(args.listen).await?;
-    let address = listener.local_addr()?;
-    let agent = Arc::new(Agent {
+    let agent = Agent::new(Loopback {
         args,
-        instance_id: uuid::Uuid::new_v4().to_string(),
-        entries: Mutex::new(BTreeMap::new()),
-        book: Arc::new(StateBook::default()),
+        entries: Mutex::new(HashMap::new()),
     });
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status(proto::SERVICE_NAME, tonic_health::ServingStatus::Serving)
-        .await;
-    println!("listening on {address}");
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health_service)
-        .add_service(BackendServer::new(Service(agent)))
-        .serve_with_incoming_shutdown(
-            // TCP_NODELAY on every connection, or small replies wait ~40 ms for delayed ACKs.
-            TcpListenerStream::new(listener).map(|stream| {
-                let stream = stream?;
-                stream.set_nodelay(true)?;
-                Ok::<_, std::io::Error>(stream)
-            }),
-            async {
-                let _ = tokio::signal::ctrl_c().await;
-            },
-        )
-        .await?;
-    Ok(())
+    println!("listening on {}", listener.local_addr()?);
+    sdk::serve(agent, listener, sdk::shutdown_signal())
+        .await
+        .map_err(|err| anyhow::anyhow!(err))
 }

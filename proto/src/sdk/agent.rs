@@ -1,0 +1,525 @@
+//! The [`Backend`] trait an agent implements, and [`Agent`], the runtime that answers the
+//! protocol around it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+use tonic::{Request, Response, Status};
+
+use crate::agent::v1 as proto;
+use crate::agent::v1::backend_server::Backend as BackendRpc;
+use proto::Phase;
+
+use super::book::{StateBook, WatchStream};
+use super::{labels, spec};
+
+/// Who an agent is, for the handshake.
+#[derive(Debug, Clone)]
+pub struct Description {
+    /// A short name for the kind of agent, e.g. "agent-docker".
+    pub name: String,
+    /// The agent's build version.
+    pub version: String,
+    /// The major protocol versions it speaks (the highest common one is chosen).
+    pub majors: Vec<u32>,
+    /// The optional features it offers (see [`super::capabilities`]).
+    pub capabilities: Vec<String>,
+    /// Labels describing the agent, for placement affinity.
+    pub labels: HashMap<String, String>,
+    /// The most live lessons it takes (0: no limit).
+    pub max_live_lessons: u32,
+}
+
+impl Description {
+    /// An agent named `name` at `version` speaking major 1, offering `capabilities`.
+    pub fn new(name: &str, version: &str, capabilities: &[&str]) -> Description {
+        Description {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            majors: vec![proto::MAJOR],
+            capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+            labels: HashMap::new(),
+            max_live_lessons: 0,
+        }
+    }
+}
+
+/// How a driver starts a generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Nothing exists: create every object (finding what a crashed attempt left), configure.
+    Create,
+    /// The objects exist and are held: apply the new generation (usually a stage change).
+    Change,
+    /// The objects exist from before this process started: find them, configure, probe.
+    Adopt,
+}
+
+/// What a backend does. [`Agent`] calls it; every protocol rule lives there.
+#[tonic::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Who the agent is.
+    fn describe(&self) -> Description;
+
+    /// Backend-specific checks of a spec, after the protocol's own ([`spec::check`]). Errors are
+    /// INVALID_ARGUMENT naming the field.
+    fn check(&self, _spec: &proto::LessonSpec) -> Result<(), Status> {
+        Ok(())
+    }
+
+    /// Takes one generation to READY: create or find the objects, run the stage's
+    /// configuration, probe every presentation, wait the ready delay. Report progress through
+    /// `report`; return the endpoints' final states (READY follows), or a reason a person can act
+    /// on (FAILED follows). The future is dropped when a newer generation arrives or the live
+    /// lesson is deprovisioned, so every step must be safe to repeat.
+    async fn realise(
+        &self,
+        spec: proto::LessonSpec,
+        start: Start,
+        report: Report,
+    ) -> Result<Vec<proto::EndpointState>, String>;
+
+    /// Removes every object of a live lesson; returns once they are gone. OK when nothing exists.
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status>;
+
+    /// The labels of every live lesson whose objects exist in the backend and carry all the
+    /// `selector` labels (one entry per live lesson). This is what makes List the truth and what
+    /// adoption after a restart looks for. The default finds nothing (an agent whose objects
+    /// die with it).
+    async fn discover(
+        &self,
+        _selector: &HashMap<String, String>,
+    ) -> Result<Vec<HashMap<String, String>>, Status> {
+        Ok(vec![])
+    }
+
+    /// What Provision would create, with no side effects.
+    async fn plan(&self, _spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
+        Err(Status::unimplemented("this agent does not implement Plan"))
+    }
+}
+
+/// A driver's handle on its live lesson's reported state. Every change is dropped once a newer
+/// generation has been received, so a stale driver can never overwrite newer news.
+#[derive(Clone)]
+pub struct Report {
+    book: Arc<StateBook>,
+    id: String,
+    generation: u64,
+}
+
+impl Report {
+    /// Changes the reported state (watchers see it).
+    pub fn update(&self, change: impl FnOnce(&mut proto::LiveLessonState)) {
+        self.book.update(&self.id, |state| {
+            if state.generation == self.generation {
+                change(state);
+            }
+        });
+    }
+
+    /// Moves to `phase` with `reason`.
+    pub fn phase(&self, phase: Phase, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.update(|s| {
+            s.phase = phase as i32;
+            s.reason = reason;
+        });
+    }
+
+    /// Reports the endpoints (addresses, health).
+    pub fn endpoints(&self, endpoints: Vec<proto::EndpointState>) {
+        self.update(|s| s.endpoints = endpoints);
+    }
+
+    /// The current reported state.
+    pub fn current(&self) -> Option<proto::LiveLessonState> {
+        self.book
+            .get(&self.id)
+            .filter(|s| s.generation == self.generation)
+    }
+}
+
+/// One live lesson this process drives.
+struct Work {
+    /// The newest spec received.
+    spec: proto::LessonSpec,
+    /// The task taking it to READY or FAILED.
+    driver: JoinHandle<()>,
+}
+
+/// The runtime: answers `antidote.agent.v1` around a [`Backend`].
+pub struct Agent<B> {
+    backend: Arc<B>,
+    description: Description,
+    /// New on every start.
+    instance_id: String,
+    /// What Get/List/Watch answer.
+    book: Arc<StateBook>,
+    /// Live lessons this process drives.
+    work: Mutex<HashMap<String, Work>>,
+    /// One lock per live lesson: Provision, Deprovision and Recover of one id take turns, so a
+    /// burst of identical calls creates things once.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl<B: Backend> Agent<B> {
+    /// Wraps `backend`.
+    pub fn new(backend: B) -> Arc<Agent<B>> {
+        Self::with_book(backend, Arc::new(StateBook::default()))
+    }
+
+    /// Wraps `backend`, reporting through `book` (which the backend may also hold, to report
+    /// changes that happen on their own, such as a crashed endpoint).
+    pub fn with_book(backend: B, book: Arc<StateBook>) -> Arc<Agent<B>> {
+        let description = backend.describe();
+        Arc::new(Agent {
+            backend: Arc::new(backend),
+            description,
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            book,
+            work: Mutex::new(HashMap::new()),
+            turns: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// The state book (every reported state).
+    pub fn book(&self) -> &Arc<StateBook> {
+        &self.book
+    }
+
+    /// This process's instance id.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// The handshake's answer.
+    pub fn describe(&self) -> &Description {
+        &self.description
+    }
+
+    /// The gRPC service to serve.
+    pub fn service(self: &Arc<Self>) -> AgentService<B> {
+        AgentService(self.clone())
+    }
+
+    fn work(&self) -> std::sync::MutexGuard<'_, HashMap<String, Work>> {
+        // Every critical section is one map operation; a poisoned lock is still consistent.
+        self.work.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn turn(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_owned())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
+    fn check(&self, spec: Option<proto::LessonSpec>) -> Result<proto::LessonSpec, Status> {
+        let spec = spec.ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        spec::check(&spec, &self.description.capabilities)?;
+        self.backend.check(&spec)?;
+        Ok(spec)
+    }
+
+    /// Whether the backend holds objects of a live lesson.
+    async fn exists(&self, id: &str) -> Result<bool, Status> {
+        let selector = HashMap::from([(labels::LIVE_LESSON.to_owned(), id.to_owned())]);
+        Ok(!self.backend.discover(&selector).await?.is_empty())
+    }
+
+    /// Records `spec` as the newest and starts its driver (replacing an older one).
+    fn drive(self: &Arc<Self>, spec: proto::LessonSpec, start: Start) {
+        let id = spec.live_lesson_id.clone();
+        let report = Report {
+            book: self.book.clone(),
+            id: id.clone(),
+            generation: spec.generation,
+        };
+        let backend = self.backend.clone();
+        let driver = tokio::spawn({
+            let spec = spec.clone();
+            async move {
+                let stage = spec.stage;
+                match backend.realise(spec, start, report.clone()).await {
+                    Ok(endpoints) => report.update(|s| {
+                        s.phase = Phase::Ready as i32;
+                        s.reason = format!("stage {stage} ready");
+                        s.endpoints = endpoints;
+                    }),
+                    Err(reason) => {
+                        tracing::warn!(live_lesson.id = %report.id, %reason, "live lesson failed");
+                        report.phase(Phase::Failed, reason);
+                    }
+                }
+            }
+        });
+        if let Some(old) = self.work().insert(id, Work { spec, driver }) {
+            old.driver.abort();
+        }
+    }
+
+    async fn provision(
+        self: &Arc<Self>,
+        spec: proto::LessonSpec,
+    ) -> Result<proto::LiveLessonState, Status> {
+        let id = spec.live_lesson_id.clone();
+        let _turn = self.turn(&id).await;
+        let held = self.work().get(&id).map(|w| w.spec.clone());
+        if let Some(held) = held
+            && let Some(current) = self.book.get(&id)
+        {
+            if spec.generation < held.generation {
+                return Err(Status::failed_precondition(format!(
+                    "generation {} of live lesson {id} is older than generation {} held here",
+                    spec.generation, held.generation
+                )));
+            }
+            if spec.generation == held.generation {
+                if spec != held {
+                    return Err(Status::already_exists(format!(
+                        "live lesson {id} generation {} was provisioned with another spec",
+                        spec.generation
+                    )));
+                }
+                return Ok(current);
+            }
+            // A newer generation changes the live lesson in place; after a failed creation
+            // (nothing placed yet), it creates again: every step finds what exists.
+            let created = current
+                .endpoints
+                .iter()
+                .any(|e| e.presentations.iter().any(|p| !p.address.is_empty()));
+            let start = if created || current.phase != Phase::Failed as i32 {
+                Start::Change
+            } else {
+                Start::Create
+            };
+            let mut state = spec::initial_state(
+                &spec,
+                Phase::Configuring,
+                format!("changing to stage {}", spec.stage),
+            );
+            state.endpoints = current.endpoints;
+            let state = self.book.put(state);
+            self.drive(spec, start);
+            return Ok(state);
+        }
+        let max = self.description.max_live_lessons;
+        if max > 0 && self.work().len() as u32 >= max {
+            return Err(Status::resource_exhausted(format!(
+                "{} holds {max} live lessons, its limit",
+                self.description.name
+            )));
+        }
+        // Unknown here but present in the backend (this agent restarted): adopt, never duplicate.
+        let (start, phase, reason) = if self.exists(&id).await? {
+            (
+                Start::Adopt,
+                Phase::Configuring,
+                "adopting existing objects",
+            )
+        } else {
+            (Start::Create, Phase::Pending, "accepted")
+        };
+        let state = self.book.put(spec::initial_state(&spec, phase, reason));
+        self.drive(spec, start);
+        Ok(state)
+    }
+
+    async fn deprovision(&self, id: &str) -> Result<(), Status> {
+        let _turn = self.turn(id).await;
+        if let Some(work) = self.work().remove(id) {
+            work.driver.abort();
+        }
+        self.book.update(id, |s| {
+            s.phase = Phase::Terminating as i32;
+            s.reason = "removing".into();
+        });
+        self.backend.remove(id).await?;
+        self.book.remove(id);
+        self.turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        Ok(())
+    }
+
+    async fn list(&self, request: &proto::ListRequest) -> Result<proto::ListResponse, Status> {
+        // The backend is the truth: live lessons it holds that this process does not know (it
+        // restarted and nobody recovered them yet) are listed from their labels.
+        let found = self
+            .backend
+            .discover(&request.label_selector)
+            .await?
+            .into_iter()
+            .filter_map(|labels| {
+                let id = labels.get(labels::LIVE_LESSON)?.clone();
+                let generation = labels
+                    .get(labels::GENERATION)
+                    .and_then(|g| g.parse().ok())
+                    .unwrap_or(0);
+                Some(proto::LiveLessonState {
+                    live_lesson_id: id.clone(),
+                    generation,
+                    phase: Phase::Booting as i32,
+                    reason: "found in the backend; not recovered yet".into(),
+                    handle: id.into_bytes().into(),
+                    labels,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        Ok(self.book.list_with(request, found))
+    }
+
+    async fn recover(
+        self: &Arc<Self>,
+        request: proto::RecoverRequest,
+    ) -> Result<proto::LiveLessonState, Status> {
+        let id = request.live_lesson_id;
+        let _turn = self.turn(&id).await;
+        let driven = self.work().contains_key(&id);
+        if driven && let Some(state) = self.book.get(&id) {
+            return Ok(state);
+        }
+        if !self.exists(&id).await? {
+            self.book.remove(&id);
+            return Err(Status::not_found(format!(
+                "live lesson {id} has no objects in this backend"
+            )));
+        }
+        let spec = self.check(request.spec)?;
+        if spec.live_lesson_id != id {
+            return Err(Status::invalid_argument(format!(
+                "spec.live_lesson_id: `{}` is not the recovered live lesson {id}",
+                spec.live_lesson_id
+            )));
+        }
+        let state = self.book.put(spec::initial_state(
+            &spec,
+            Phase::Configuring,
+            "adopting existing objects",
+        ));
+        self.drive(spec, Start::Adopt);
+        Ok(state)
+    }
+}
+
+/// The generated service trait, implemented over an [`Agent`].
+pub struct AgentService<B>(Arc<Agent<B>>);
+
+impl<B> Clone for AgentService<B> {
+    fn clone(&self) -> Self {
+        AgentService(self.0.clone())
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> BackendRpc for AgentService<B> {
+    async fn handshake(
+        &self,
+        request: Request<proto::HandshakeRequest>,
+    ) -> Result<Response<proto::HandshakeResponse>, Status> {
+        let request = request.into_inner();
+        let d = &self.0.description;
+        let Some(major) = d
+            .majors
+            .iter()
+            .copied()
+            .filter(|m| request.supported_majors.contains(m))
+            .max()
+        else {
+            return Err(Status::failed_precondition(format!(
+                "no common major version: the scheduler speaks {:?}, {} speaks {:?}",
+                request.supported_majors, d.name, d.majors
+            )));
+        };
+        Ok(Response::new(proto::HandshakeResponse {
+            major,
+            agent_name: d.name.clone(),
+            build_version: d.version.clone(),
+            instance_id: self.0.instance_id.clone(),
+            capabilities: d.capabilities.clone(),
+            capacity: Some(proto::Capacity {
+                max_live_lessons: d.max_live_lessons,
+                live_lessons: self.0.work().len() as u32,
+            }),
+            labels: d.labels.clone(),
+        }))
+    }
+
+    async fn plan(
+        &self,
+        request: Request<proto::PlanRequest>,
+    ) -> Result<Response<proto::PlanResponse>, Status> {
+        let spec = self.0.check(request.into_inner().spec)?;
+        Ok(Response::new(self.0.backend.plan(&spec).await?))
+    }
+
+    async fn provision(
+        &self,
+        request: Request<proto::ProvisionRequest>,
+    ) -> Result<Response<proto::ProvisionResponse>, Status> {
+        let spec = self.0.check(request.into_inner().spec)?;
+        let state = self.0.provision(spec).await?;
+        Ok(Response::new(proto::ProvisionResponse {
+            state: Some(state),
+        }))
+    }
+
+    async fn deprovision(
+        &self,
+        request: Request<proto::DeprovisionRequest>,
+    ) -> Result<Response<proto::DeprovisionResponse>, Status> {
+        self.0
+            .deprovision(&request.into_inner().live_lesson_id)
+            .await?;
+        Ok(Response::new(proto::DeprovisionResponse { gone: true }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<proto::GetRequest>,
+    ) -> Result<Response<proto::GetResponse>, Status> {
+        let id = request.into_inner().live_lesson_id;
+        let state = self.0.book.get(&id).ok_or_else(|| {
+            Status::not_found(format!("live lesson `{id}` is not held by this agent"))
+        })?;
+        Ok(Response::new(proto::GetResponse { state: Some(state) }))
+    }
+
+    async fn list(
+        &self,
+        request: Request<proto::ListRequest>,
+    ) -> Result<Response<proto::ListResponse>, Status> {
+        Ok(Response::new(self.0.list(&request.into_inner()).await?))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<proto::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(self.0.book.watch(request.into_inner())))
+    }
+
+    async fn recover(
+        &self,
+        request: Request<proto::RecoverRequest>,
+    ) -> Result<Response<proto::RecoverResponse>, Status> {
+        let state = self.0.recover(request.into_inner()).await?;
+        Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
+    }
+}

@@ -1,0 +1,431 @@
+//! [`StateBook`] keeps what an agent reports: every live lesson's [`LiveLessonState`] with a
+//! revision counter, and turns it into the protocol's `Get`, `List` (label selector, pages) and
+//! `Watch` (snapshot first, then changes, heartbeats, a resync when a watcher falls behind)
+//! answers, so that every agent gets those rules right the same way.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures_core::Stream;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::agent::v1::{
+    Deleted, Heartbeat, ListRequest, ListResponse, LiveLessonState, Resync, Snapshot, WatchEvent,
+    WatchRequest, watch_event::Event,
+};
+
+/// The stream type of a `Watch` answer.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+/// Largest page `List` returns.
+pub const MAX_PAGE: usize = 500;
+
+/// How many changes a watcher may fall behind before it is resynced.
+const CHANNEL: usize = 4096;
+
+/// Longest heartbeat interval `Watch` accepts.
+pub const MAX_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// An agent's reported states, with revisions and change fan-out.
+pub struct StateBook {
+    inner: Mutex<Book>,
+    /// Every change, with the labels of the live lesson it concerns (a `deleted` event carries
+    /// only the id, yet watchers filter it by labels too).
+    events: broadcast::Sender<(WatchEvent, HashMap<String, String>)>,
+    /// Cancelled at shutdown: every Watch stream ends, so the server can drain.
+    closed: CancellationToken,
+}
+
+struct Book {
+    revision: u64,
+    states: BTreeMap<String, LiveLessonState>,
+}
+
+impl Default for StateBook {
+    fn default() -> Self {
+        StateBook {
+            inner: Mutex::new(Book {
+                revision: 0,
+                states: BTreeMap::new(),
+            }),
+            events: broadcast::channel(CHANNEL).0,
+            closed: CancellationToken::new(),
+        }
+    }
+}
+
+impl StateBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        // Every critical section leaves the map consistent; a poisoned lock is still usable.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Ends every Watch stream (now and later): the agent is shutting down.
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+
+    /// The state of one live lesson.
+    pub fn get(&self, id: &str) -> Option<LiveLessonState> {
+        self.lock().states.get(id).cloned()
+    }
+
+    /// How many live lessons are held.
+    pub fn len(&self) -> usize {
+        self.lock().states.len()
+    }
+
+    /// Whether no live lesson is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ids of every live lesson held.
+    pub fn ids(&self) -> Vec<String> {
+        self.lock().states.keys().cloned().collect()
+    }
+
+    /// Stores a new state (bumping the revision) and tells watchers; returns it as stored.
+    pub fn put(&self, mut state: LiveLessonState) -> LiveLessonState {
+        let mut book = self.lock();
+        book.revision += 1;
+        state.revision = book.revision;
+        book.states
+            .insert(state.live_lesson_id.clone(), state.clone());
+        let _ = self.events.send((
+            WatchEvent {
+                revision: book.revision,
+                event: Some(Event::Changed(state.clone())),
+            },
+            state.labels.clone(),
+        ));
+        state
+    }
+
+    /// Changes a held state in place; `None` when the live lesson is not held.
+    pub fn update(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut LiveLessonState),
+    ) -> Option<LiveLessonState> {
+        let mut state = self.get(id)?;
+        change(&mut state);
+        Some(self.put(state))
+    }
+
+    /// Forgets a live lesson and tells watchers it is gone.
+    pub fn remove(&self, id: &str) -> Option<LiveLessonState> {
+        let mut book = self.lock();
+        let removed = book.states.remove(id)?;
+        book.revision += 1;
+        let _ = self.events.send((
+            WatchEvent {
+                revision: book.revision,
+                event: Some(Event::Deleted(Deleted {
+                    live_lesson_id: id.to_owned(),
+                })),
+            },
+            removed.labels.clone(),
+        ));
+        Some(removed)
+    }
+
+    /// Answers `List`: states whose labels include the selector, ordered by id, paged.
+    pub fn list(&self, request: &ListRequest) -> ListResponse {
+        self.list_with(request, Vec::new())
+    }
+
+    /// Answers `List` over the held states plus `found` (live lessons the backend holds that
+    /// this book does not, e.g. after a restart). `found` is not stored: a live lesson removed
+    /// meanwhile is not brought back.
+    pub fn list_with(&self, request: &ListRequest, found: Vec<LiveLessonState>) -> ListResponse {
+        let page_size = match request.page_size as usize {
+            0 => MAX_PAGE,
+            n => n.min(MAX_PAGE),
+        };
+        let after = |id: &str| request.page_token.is_empty() || id > request.page_token.as_str();
+        let wanted = |s: &LiveLessonState| {
+            after(&s.live_lesson_id) && matches(&s.labels, &request.label_selector)
+        };
+        let book = self.lock();
+        let mut merged: BTreeMap<&str, &LiveLessonState> = found
+            .iter()
+            .filter(|s| wanted(s))
+            .map(|s| (s.live_lesson_id.as_str(), s))
+            .collect();
+        let start = match request.page_token.as_str() {
+            "" => std::ops::Bound::Unbounded,
+            token => std::ops::Bound::Excluded(token.to_owned()),
+        };
+        // Held states win over found ones; at most a page (+1) of them is needed.
+        for (id, state) in book
+            .states
+            .range((start, std::ops::Bound::Unbounded))
+            .filter(|(_, s)| matches(&s.labels, &request.label_selector))
+            .take(page_size + 1)
+        {
+            merged.insert(id.as_str(), state);
+        }
+        let mut items: Vec<LiveLessonState> =
+            merged.into_values().take(page_size + 1).cloned().collect();
+        let next_page_token = if items.len() > page_size {
+            items.truncate(page_size);
+            items
+                .last()
+                .map(|s| s.live_lesson_id.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        ListResponse {
+            items,
+            next_page_token,
+            revision: book.revision,
+        }
+    }
+
+    fn snapshot(&self, selector: &HashMap<String, String>) -> WatchEvent {
+        let book = self.lock();
+        WatchEvent {
+            revision: book.revision,
+            event: Some(Event::Snapshot(Snapshot {
+                items: book
+                    .states
+                    .values()
+                    .filter(|s| matches(&s.labels, selector))
+                    .cloned()
+                    .collect(),
+            })),
+        }
+    }
+
+    /// Answers `Watch`: a snapshot, then every change matching the selector, a heartbeat when
+    /// quiet, and on falling behind a resync followed by a fresh snapshot.
+    pub fn watch(self: &std::sync::Arc<Self>, request: WatchRequest) -> WatchStream {
+        let heartbeat = request
+            .heartbeat_interval
+            .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+            .filter(|d| !d.is_zero())
+            .unwrap_or(Duration::from_secs(10))
+            .min(MAX_HEARTBEAT);
+        let selector = request.label_selector;
+        let book = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            // Subscribe before the snapshot so that nothing falls between them.
+            let mut events = book.events.subscribe();
+            let snapshot = book.snapshot(&selector);
+            // The newest revision this watcher has been told about: changes already in a
+            // snapshot are not sent again, and revisions never go back.
+            let mut told = snapshot.revision;
+            if tx.send(Ok(snapshot)).await.is_err() {
+                return;
+            }
+            let mut ticker = tokio::time::interval(heartbeat);
+            ticker.reset();
+            loop {
+                let event = tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = book.closed.cancelled() => return,
+                    _ = ticker.tick() => WatchEvent {
+                        revision: told,
+                        event: Some(Event::Heartbeat(Heartbeat {
+                            sent_at: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+                        })),
+                    },
+                    received = events.recv() => match received {
+                        Ok((event, labels)) => {
+                            if event.revision <= told || !matches(&labels, &selector) {
+                                continue;
+                            }
+                            event
+                        }
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let resync = WatchEvent {
+                                revision: told,
+                                event: Some(Event::Resync(Resync {
+                                    reason: format!("watcher fell behind by {n} events"),
+                                })),
+                            };
+                            if tx.send(Ok(resync)).await.is_err() {
+                                return;
+                            }
+                            book.snapshot(&selector)
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                told = told.max(event.revision);
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+}
+
+/// Whether `labels` include every pair of `selector`.
+pub fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio_stream::StreamExt as _;
+
+    use super::*;
+
+    fn state(id: &str, lesson: &str) -> LiveLessonState {
+        LiveLessonState {
+            live_lesson_id: id.into(),
+            labels: HashMap::from([("antidote.io/lesson".into(), lesson.into())]),
+            ..Default::default()
+        }
+    }
+
+    fn selector(lesson: &str) -> HashMap<String, String> {
+        HashMap::from([("antidote.io/lesson".into(), lesson.into())])
+    }
+
+    async fn next(stream: &mut WatchStream) -> WatchEvent {
+        stream
+            .next()
+            .await
+            .expect("the stream goes on")
+            .expect("no error")
+    }
+
+    #[tokio::test]
+    async fn watch_sends_a_snapshot_then_matching_changes_and_deletions() {
+        let book = Arc::new(StateBook::default());
+        book.put(state("a", "one"));
+        book.put(state("b", "two"));
+        let mut stream = book.watch(WatchRequest {
+            label_selector: selector("one"),
+            heartbeat_interval: None,
+        });
+        let first = next(&mut stream).await;
+        let Some(Event::Snapshot(snapshot)) = first.event else {
+            panic!("first message {first:?}");
+        };
+        assert_eq!(snapshot.items.len(), 1);
+        assert_eq!(first.revision, 2);
+        book.put(state("b", "two"));
+        book.remove("b");
+        book.put(state("a", "one"));
+        book.remove("a");
+        let changed = next(&mut stream).await;
+        assert!(matches!(&changed.event, Some(Event::Changed(s)) if s.live_lesson_id == "a"));
+        assert_eq!(changed.revision, 5);
+        let deleted = next(&mut stream).await;
+        assert!(matches!(&deleted.event, Some(Event::Deleted(d)) if d.live_lesson_id == "a"));
+        assert_eq!(deleted.revision, 6);
+    }
+
+    #[tokio::test]
+    async fn a_quiet_watch_gets_heartbeats_with_the_last_revision() {
+        let book = Arc::new(StateBook::default());
+        book.put(state("a", "one"));
+        let mut stream = book.watch(WatchRequest {
+            label_selector: HashMap::new(),
+            heartbeat_interval: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 50_000_000,
+            }),
+        });
+        next(&mut stream).await;
+        let heartbeat = next(&mut stream).await;
+        assert!(matches!(heartbeat.event, Some(Event::Heartbeat(_))));
+        assert_eq!(heartbeat.revision, 1);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_falls_behind_is_resynced_with_a_fresh_snapshot() {
+        let book = Arc::new(StateBook::default());
+        let mut stream = book.watch(WatchRequest::default());
+        next(&mut stream).await;
+        for n in 0..(CHANNEL + 500) {
+            book.put(state(&format!("l{}", n % 3), "one"));
+        }
+        let mut revision = 0;
+        loop {
+            let event = next(&mut stream).await;
+            assert!(event.revision >= revision, "revisions never go back");
+            revision = event.revision;
+            if let Some(Event::Resync(resync)) = event.event {
+                assert!(resync.reason.contains("fell behind"), "{}", resync.reason);
+                break;
+            }
+        }
+        let snapshot = next(&mut stream).await;
+        let Some(Event::Snapshot(snapshot_items)) = snapshot.event else {
+            panic!("a snapshot follows a resync");
+        };
+        assert_eq!(snapshot_items.items.len(), 3);
+        assert_eq!(snapshot.revision, (CHANNEL + 500) as u64);
+    }
+
+    #[test]
+    fn list_pages_in_id_order_with_the_last_id_as_token() {
+        let book = StateBook::default();
+        for id in ["c", "a", "d", "b"] {
+            book.put(state(id, if id == "d" { "two" } else { "one" }));
+        }
+        let first = book.list(&ListRequest {
+            label_selector: selector("one"),
+            page_size: 2,
+            page_token: String::new(),
+        });
+        let ids: Vec<_> = first
+            .items
+            .iter()
+            .map(|s| s.live_lesson_id.as_str())
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(first.next_page_token, "b");
+        let second = book.list(&ListRequest {
+            label_selector: selector("one"),
+            page_size: 2,
+            page_token: first.next_page_token,
+        });
+        let ids: Vec<_> = second
+            .items
+            .iter()
+            .map(|s| s.live_lesson_id.as_str())
+            .collect();
+        assert_eq!(ids, ["c"]);
+        assert!(second.next_page_token.is_empty());
+    }
+
+    #[test]
+    fn list_merges_found_states_without_keeping_them() {
+        let book = StateBook::default();
+        book.put(state("b", "one"));
+        let found = vec![state("a", "one"), state("b", "one"), state("c", "two")];
+        let listed = book.list_with(
+            &ListRequest {
+                label_selector: selector("one"),
+                page_size: 0,
+                page_token: String::new(),
+            },
+            found,
+        );
+        let ids: Vec<_> = listed
+            .items
+            .iter()
+            .map(|s| s.live_lesson_id.as_str())
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(listed.items[1].revision, 1, "the held state wins");
+        assert!(book.get("a").is_none(), "found states are not stored");
+    }
+}

@@ -1,0 +1,67 @@
+//! The Rust agent SDK: write what your backend does, get the protocol right for free.
+//!
+//! An agent implements [`Backend`]: it describes itself, realises one generation of a live
+//! lesson (create or find its objects, configure the stage, probe readiness), removes a live
+//! lesson, and finds live lessons in its backend by label. [`Agent`] wraps it and answers every
+//! `antidote.agent.v1` RPC by the rules of `proto/PROTOCOL.md`:
+//!
+//! - `Handshake`: highest common major version (FAILED_PRECONDITION naming both lists when there
+//!   is none), a new instance id per process, capabilities, capacity.
+//! - `Provision`: spec checks that name the field, idempotency on id + generation (same spec →
+//!   current state, another spec → ALREADY_EXISTS, older → FAILED_PRECONDITION), capacity
+//!   (RESOURCE_EXHAUSTED), adoption of objects found by label after a restart, one driver task
+//!   per live lesson (a newer generation replaces it), READY/FAILED recorded conditionally on
+//!   the generation.
+//! - `Deprovision` (unknown id → OK), `Get` (NOT_FOUND), `List` (the backend's objects merged
+//!   in), `Watch` (snapshot, changes, heartbeats, resync), `Recover`, `Plan`.
+//!
+//! [`serve`] adds `grpc.health.v1`, server reflection, TCP_NODELAY, a span per call carrying the
+//! caller's W3C trace context, and graceful shutdown (Watch streams end, health turns
+//! NOT_SERVING).
+//!
+//! Modules: [`book`] (the state book behind Get/List/Watch), [`spec`] (generic spec checks and
+//! states), `agent` (the trait and the runtime), `server` (serving).
+
+mod agent;
+pub mod book;
+mod server;
+pub mod spec;
+pub mod trace;
+
+pub use agent::{Agent, AgentService, Backend, Description, Report, Start};
+pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
+pub use server::{serve, shutdown_signal};
+
+/// Label names the scheduler puts in `LessonSpec.labels` (see PROTOCOL.md, "Labels").
+pub mod labels {
+    /// The scheduler's instance id.
+    pub const INSTANCE: &str = "antidote.io/instance";
+    /// The live lesson id.
+    pub const LIVE_LESSON: &str = "antidote.io/live-lesson";
+    /// The session id.
+    pub const SESSION: &str = "antidote.io/session";
+    /// The generation that created an object.
+    pub const GENERATION: &str = "antidote.io/generation";
+    /// The lesson slug.
+    pub const LESSON: &str = "antidote.io/lesson";
+    /// Every label a spec must carry.
+    pub const REQUIRED: [&str; 5] = [INSTANCE, LIVE_LESSON, SESSION, GENERATION, LESSON];
+}
+
+/// Capability names (see `HandshakeResponse.capabilities`).
+pub mod capabilities {
+    /// SSH presentations can be exposed and probed.
+    pub const PRESENTATION_SSH: &str = "presentation.ssh";
+    /// HTTP presentations can be exposed and probed.
+    pub const PRESENTATION_HTTP: &str = "presentation.http";
+    /// Per-stage configuration runs.
+    pub const STAGE_CONFIGURATION: &str = "stage.configuration";
+    /// Live lessons cannot reach each other.
+    pub const NETWORK_ISOLATION: &str = "network.isolation";
+    /// `Plan` is implemented.
+    pub const PLAN: &str = "plan";
+    /// `Watch` is implemented.
+    pub const WATCH: &str = "watch";
+    /// `Recover` is implemented.
+    pub const RECOVER: &str = "recover";
+}

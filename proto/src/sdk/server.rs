@@ -1,0 +1,86 @@
+//! Serving an [`Agent`]: the gRPC server with health, reflection and graceful shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::v1::backend_server::BackendServer;
+
+use super::agent::{Agent, AgentService, Backend};
+
+/// How long in-flight calls may take to finish after shutdown begins.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `agent` on `listener` until `shutdown` completes, then drains for at most [`GRACE`].
+///
+/// Besides `antidote.agent.v1.Backend` it serves `grpc.health.v1` (SERVING, NOT_SERVING once
+/// shutdown begins) and server reflection. Every accepted connection gets TCP_NODELAY: the
+/// protocol's small replies and Watch events must leave at once. W3C trace context in request
+/// metadata is recorded on each call's span (see [`super::trace`]).
+pub async fn serve<B: Backend>(
+    agent: Arc<Agent<B>>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<BackendServer<AgentService<B>>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let incoming = TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        // tonic's own tcp_nodelay does not apply to incoming streams we hand it.
+        stream.set_nodelay(true)?;
+        Ok::<_, std::io::Error>(stream)
+    });
+    let stopping = CancellationToken::new();
+    let book = agent.book().clone();
+    let on_shutdown = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            health
+                .set_not_serving::<BackendServer<AgentService<B>>>()
+                .await;
+            // Watch streams never end on their own; end them so the server can drain.
+            book.close();
+            stopping.cancel();
+        }
+    };
+    let server = tonic::transport::Server::builder()
+        .trace_fn(super::trace::span)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(BackendServer::new(agent.service()))
+        .serve_with_incoming_shutdown(incoming, on_shutdown);
+    tokio::select! {
+        result = server => result?,
+        () = async {
+            stopping.cancelled().await;
+            tokio::time::sleep(GRACE).await;
+        } => tracing::warn!(grace = ?GRACE, "calls still running after the grace period; stopping anyway"),
+    }
+    Ok(())
+}
+
+/// Completes on SIGTERM or ctrl-c.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! Spec checks every agent needs, and the states built from a spec.
+//!
+//! [`check`] applies the rules of `agent.proto` that do not depend on the backend; each error is
+//! INVALID_ARGUMENT naming the field (`spec.endpoints[1].presentations[0].port: …`).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tonic::Status;
+
+use crate::agent::v1::{
+    ConfigurationType, EndpointState, LessonSpec, LiveLessonState, Phase, PresentationState,
+    PresentationType,
+};
+
+use super::{capabilities, labels};
+
+/// Checks `spec` against the protocol's rules and what the agent offers.
+pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
+    let bad = |field: String, why: String| Err(Status::invalid_argument(format!("{field}: {why}")));
+    let offers = |capability: &str| offered.iter().any(|c| c == capability);
+    if !is_uuid(&spec.live_lesson_id) {
+        return bad(
+            "spec.live_lesson_id".into(),
+            format!("`{}` is not a UUID", spec.live_lesson_id),
+        );
+    }
+    if spec.generation == 0 {
+        return bad("spec.generation".into(), "must be at least 1".into());
+    }
+    for label in labels::REQUIRED {
+        if spec.labels.get(label).is_none_or(|v| v.is_empty()) {
+            return bad("spec.labels".into(), format!("`{label}` is missing"));
+        }
+    }
+    if spec.labels[labels::LIVE_LESSON] != spec.live_lesson_id {
+        return bad(
+            format!("spec.labels[{}]", labels::LIVE_LESSON),
+            format!(
+                "`{}` is not the live lesson id `{}`",
+                spec.labels[labels::LIVE_LESSON],
+                spec.live_lesson_id
+            ),
+        );
+    }
+    if spec.endpoints.is_empty() {
+        return bad("spec.endpoints".into(), "must not be empty".into());
+    }
+    let mut names = HashSet::new();
+    for (i, endpoint) in spec.endpoints.iter().enumerate() {
+        let field = format!("spec.endpoints[{i}]");
+        if !is_dns_label(&endpoint.name) {
+            return bad(
+                format!("{field}.name"),
+                format!(
+                    "`{}` is not a DNS label (1-63 of a-z, 0-9 and -, starting with a letter)",
+                    endpoint.name
+                ),
+            );
+        }
+        if !names.insert(endpoint.name.as_str()) {
+            return bad(
+                format!("{field}.name"),
+                format!("`{}` appears twice", endpoint.name),
+            );
+        }
+        if endpoint.image.as_ref().is_none_or(|i| i.slug.is_empty()) {
+            return bad(format!("{field}.image.slug"), "is empty".into());
+        }
+        for (j, port) in endpoint.additional_ports.iter().enumerate() {
+            if !(1..=65535).contains(port) {
+                return bad(
+                    format!("{field}.additional_ports[{j}]"),
+                    format!("{port} is not in 1..65535"),
+                );
+            }
+        }
+        let mut presentation_names = HashSet::new();
+        for (j, p) in endpoint.presentations.iter().enumerate() {
+            let field = format!("{field}.presentations[{j}]");
+            if p.name.is_empty() || !presentation_names.insert(p.name.as_str()) {
+                return bad(
+                    format!("{field}.name"),
+                    format!("`{}` is empty or appears twice", p.name),
+                );
+            }
+            if !(1..=65535).contains(&p.port) {
+                return bad(
+                    format!("{field}.port"),
+                    format!("{} is not in 1..65535", p.port),
+                );
+            }
+            let needed = match PresentationType::try_from(p.r#type) {
+                Ok(PresentationType::Ssh) => capabilities::PRESENTATION_SSH,
+                Ok(PresentationType::Http) => capabilities::PRESENTATION_HTTP,
+                _ => return bad(format!("{field}.type"), "must be SSH or HTTP".into()),
+            };
+            if !offers(needed) {
+                return bad(
+                    format!("{field}.type"),
+                    format!("this agent does not offer `{needed}`"),
+                );
+            }
+        }
+        if let Some(configuration) = &endpoint.configuration {
+            if !offers(capabilities::STAGE_CONFIGURATION) {
+                return bad(
+                    format!("{field}.configuration"),
+                    format!(
+                        "this agent does not offer `{}`",
+                        capabilities::STAGE_CONFIGURATION
+                    ),
+                );
+            }
+            if ConfigurationType::try_from(configuration.r#type)
+                .unwrap_or(ConfigurationType::Unspecified)
+                == ConfigurationType::Unspecified
+            {
+                return bad(
+                    format!("{field}.configuration.type"),
+                    "is unspecified".into(),
+                );
+            }
+        }
+    }
+    for (i, c) in spec.connections.iter().enumerate() {
+        for (side, end) in [("a", &c.a), ("b", &c.b)] {
+            if !names.contains(end.as_str()) {
+                return bad(
+                    format!("spec.connections[{i}].{side}"),
+                    format!("names unknown endpoint `{end}`"),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The state of a spec's live lesson before anything is known: endpoints named, nothing healthy.
+pub fn initial_state(
+    spec: &LessonSpec,
+    phase: Phase,
+    reason: impl Into<String>,
+) -> LiveLessonState {
+    LiveLessonState {
+        live_lesson_id: spec.live_lesson_id.clone(),
+        generation: spec.generation,
+        stage: spec.stage,
+        phase: phase as i32,
+        reason: reason.into(),
+        endpoints: spec
+            .endpoints
+            .iter()
+            .map(|e| EndpointState {
+                name: e.name.clone(),
+                total: e.presentations.len() as u32,
+                ..Default::default()
+            })
+            .collect(),
+        handle: spec.live_lesson_id.clone().into_bytes().into(),
+        conditions: vec![],
+        labels: spec.labels.clone(),
+        revision: 0,
+    }
+}
+
+/// A presentation's reported state at `address` (host:port), with a URL for HTTP.
+pub fn presentation_state(name: &str, kind: i32, address: impl Into<String>) -> PresentationState {
+    let address = address.into();
+    PresentationState {
+        name: name.to_owned(),
+        r#type: kind,
+        url: if kind == PresentationType::Http as i32 {
+            format!("http://{address}/")
+        } else {
+            String::new()
+        },
+        address,
+    }
+}
+
+/// The lesson's ready delay.
+pub fn ready_delay(spec: &LessonSpec) -> Duration {
+    spec.ready_delay
+        .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+        .unwrap_or_default()
+}
+
+/// Whether `text` is a UUID in its hyphenated form.
+pub fn is_uuid(text: &str) -> bool {
+    text.len() == 36 && uuid::Uuid::try_parse(text).is_ok()
+}
+
+/// Whether `name` is a DNS label as the curriculum requires of endpoint names.
+pub fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_lowercase()
+        && bytes[bytes.len() - 1] != b'-'
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::v1::{Endpoint, Image, Presentation, StageConfiguration};
+
+    fn spec() -> LessonSpec {
+        LessonSpec {
+            live_lesson_id: "0b5d6c1e-2f7a-4c39-9a51-3c1f0e8d2a77".into(),
+            generation: 1,
+            labels: labels::REQUIRED
+                .iter()
+                .map(|l| {
+                    (
+                        (*l).to_owned(),
+                        "0b5d6c1e-2f7a-4c39-9a51-3c1f0e8d2a77".to_owned(),
+                    )
+                })
+                .collect(),
+            endpoints: vec![Endpoint {
+                name: "web".into(),
+                image: Some(Image {
+                    slug: "busybox".into(),
+                    ..Default::default()
+                }),
+                presentations: vec![Presentation {
+                    name: "http".into(),
+                    r#type: PresentationType::Http as i32,
+                    port: 8080,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn all() -> Vec<String> {
+        [
+            capabilities::PRESENTATION_HTTP,
+            capabilities::PRESENTATION_SSH,
+            capabilities::STAGE_CONFIGURATION,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// Applies `change` to a valid spec and returns the error message (or "ok").
+    fn check_with(change: impl FnOnce(&mut LessonSpec), offered: &[String]) -> String {
+        let mut spec = spec();
+        change(&mut spec);
+        match check(&spec, offered) {
+            Ok(()) => "ok".into(),
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                status.message().to_owned()
+            }
+        }
+    }
+
+    #[test]
+    fn every_rule_names_its_field() {
+        type Change = Box<dyn FnOnce(&mut LessonSpec)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|_| {}), "ok"),
+            (
+                Box::new(|s| s.live_lesson_id = "x".into()),
+                "spec.live_lesson_id: `x` is not a UUID",
+            ),
+            (
+                Box::new(|s| s.generation = 0),
+                "spec.generation: must be at least 1",
+            ),
+            (
+                Box::new(|s| {
+                    s.labels.remove(labels::SESSION);
+                }),
+                "spec.labels: `antidote.io/session` is missing",
+            ),
+            (
+                Box::new(|s| {
+                    s.labels.insert(labels::LIVE_LESSON.into(), "other".into());
+                }),
+                "spec.labels[antidote.io/live-lesson]: `other` is not the live lesson id `0b5d6c1e-2f7a-4c39-9a51-3c1f0e8d2a77`",
+            ),
+            (
+                Box::new(|s| s.endpoints.clear()),
+                "spec.endpoints: must not be empty",
+            ),
+            (
+                Box::new(|s| s.endpoints[0].name = "Web_1".into()),
+                "spec.endpoints[0].name: `Web_1` is not a DNS label (1-63 of a-z, 0-9 and -, starting with a letter)",
+            ),
+            (
+                Box::new(|s| s.endpoints.push(s.endpoints[0].clone())),
+                "spec.endpoints[1].name: `web` appears twice",
+            ),
+            (
+                Box::new(|s| s.endpoints[0].image = None),
+                "spec.endpoints[0].image.slug: is empty",
+            ),
+            (
+                Box::new(|s| s.endpoints[0].presentations[0].port = 70000),
+                "spec.endpoints[0].presentations[0].port: 70000 is not in 1..65535",
+            ),
+            (
+                Box::new(|s| s.endpoints[0].presentations[0].r#type = 0),
+                "spec.endpoints[0].presentations[0].type: must be SSH or HTTP",
+            ),
+            (
+                Box::new(|s| {
+                    s.endpoints[0].configuration = Some(StageConfiguration::default());
+                }),
+                "spec.endpoints[0].configuration.type: is unspecified",
+            ),
+            (
+                Box::new(|s| {
+                    s.connections.push(crate::agent::v1::Connection {
+                        a: "web".into(),
+                        b: "ghost".into(),
+                        subnet: String::new(),
+                    })
+                }),
+                "spec.connections[0].b: names unknown endpoint `ghost`",
+            ),
+        ];
+        for (change, expected) in cases {
+            assert_eq!(check_with(change, &all()), expected);
+        }
+    }
+
+    #[test]
+    fn capabilities_not_offered_are_refused() {
+        let only_ssh = vec![capabilities::PRESENTATION_SSH.to_owned()];
+        assert_eq!(
+            check_with(|_| {}, &only_ssh),
+            "spec.endpoints[0].presentations[0].type: this agent does not offer `presentation.http`"
+        );
+        let http = vec![capabilities::PRESENTATION_HTTP.to_owned()];
+        assert_eq!(
+            check_with(
+                |s| {
+                    s.endpoints[0].configuration = Some(StageConfiguration {
+                        r#type: ConfigurationType::Shell as i32,
+                        ..Default::default()
+                    })
+                },
+                &http
+            ),
+            "spec.endpoints[0].configuration: this agent does not offer `stage.configuration`"
+        );
+    }
+}
