@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
+use antidote_proto::sdk::probe::{self, Expect};
 use antidote_proto::sdk::{self, Backend, Description, Report, Start, StateBook, capabilities};
 use futures::StreamExt;
 use proto::{Phase, PresentationType};
 use tonic::Status;
 
 use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON};
-use crate::probe::{self, Expect};
 use crate::settings::Settings;
 
 /// The capabilities agent-docker offers.
@@ -183,11 +183,7 @@ impl Docker {
                         endpoint.name, presentation.port
                     ));
                 };
-                let expect = match PresentationType::try_from(presentation.r#type) {
-                    Ok(PresentationType::Ssh) => Expect::SshBanner,
-                    Ok(PresentationType::Http) => Expect::Http,
-                    _ => Expect::Tcp,
-                };
+                let expect: Expect = probe::expect(presentation.r#type);
                 probe::until_ready(address, expect, deadline).await.map_err(|last| {
                     format!(
                         "endpoint `{}` presentation `{}` ({:?} at {address}) not ready within {:?}: {last}",

@@ -2,10 +2,10 @@
 //! through bollard.
 //!
 //! Modules:
-//! - [`backend`], the gRPC service: idempotent Provision/Deprovision, Get/List/Watch from the
-//!   state book, Recover, Plan, and the driver task that takes a live lesson to READY.
+//! - [`backend`], the SDK `Backend`: takes one generation of a live lesson to READY (create or
+//!   find, configure by exec, probe through the published ports), removes and discovers by
+//!   label, plans; the SDK's `Agent` applies the protocol's rules around it.
 //! - [`engine`], every Docker call: networks, containers, exec, inspection, events.
-//! - [`probe`], readiness probes (TCP, SSH banner, HTTP) against published ports.
 //! - [`settings`], the agent's configuration.
 //!
 //! Every object carries the labels of the spec (instance, live lesson, session, generation,
@@ -15,5 +15,4 @@
 
 pub mod backend;
 pub mod engine;
-pub mod probe;
 pub mod settings;

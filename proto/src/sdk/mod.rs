@@ -20,10 +20,12 @@
 //! NOT_SERVING).
 //!
 //! Modules: [`book`] (the state book behind Get/List/Watch), [`spec`] (generic spec checks and
-//! states), `agent` (the trait and the runtime), `server` (serving).
+//! states), [`probe`] (readiness probes), [`trace`] (call spans), `agent` (the trait and the
+//! runtime), `server` (serving).
 
 mod agent;
 pub mod book;
+pub mod probe;
 mod server;
 pub mod spec;
 pub mod trace;

@@ -22,7 +22,7 @@ use antidote_proto::sdk::{self, Agent, Backend, Description, Report, Start, capa
 use clap::Parser;
 use proto::{Phase, PresentationType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
@@ -226,7 +226,11 @@ impl Backend for Loopback {
         // Probe until every presentation answers like its type.
         for endpoint in &mut endpoints {
             for p in &endpoint.presentations {
-                while !probe(p.r#type, &p.address).await {
+                let expect = sdk::probe::expect(p.r#type);
+                while sdk::probe::probe(&p.address, expect, Duration::from_secs(2))
+                    .await
+                    .is_err()
+                {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -270,29 +274,6 @@ impl Backend for Loopback {
             diagnostics: vec![],
         })
     }
-}
-
-/// A real readiness probe: an SSH banner, or any HTTP status line.
-async fn probe(kind: i32, address: &str) -> bool {
-    let attempt = async {
-        let mut stream = TcpStream::connect(address).await.ok()?;
-        if kind == PresentationType::Http as i32 {
-            stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await.ok()?;
-        }
-        let mut buf = [0u8; 16];
-        let n = stream.read(&mut buf).await.ok()?;
-        let head = &buf[..n];
-        Some(if kind == PresentationType::Ssh as i32 {
-            head.starts_with(b"SSH-")
-        } else {
-            head.starts_with(b"HTTP/")
-        })
-    };
-    tokio::time::timeout(Duration::from_secs(2), attempt)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
 }
 
 /// Serves one presentation: an SSH banner or an HTTP page naming lesson, endpoint and stage.

@@ -1,4 +1,5 @@
-//! Readiness probes against published ports: a TCP connect, an SSH banner, an HTTP status line.
+//! Readiness probes as the protocol defines them: a TCP connect, an SSH banner (a line starting
+//! `SSH-`), an HTTP status line in answer to `GET /`.
 
 use std::time::Duration;
 
@@ -59,6 +60,15 @@ pub async fn probe(address: &str, expect: Expect, timeout: Duration) -> Result<(
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
+/// What a presentation type is probed for.
+pub fn expect(kind: i32) -> Expect {
+    match crate::agent::v1::PresentationType::try_from(kind) {
+        Ok(crate::agent::v1::PresentationType::Ssh) => Expect::SshBanner,
+        Ok(crate::agent::v1::PresentationType::Http) => Expect::Http,
+        _ => Expect::Tcp,
     }
 }
 
