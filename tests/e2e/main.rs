@@ -4,6 +4,7 @@
 mod bad_input;
 mod conformance;
 mod docker;
+mod k8s;
 mod lifecycle;
 mod negotiation;
 mod reaping;

@@ -52,9 +52,20 @@ pub struct Process {
 impl Process {
     /// Starts `program` and waits until it prints `listening on ADDR`.
     pub async fn spawn(program: &Path, args: &[String], log: PathBuf) -> anyhow::Result<Process> {
+        Self::spawn_with_env(program, args, &[], log).await
+    }
+
+    /// [`Process::spawn`] with extra environment variables.
+    pub async fn spawn_with_env(
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+    ) -> anyhow::Result<Process> {
         let stderr = std::fs::File::create(&log)?;
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info,scheduler_svc=debug".into()),

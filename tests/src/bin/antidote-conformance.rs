@@ -51,6 +51,10 @@ struct Args {
     /// How long a live lesson may take to become READY.
     #[arg(long, default_value = "180s", value_parser = humantime::parse_duration)]
     ready_timeout: Duration,
+    /// The scheduler instance id the suite speaks as (default: a fresh one per run). Fix it when
+    /// the backend needs to know, e.g. a test node that only runs one instance's pods.
+    #[arg(long)]
+    instance: Option<String>,
 }
 
 /// One check's result.
@@ -1194,11 +1198,12 @@ async fn main() -> std::process::ExitCode {
         }
     };
     println!("antidote-conformance: checking the agent at {}", args.agent);
+    let instance = args.instance.clone().unwrap_or_else(new_id);
     let mut suite = Suite {
         args,
         client: BackendClient::new(channel.clone()),
         channel,
-        instance: new_id(),
+        instance,
         session: new_id(),
         capabilities: vec![],
         created: BTreeSet::new(),

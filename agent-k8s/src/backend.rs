@@ -1,0 +1,613 @@
+//! agent-k8s's [`Backend`]: what a live lesson is on a Kubernetes cluster.
+//!
+//! The SDK's runtime applies the protocol's rules (generations, idempotency, adoption, Watch)
+//! and calls [`Kubernetes::realise`] once per generation: it applies the namespace, policy,
+//! pods, Services, Ingresses and attachments (server-side apply: the same call creates, finds
+//! and updates), watches the pods until they run, runs the stage's configuration Jobs (watched
+//! to completion or failure), probes every presentation on the pod's address from inside the
+//! cluster's network, and waits the ready delay. An error is the FAILED reason, quoting the API
+//! server or the Job's failure.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use antidote_proto::agent::v1 as proto;
+use antidote_proto::sdk::probe;
+use antidote_proto::sdk::{self, Backend, Description, Report, Start, capabilities, labels};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PropagationPolicy};
+use kube::discovery::ApiResource;
+use kube::runtime::wait::{await_condition, conditions};
+use proto::Phase;
+use tonic::Status;
+
+use crate::cluster::{self, LABEL_MANAGED, explain};
+use crate::settings::Settings;
+
+/// The capabilities agent-k8s offers.
+pub const CAPABILITIES: &[&str] = &[
+    capabilities::PRESENTATION_SSH,
+    capabilities::PRESENTATION_HTTP,
+    capabilities::STAGE_CONFIGURATION,
+    capabilities::NETWORK_ISOLATION,
+    capabilities::PLAN,
+    capabilities::WATCH,
+    capabilities::RECOVER,
+];
+
+/// The NetworkAttachmentDefinition resource (Multus).
+fn attachment_resource() -> ApiResource {
+    ApiResource {
+        group: "k8s.cni.cncf.io".into(),
+        version: "v1".into(),
+        api_version: "k8s.cni.cncf.io/v1".into(),
+        kind: "NetworkAttachmentDefinition".into(),
+        plural: "network-attachment-definitions".into(),
+    }
+}
+
+/// The Kubernetes backend.
+#[derive(Clone)]
+pub struct Kubernetes {
+    client: kube::Client,
+    settings: Arc<Settings>,
+    /// Whether the cluster serves NetworkAttachmentDefinitions (Multus), checked at start.
+    attachments: bool,
+}
+
+impl Kubernetes {
+    /// A backend on `client`; asks the cluster whether Multus's CRD is installed.
+    pub async fn new(client: kube::Client, settings: Settings) -> Kubernetes {
+        let attachments = kube::discovery::group(&client, "k8s.cni.cncf.io")
+            .await
+            .is_ok();
+        Kubernetes {
+            client,
+            settings: Arc::new(settings),
+            attachments,
+        }
+    }
+
+    fn api<K>(&self, spec: &proto::LessonSpec) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(
+            self.client.clone(),
+            &cluster::namespace(&spec.live_lesson_id),
+        )
+    }
+
+    /// Applies every object of the live lesson, in order: namespace, policy (before any pod),
+    /// attachments, pods in lesson order, Services, Ingresses. Returns Ingress hosts by name.
+    async fn apply_objects(
+        &self,
+        spec: &proto::LessonSpec,
+    ) -> Result<HashMap<String, String>, String> {
+        let settings = &self.settings;
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let ns = cluster::namespace(&spec.live_lesson_id);
+        cluster::apply(&namespaces, &ns, &cluster::namespace_manifest(spec))
+            .await
+            .map_err(|e| explain(&format!("Namespace {ns}"), &e))?;
+        let policies: Api<NetworkPolicy> = self.api(spec);
+        cluster::apply(
+            &policies,
+            "antidote-isolation",
+            &cluster::network_policy_manifest(settings, spec),
+        )
+        .await
+        .map_err(|e| explain("NetworkPolicy antidote-isolation", &e))?;
+        if self.attachments {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &ns, &attachment_resource());
+            for i in 0..spec.connections.len() {
+                let manifest = cluster::attachment_manifest(spec, i);
+                let name = manifest["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                cluster::apply(&api, &name, &manifest)
+                    .await
+                    .map_err(|e| explain(&format!("NetworkAttachmentDefinition {name}"), &e))?;
+            }
+        }
+        let pods: Api<Pod> = self.api(spec);
+        let services: Api<Service> = self.api(spec);
+        for (i, endpoint) in spec.endpoints.iter().enumerate() {
+            cluster::apply(
+                &pods,
+                &endpoint.name,
+                &cluster::pod_manifest(settings, spec, i),
+            )
+            .await
+            .map_err(|e| explain(&format!("Pod {}", endpoint.name), &e))?;
+        }
+        for (i, endpoint) in spec.endpoints.iter().enumerate() {
+            cluster::apply(
+                &services,
+                &endpoint.name,
+                &cluster::service_manifest(spec, i),
+            )
+            .await
+            .map_err(|e| explain(&format!("Service {}", endpoint.name), &e))?;
+        }
+        let ingresses: Api<Ingress> = self.api(spec);
+        let mut hosts = HashMap::new();
+        for (name, host, manifest) in cluster::ingress_manifests(settings, spec) {
+            cluster::apply(&ingresses, &name, &manifest)
+                .await
+                .map_err(|e| explain(&format!("Ingress {name}"), &e))?;
+            hosts.insert(name, host);
+        }
+        Ok(hosts)
+    }
+
+    /// Watches a pod until it runs with an address; a pod that cannot run fails with why.
+    async fn running(
+        &self,
+        spec: &proto::LessonSpec,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Pod, String> {
+        let pods: Api<Pod> = self.api(spec);
+        let runs = |pod: Option<&Pod>| {
+            pod.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                s.phase.as_deref() == Some("Running")
+                    && s.pod_ip.as_ref().is_some_and(|ip| !ip.is_empty())
+                    || matches!(s.phase.as_deref(), Some("Failed" | "Succeeded"))
+                    || waiting_reason(s).is_some()
+            })
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let pod = tokio::time::timeout(left, await_condition(pods.clone(), name, runs))
+            .await
+            .map_err(|_| {
+                format!(
+                    "pod `{name}` is not running after {:?} (is there a node with room for it?)",
+                    self.settings.probe_timeout
+                )
+            })?
+            .map_err(|e| format!("watching pod `{name}`: {e}"))?
+            .ok_or_else(|| format!("pod `{name}` disappeared"))?;
+        let status = pod.status.clone().unwrap_or_default();
+        if let Some(reason) = waiting_reason(&status) {
+            return Err(format!("pod `{name}` cannot start: {reason}"));
+        }
+        if status.phase.as_deref() != Some("Running") {
+            return Err(format!(
+                "pod `{name}` stopped ({}): {}",
+                status.phase.unwrap_or_default(),
+                status.message.unwrap_or_default()
+            ));
+        }
+        Ok(pod)
+    }
+
+    /// Runs the stage's configuration: old Jobs removed first, one Job per configured endpoint,
+    /// each watched to completion or failure.
+    async fn configure(&self, spec: &proto::LessonSpec) -> Result<(), String> {
+        let jobs: Api<Job> = self.api(spec);
+        let current: Vec<String> = spec
+            .endpoints
+            .iter()
+            .map(|e| cluster::job_name(&e.name, spec.generation))
+            .collect();
+        let existing = jobs
+            .list(&ListParams::default().labels(cluster::LABEL_CONFIG_STAGE))
+            .await
+            .map_err(|e| explain("listing configuration Jobs", &e))?;
+        for job in existing {
+            let name = job.metadata.name.unwrap_or_default();
+            if !current.contains(&name) {
+                let background = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Background),
+                    ..Default::default()
+                };
+                match jobs.delete(&name, &background).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(explain(&format!("deleting Job {name}"), &e)),
+                }
+            }
+        }
+        let mut waits = Vec::new();
+        for (i, endpoint) in spec.endpoints.iter().enumerate() {
+            let Some(configuration) = &endpoint.configuration else {
+                continue;
+            };
+            if configuration.r#type != proto::ConfigurationType::Shell as i32 {
+                return Err(format!(
+                    "endpoint `{}`: configuration type {:?} is not supported by agent-k8s (only shell scripts run as Jobs)",
+                    endpoint.name,
+                    proto::ConfigurationType::try_from(configuration.r#type)
+                        .unwrap_or(proto::ConfigurationType::Unspecified)
+                ));
+            }
+            let script = String::from_utf8_lossy(&configuration.contents);
+            let name = cluster::job_name(&endpoint.name, spec.generation);
+            cluster::apply(
+                &jobs,
+                &name,
+                &cluster::job_manifest(&self.settings, spec, i, &script),
+            )
+            .await
+            .map_err(|e| explain(&format!("Job {name}"), &e))?;
+            let file = configuration.file_name.clone();
+            let endpoint_name = endpoint.name.clone();
+            let jobs = jobs.clone();
+            let timeout = self.settings.config_timeout;
+            let tries = self.settings.config_backoff_limit + 1;
+            let stage = spec.stage;
+            waits.push(async move {
+                let finished = |job: Option<&Job>| job_outcome(job).is_some();
+                let job = tokio::time::timeout(timeout, await_condition(jobs, &name, finished))
+                    .await
+                    .map_err(|_| format!("configuration {file} of endpoint `{endpoint_name}` for stage {stage} did not finish within {timeout:?}"))?
+                    .map_err(|e| format!("watching Job {name}: {e}"))?;
+                match job_outcome(job.as_ref()) {
+                    Some(Ok(())) => Ok(()),
+                    Some(Err(why)) => Err(format!(
+                        "configuration {file} of endpoint `{endpoint_name}` for stage {stage} failed ({tries} tries, Job {name}): {why}"
+                    )),
+                    None => Err(format!("Job {name} disappeared")),
+                }
+            });
+        }
+        for result in futures::future::join_all(waits).await {
+            result?;
+        }
+        Ok(())
+    }
+
+    async fn take_to_ready(
+        &self,
+        spec: &proto::LessonSpec,
+        start: Start,
+        report: &Report,
+    ) -> Result<Vec<proto::EndpointState>, String> {
+        if start == Start::Create {
+            report.phase(
+                Phase::Booting,
+                "applying namespace, policy, pods and services",
+            );
+        }
+        let hosts = self.apply_objects(spec).await?;
+        if !spec.connections.is_empty() && !self.attachments {
+            report.update(|s| {
+                s.conditions.push(proto::Condition {
+                    r#type: "ConnectionsRealised".into(),
+                    status: false,
+                    reason: "MultusMissing".into(),
+                    message: "the cluster has no NetworkAttachmentDefinition CRD (Multus): connections are not realised as separate links; endpoints reach each other on the pod network".into(),
+                    last_transition: Some(std::time::SystemTime::now().into()),
+                });
+            });
+        }
+        let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
+        let mut states = Vec::new();
+        for endpoint in &spec.endpoints {
+            let pod = self.running(spec, &endpoint.name, deadline).await?;
+            let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
+            let presentations = endpoint
+                .presentations
+                .iter()
+                .map(|p| {
+                    let address = format!("{ip}:{}", p.port);
+                    let mut state = sdk::spec::presentation_state(&p.name, p.r#type, address);
+                    if let Some(host) = hosts.get(&cluster::ingress_name(&endpoint.name, &p.name)) {
+                        let scheme = if self.settings.ingress_tls_secret.is_some() {
+                            "https"
+                        } else {
+                            "http"
+                        };
+                        state.url = format!("{scheme}://{host}/");
+                    }
+                    state
+                })
+                .collect();
+            states.push(proto::EndpointState {
+                name: endpoint.name.clone(),
+                presentations,
+                healthy: 0,
+                total: endpoint.presentations.len() as u32,
+                internal_address: ip,
+            });
+        }
+        report.update(|s| {
+            s.phase = Phase::Configuring as i32;
+            s.reason = format!("configuring stage {}", spec.stage);
+            s.endpoints = states.clone();
+        });
+        self.configure(spec).await?;
+        // Readiness from inside the cluster's network: the pods' own addresses.
+        for state in &mut states {
+            for p in &state.presentations {
+                let expect = probe::expect(p.r#type);
+                probe::until_ready(&p.address, expect, deadline)
+                    .await
+                    .map_err(|last| {
+                        format!(
+                            "endpoint `{}` presentation `{}` ({:?} at {}) not ready within {:?}: {last}",
+                            state.name, p.name, expect, p.address, self.settings.probe_timeout
+                        )
+                    })?;
+                state.healthy += 1;
+            }
+        }
+        let delay = sdk::spec::ready_delay(spec) + self.settings.ready_delay;
+        if !delay.is_zero() {
+            report.update(|s| {
+                s.reason = format!("reachable; waiting the ready delay of {delay:?}");
+                s.endpoints = states.clone();
+            });
+            tokio::time::sleep(delay).await;
+        }
+        Ok(states)
+    }
+}
+
+/// Why a pod's container cannot start (image pull errors and the like), if it cannot.
+fn waiting_reason(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<String> {
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find(|w| {
+            matches!(
+                w.reason.as_deref(),
+                Some(
+                    "ErrImagePull"
+                        | "ImagePullBackOff"
+                        | "InvalidImageName"
+                        | "CreateContainerConfigError"
+                        | "CreateContainerError"
+                        | "RunContainerError"
+                )
+            )
+        })
+        .map(|w| {
+            format!(
+                "{}: {}",
+                w.reason.clone().unwrap_or_default(),
+                w.message.clone().unwrap_or_default()
+            )
+        })
+}
+
+/// A finished Job's outcome: Ok on Complete, Err(reason: message) on Failed; None while running.
+fn job_outcome(job: Option<&Job>) -> Option<Result<(), String>> {
+    let conditions = job?.status.as_ref()?.conditions.as_ref()?;
+    for c in conditions {
+        if c.status != "True" {
+            continue;
+        }
+        match c.type_.as_str() {
+            "Complete" => return Some(Ok(())),
+            "Failed" => {
+                return Some(Err(format!(
+                    "{}: {}",
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default()
+                )));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn unavailable(what: &str, err: kube::Error) -> Status {
+    let text = explain(what, &err);
+    match err {
+        kube::Error::Api(s) if s.code == 403 => Status::permission_denied(text),
+        _ => Status::unavailable(text),
+    }
+}
+
+#[tonic::async_trait]
+impl Backend for Kubernetes {
+    fn describe(&self) -> Description {
+        let mut description =
+            Description::new("agent-k8s", env!("CARGO_PKG_VERSION"), CAPABILITIES);
+        description.max_live_lessons = self.settings.max_live_lessons;
+        description.labels = HashMap::from([("backend".to_owned(), "kubernetes".to_owned())]);
+        description
+    }
+
+    async fn realise(
+        &self,
+        spec: proto::LessonSpec,
+        start: Start,
+        report: Report,
+    ) -> Result<Vec<proto::EndpointState>, String> {
+        self.take_to_ready(&spec, start, &report).await
+    }
+
+    /// Deletes the namespace (everything in it goes with it) and waits until it is gone.
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let name = cluster::namespace(live_lesson_id);
+        let Some(ns) = namespaces
+            .get_opt(&name)
+            .await
+            .map_err(|e| unavailable(&format!("reading Namespace {name}"), e))?
+        else {
+            return Ok(());
+        };
+        if ns
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_MANAGED))
+            .map(String::as_str)
+            != Some("agent-k8s")
+        {
+            return Err(Status::failed_precondition(format!(
+                "Namespace {name} is not managed by agent-k8s; left alone"
+            )));
+        }
+        let uid = ns.metadata.uid.clone().unwrap_or_default();
+        match namespaces.delete(&name, &DeleteParams::foreground()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(unavailable(&format!("deleting Namespace {name}"), e)),
+        }
+        tokio::time::timeout(
+            Duration::from_secs(25),
+            await_condition(namespaces, &name, conditions::is_deleted(&uid)),
+        )
+        .await
+        .map_err(|_| Status::unavailable(format!("Namespace {name} is still being deleted")))?
+        .map_err(|e| Status::unavailable(format!("watching Namespace {name}: {e}")))?;
+        Ok(())
+    }
+
+    /// Live lessons are namespaces carrying our labels.
+    async fn discover(
+        &self,
+        selector: &HashMap<String, String>,
+    ) -> Result<Vec<HashMap<String, String>>, Status> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let mut terms: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        terms.push(format!("{LABEL_MANAGED}=agent-k8s"));
+        let list = namespaces
+            .list(&ListParams::default().labels(&terms.join(",")))
+            .await
+            .map_err(|e| unavailable("listing Namespaces", e))?;
+        Ok(list
+            .into_iter()
+            .filter_map(|ns| {
+                let mut found: HashMap<String, String> = ns.metadata.labels?.into_iter().collect();
+                found.remove(LABEL_MANAGED);
+                found.contains_key(labels::LIVE_LESSON).then_some(found)
+            })
+            .collect())
+    }
+
+    async fn plan(&self, spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
+        let ns = cluster::namespace(&spec.live_lesson_id);
+        let object =
+            |kind: &str, name: String, ports: Vec<u32>, detail: String| proto::PlannedObject {
+                kind: kind.into(),
+                name,
+                ports,
+                detail,
+            };
+        let mut objects = vec![
+            object(
+                "Namespace",
+                ns.clone(),
+                vec![],
+                "the live lesson's objects; deleted with it".into(),
+            ),
+            object(
+                "NetworkPolicy",
+                format!("{ns}/antidote-isolation"),
+                vec![],
+                if self.settings.allow_egress {
+                    "ingress from the lesson's pods and access namespaces; egress allowed".into()
+                } else {
+                    "ingress from the lesson's pods and access namespaces; egress to the lesson's pods and DNS".into()
+                },
+            ),
+        ];
+        let mut diagnostics = Vec::new();
+        for (i, c) in spec.connections.iter().enumerate() {
+            if self.attachments {
+                let manifest = cluster::attachment_manifest(spec, i);
+                objects.push(object(
+                    "NetworkAttachmentDefinition",
+                    format!(
+                        "{ns}/{}",
+                        manifest["metadata"]["name"].as_str().unwrap_or_default()
+                    ),
+                    vec![],
+                    format!("bridge link {}–{}", c.a, c.b),
+                ));
+            } else {
+                diagnostics.push(proto::Diagnostic {
+                    severity: proto::Severity::Warning as i32,
+                    field: format!("connections[{i}]"),
+                    message: "no NetworkAttachmentDefinition CRD (Multus) in this cluster: the link is not realised".into(),
+                });
+            }
+        }
+        for (i, e) in spec.endpoints.iter().enumerate() {
+            let image = e.image.clone().unwrap_or_default();
+            let ports: Vec<u32> = cluster::ports(e).into_iter().map(|(_, p)| p).collect();
+            objects.push(object(
+                "Pod",
+                format!("{ns}/{}", e.name),
+                ports.clone(),
+                format!("image {}", self.settings.image(&image.slug)),
+            ));
+            objects.push(object(
+                "Service",
+                format!("{ns}/{}", e.name),
+                ports,
+                "ClusterIP".into(),
+            ));
+            if e.configuration.is_some() {
+                objects.push(object(
+                    "Job",
+                    format!("{ns}/{}", cluster::job_name(&e.name, spec.generation)),
+                    vec![],
+                    format!(
+                        "stage {} configuration, backoffLimit {}",
+                        spec.stage, self.settings.config_backoff_limit
+                    ),
+                ));
+            }
+            let untrusted = !matches!(
+                proto::Flavor::try_from(image.flavor),
+                Ok(proto::Flavor::Trusted | proto::Flavor::Legacy)
+            );
+            if untrusted && self.settings.untrusted_runtime_class.is_none() {
+                diagnostics.push(proto::Diagnostic {
+                    severity: proto::Severity::Warning as i32,
+                    field: format!("endpoints[{i}].image.flavor"),
+                    message:
+                        "untrusted image without a sandbox RuntimeClass (--untrusted-runtime-class)"
+                            .into(),
+                });
+            }
+        }
+        for (name, host, _) in cluster::ingress_manifests(&self.settings, spec) {
+            objects.push(object(
+                "Ingress",
+                format!("{ns}/{name}"),
+                vec![],
+                format!("host {host}"),
+            ));
+        }
+        Ok(proto::PlanResponse {
+            objects,
+            diagnostics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::PresentationType;
+
+    #[test]
+    fn presentation_types_name_ports() {
+        assert_eq!(
+            cluster::port_name(PresentationType::Ssh as i32, 22),
+            "ssh-22"
+        );
+        assert_eq!(
+            cluster::port_name(PresentationType::Http as i32, 65535),
+            "http-65535"
+        );
+        assert_eq!(cluster::ingress_name("web", "Page_1"), "web-page-1");
+    }
+}

@@ -1,0 +1,392 @@
+//! What a live lesson is on Kubernetes: the names and manifests of its objects, and the
+//! server-side apply that creates or updates them.
+//!
+//! Per live lesson: a namespace `antidote-<id>` with the spec's labels; a deny-by-default
+//! NetworkPolicy (the lesson's own pods, DNS, and namespaces carrying the access label);
+//! one pod per endpoint (lesson order; every pod after the first is kept on the first one's
+//! node); a Service per endpoint; an Ingress per http presentation; a
+//! NetworkAttachmentDefinition per connection where Multus is installed; a configuration Job per
+//! endpoint per stage. Every object carries the spec's labels plus `antidote.io/managed-by`.
+
+use std::collections::BTreeMap;
+
+use antidote_proto::agent::v1 as proto;
+use antidote_proto::sdk::labels;
+use kube::api::{Api, Patch, PatchParams};
+use proto::{Flavor, PresentationType};
+use serde_json::{Value, json};
+
+use crate::settings::Settings;
+
+/// The field manager of every apply.
+pub const FIELD_MANAGER: &str = "antidote-agent-k8s";
+/// Marks objects this agent manages.
+pub const LABEL_MANAGED: &str = "antidote.io/managed-by";
+/// The endpoint a pod, Service or Job belongs to.
+pub const LABEL_ENDPOINT: &str = "antidote.io/endpoint";
+/// Marks configuration Jobs (value: the stage).
+pub const LABEL_CONFIG_STAGE: &str = "antidote.io/config-stage";
+
+/// The namespace of a live lesson.
+pub fn namespace(live_lesson_id: &str) -> String {
+    format!("antidote-{live_lesson_id}")
+}
+
+/// The spec's labels plus ours.
+pub fn lesson_labels(spec: &proto::LessonSpec) -> BTreeMap<String, String> {
+    let mut labels: BTreeMap<String, String> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(LABEL_MANAGED.into(), "agent-k8s".into());
+    labels
+}
+
+fn endpoint_labels(spec: &proto::LessonSpec, endpoint: &str) -> BTreeMap<String, String> {
+    let mut labels = lesson_labels(spec);
+    labels.insert(LABEL_ENDPOINT.into(), endpoint.into());
+    labels
+}
+
+/// A port's name in pod and Service specs (≤ 15 characters, unique per port).
+pub fn port_name(kind: i32, port: u32) -> String {
+    match PresentationType::try_from(kind) {
+        Ok(PresentationType::Ssh) => format!("ssh-{port}"),
+        Ok(PresentationType::Http) => format!("http-{port}"),
+        _ => format!("tcp-{port}"),
+    }
+}
+
+/// An endpoint's ports: presentations first, then additional ports, each port once.
+pub fn ports(endpoint: &proto::Endpoint) -> Vec<(String, u32)> {
+    let mut seen = std::collections::HashSet::new();
+    endpoint
+        .presentations
+        .iter()
+        .map(|p| (port_name(p.r#type, p.port), p.port))
+        .chain(
+            endpoint
+                .additional_ports
+                .iter()
+                .map(|p| (port_name(0, *p), *p)),
+        )
+        .filter(|(_, port)| seen.insert(*port))
+        .collect()
+}
+
+/// The Ingress name of an http presentation.
+pub fn ingress_name(endpoint: &str, presentation: &str) -> String {
+    let name: String = format!("{endpoint}-{presentation}")
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    name.trim_matches('-').chars().take(63).collect()
+}
+
+/// The host an http presentation's Ingress serves.
+pub fn ingress_host(
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+    endpoint: &str,
+    presentation: &str,
+) -> String {
+    settings
+        .ingress_host
+        .replace(
+            "{presentation}",
+            &ingress_name(presentation, "").replace('-', ""),
+        )
+        .replace("{endpoint}", endpoint)
+        .replace("{lesson}", &spec.lesson_slug)
+        .replace(
+            "{short}",
+            &spec.live_lesson_id[..8.min(spec.live_lesson_id.len())],
+        )
+}
+
+/// The configuration Job of an endpoint for the spec's stage (named by generation, so a newer
+/// generation never collides with an older Job still being deleted).
+pub fn job_name(endpoint: &str, generation: u64) -> String {
+    format!("config-{endpoint}-g{generation}")
+}
+
+pub fn namespace_manifest(spec: &proto::LessonSpec) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": namespace(&spec.live_lesson_id),
+            "labels": lesson_labels(spec),
+        },
+    })
+}
+
+/// Deny by default: ingress only from the lesson's own pods and from namespaces carrying the
+/// access label; egress only to the lesson's own pods and DNS, unless egress is allowed.
+pub fn network_policy_manifest(settings: &Settings, spec: &proto::LessonSpec) -> Value {
+    let (access_key, access_value) = settings.access_label();
+    let egress = if settings.allow_egress {
+        json!([{}])
+    } else {
+        json!([
+            { "to": [{ "podSelector": {} }] },
+            {
+                "to": [{ "namespaceSelector": {} }],
+                "ports": [
+                    { "protocol": "UDP", "port": 53 },
+                    { "protocol": "TCP", "port": 53 },
+                ],
+            },
+        ])
+    };
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "antidote-isolation",
+            "namespace": namespace(&spec.live_lesson_id),
+            "labels": lesson_labels(spec),
+        },
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                { "from": [{ "podSelector": {} }] },
+                { "from": [{ "namespaceSelector": { "matchLabels": { access_key: access_value } } }] },
+            ],
+            "egress": egress,
+        },
+    })
+}
+
+pub fn pod_manifest(settings: &Settings, spec: &proto::LessonSpec, index: usize) -> Value {
+    let endpoint = &spec.endpoints[index];
+    let image = endpoint.image.clone().unwrap_or_default();
+    let trusted = matches!(
+        Flavor::try_from(image.flavor),
+        Ok(Flavor::Trusted | Flavor::Legacy)
+    );
+    let security = if trusted {
+        json!({ "privileged": true })
+    } else {
+        json!({ "capabilities": { "add": ["NET_ADMIN", "NET_RAW"] } })
+    };
+    let mut limits = serde_json::Map::new();
+    if settings.memory_mib > 0 {
+        limits.insert("memory".into(), json!(format!("{}Mi", settings.memory_mib)));
+    }
+    if settings.millicpus > 0 {
+        limits.insert("cpu".into(), json!(format!("{}m", settings.millicpus)));
+    }
+    let mut pod_spec = json!({
+        "hostname": endpoint.name,
+        // Learners get a shell on these pods: no API credentials, no service links.
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "restartPolicy": "Always",
+        "containers": [{
+            "name": endpoint.name,
+            "image": settings.image(&image.slug),
+            "ports": ports(endpoint)
+                .into_iter()
+                .map(|(name, port)| json!({ "name": name, "containerPort": port, "protocol": "TCP" }))
+                .collect::<Vec<_>>(),
+            "securityContext": security,
+            "resources": { "limits": limits },
+        }],
+    });
+    if index > 0 {
+        // Every endpoint on the node of the lesson's first pod: links between them stay local.
+        pod_spec["affinity"] = json!({
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "labelSelector": { "matchLabels": {
+                        labels::LIVE_LESSON: spec.live_lesson_id,
+                        LABEL_ENDPOINT: spec.endpoints[0].name,
+                    } },
+                    "topologyKey": "kubernetes.io/hostname",
+                }],
+            },
+        });
+    }
+    if !trusted && let Some(class) = &settings.untrusted_runtime_class {
+        pod_spec["runtimeClassName"] = json!(class);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": endpoint.name,
+            "namespace": namespace(&spec.live_lesson_id),
+            "labels": endpoint_labels(spec, &endpoint.name),
+        },
+        "spec": pod_spec,
+    })
+}
+
+pub fn service_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
+    let endpoint = &spec.endpoints[index];
+    let ports: Vec<Value> = ports(endpoint)
+        .into_iter()
+        .map(|(name, port)| json!({ "name": name, "port": port, "targetPort": port, "protocol": "TCP" }))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": endpoint.name,
+            "namespace": namespace(&spec.live_lesson_id),
+            "labels": endpoint_labels(spec, &endpoint.name),
+        },
+        "spec": {
+            "selector": {
+                labels::LIVE_LESSON: spec.live_lesson_id,
+                LABEL_ENDPOINT: endpoint.name,
+            },
+            "ports": ports,
+        },
+    })
+}
+
+/// One Ingress per http presentation: (name, host, manifest).
+pub fn ingress_manifests(
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for endpoint in &spec.endpoints {
+        for p in &endpoint.presentations {
+            if p.r#type != PresentationType::Http as i32 {
+                continue;
+            }
+            let name = ingress_name(&endpoint.name, &p.name);
+            let host = ingress_host(settings, spec, &endpoint.name, &p.name);
+            let mut ingress_spec = json!({
+                "rules": [{
+                    "host": host,
+                    "http": { "paths": [{
+                        "path": "/",
+                        "pathType": "Prefix",
+                        "backend": { "service": {
+                            "name": endpoint.name,
+                            "port": { "number": p.port },
+                        } },
+                    }] },
+                }],
+            });
+            if let Some(class) = &settings.ingress_class {
+                ingress_spec["ingressClassName"] = json!(class);
+            }
+            if let Some(secret) = &settings.ingress_tls_secret {
+                ingress_spec["tls"] = json!([{ "hosts": [host], "secretName": secret }]);
+            }
+            let manifest = json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "Ingress",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace(&spec.live_lesson_id),
+                    "labels": endpoint_labels(spec, &endpoint.name),
+                },
+                "spec": ingress_spec,
+            });
+            out.push((name, host, manifest));
+        }
+    }
+    out
+}
+
+/// A bridge NetworkAttachmentDefinition per connection (Multus).
+pub fn attachment_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
+    let connection = &spec.connections[index];
+    let mut ipam = json!({});
+    if !connection.subnet.is_empty() {
+        ipam = json!({ "type": "host-local", "subnet": connection.subnet });
+    }
+    let config = json!({
+        "cniVersion": "0.3.1",
+        "type": "bridge",
+        "bridge": format!("ad{}{}", &spec.live_lesson_id[..8.min(spec.live_lesson_id.len())], index),
+        "ipam": ipam,
+    });
+    json!({
+        "apiVersion": "k8s.cni.cncf.io/v1",
+        "kind": "NetworkAttachmentDefinition",
+        "metadata": {
+            "name": format!("link-{index}-{}-{}", connection.a, connection.b),
+            "namespace": namespace(&spec.live_lesson_id),
+            "labels": lesson_labels(spec),
+        },
+        "spec": { "config": config.to_string() },
+    })
+}
+
+/// The configuration Job of one endpoint for the spec's stage: the endpoint's image runs the
+/// shell script with the endpoint's Service name in `ANTIDOTE_ENDPOINT`.
+pub fn job_manifest(
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+    index: usize,
+    script: &str,
+) -> Value {
+    let endpoint = &spec.endpoints[index];
+    let image = endpoint.image.clone().unwrap_or_default();
+    let mut job_labels = endpoint_labels(spec, &endpoint.name);
+    job_labels.insert(LABEL_CONFIG_STAGE.into(), spec.stage.to_string());
+    json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(&endpoint.name, spec.generation),
+            "namespace": namespace(&spec.live_lesson_id),
+            "labels": job_labels,
+        },
+        "spec": {
+            "backoffLimit": settings.config_backoff_limit,
+            "template": {
+                "metadata": { "labels": job_labels },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": false,
+                    "enableServiceLinks": false,
+                    "containers": [{
+                        "name": "configure",
+                        "image": settings.image(&image.slug),
+                        "command": ["/bin/sh", "-c", script],
+                        "env": [
+                            { "name": "ANTIDOTE_ENDPOINT", "value": endpoint.name },
+                            { "name": "ANTIDOTE_STAGE", "value": spec.stage.to_string() },
+                        ],
+                        "securityContext": { "capabilities": { "add": ["NET_ADMIN", "NET_RAW"] } },
+                    }],
+                },
+            },
+        },
+    })
+}
+
+/// Creates or updates `manifest` by server-side apply.
+pub async fn apply<K>(api: &Api<K>, name: &str, manifest: &Value) -> Result<K, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(manifest),
+    )
+    .await
+}
+
+/// A kube error in words that quote the API server.
+pub fn explain(what: &str, err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => format!(
+            "the API server refused {what}: {} ({}, {})",
+            status.message, status.reason, status.code
+        ),
+        other => format!("{what}: {other}"),
+    }
+}

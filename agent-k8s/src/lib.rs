@@ -1,0 +1,19 @@
+//! agent-k8s: an `antidote.agent.v1` backend that realises live lessons on a Kubernetes cluster
+//! through kube-rs.
+//!
+//! Modules:
+//! - [`backend`], the SDK `Backend`: takes one generation of a live lesson to READY (apply the
+//!   objects, watch the pods run, run and watch the configuration Jobs, probe the pods'
+//!   addresses), removes a live lesson by deleting its namespace, discovers live lessons by the
+//!   namespaces' labels, plans; the SDK's `Agent` applies the protocol's rules around it.
+//! - [`cluster`], the names and manifests of every object, and server-side apply.
+//! - [`settings`], the agent's configuration.
+//!
+//! Every object carries the labels of the spec (instance, live lesson, session, generation,
+//! lesson) plus `antidote.io/managed-by=agent-k8s`, so the cluster itself is the truth: after a
+//! restart, List and Recover rebuild everything from labels.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod cluster;
+pub mod settings;

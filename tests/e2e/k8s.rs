@@ -1,0 +1,527 @@
+//! agent-k8s against a real kube-apiserver, etcd and kube-controller-manager
+//! (`tests/k8s/controlplane.sh`, started by `tests/run`, which exports KUBECONFIG), with
+//! `fake-kubelet` as the node. The agent runs with a token of the ServiceAccount bound to
+//! `deploy/k8s/agent-k8s-rbac.yaml`, not as admin. Every object is checked through the API.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Process, Scheduler, fetch, presentation, workspace_bin};
+use api::LiveLessonStatus as S;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::discovery::ApiResource;
+use tempfile::TempDir;
+
+use crate::PATIENCE;
+
+fn admin_kubeconfig() -> PathBuf {
+    std::env::var("KUBECONFIG")
+        .expect("KUBECONFIG is not set: run tests/run, which starts the test control plane (tests/k8s/controlplane.sh)")
+        .into()
+}
+
+async fn admin() -> kube::Client {
+    kube::Client::try_default()
+        .await
+        .expect("the test control plane answers")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Applies deploy/k8s/agent-k8s-rbac.yaml and returns a kubeconfig holding a token of its
+/// ServiceAccount.
+async fn agent_kubeconfig(client: &kube::Client, dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("deploy/k8s/agent-k8s-rbac.yaml")).unwrap();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let object: serde_json::Value = serde::Deserialize::deserialize(document).unwrap();
+        let kind = object["kind"].as_str().unwrap().to_owned();
+        let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
+            Some((g, v)) => (g.to_owned(), v.to_owned()),
+            None => (
+                String::new(),
+                object["apiVersion"].as_str().unwrap().to_owned(),
+            ),
+        };
+        let plural = match kind.as_str() {
+            "Namespace" => "namespaces",
+            "ServiceAccount" => "serviceaccounts",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            other => panic!("unexpected kind {other} in the RBAC manifest"),
+        };
+        let resource = ApiResource {
+            group,
+            version,
+            api_version: object["apiVersion"].as_str().unwrap().to_owned(),
+            kind: kind.clone(),
+            plural: plural.into(),
+        };
+        let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply("antidote-tests").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+    }
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "antidote-system");
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": { "expirationSeconds": 7200 },
+    });
+    let token: serde_json::Value = accounts
+        .create_subresource("token", "agent-k8s", &PostParams::default(), &request)
+        .await
+        .expect("a token for the agent's ServiceAccount");
+    let token = token["status"]["token"].as_str().unwrap().to_owned();
+    let mut config: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig()).unwrap()).unwrap();
+    config["users"] =
+        serde_yaml::from_str(&format!("- name: agent-k8s\n  user:\n    token: {token}\n")).unwrap();
+    let contexts = config["contexts"].as_sequence_mut().unwrap();
+    for context in contexts {
+        context["context"]["user"] = "agent-k8s".into();
+    }
+    let path = dir.join("agent.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// A fake kubelet running the pods of one scheduler instance, on its own 127.N.x.y range so
+/// parallel tests never collide.
+async fn fake_kubelet(dir: &Path, instance: &str) -> Process {
+    let octet = 100 + instance.bytes().map(u32::from).sum::<u32>() % 150;
+    Process::spawn(
+        &workspace_bin("fake-kubelet"),
+        &[
+            "--instance".into(),
+            instance.into(),
+            "--node".into(),
+            format!("node-{instance}"),
+            "--ip-prefix".into(),
+            format!("127.{octet}"),
+        ],
+        dir.join("fake-kubelet.log"),
+    )
+    .await
+    .expect("fake-kubelet starts")
+}
+
+/// agent-k8s as its ServiceAccount; returns it with the arguments and environment that restart
+/// it on the same address.
+async fn agent_k8s(
+    dir: &Path,
+    kubeconfig: &Path,
+    extra: &[&str],
+) -> (Process, Vec<String>, Vec<(&'static str, String)>) {
+    let mut args: Vec<String> = vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--probe-timeout".into(),
+        "60s".into(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let env = vec![("KUBECONFIG", kubeconfig.display().to_string())];
+    let agent = Process::spawn_with_env(
+        &workspace_bin("agent-k8s"),
+        &args,
+        &env,
+        dir.join(format!("agent-k8s-{}.log", uuid::Uuid::new_v4())),
+    )
+    .await
+    .expect("agent-k8s starts");
+    args[1] = agent.addr.to_string();
+    (agent, args, env)
+}
+
+/// A scheduler, agent-k8s (as its ServiceAccount) and a fake kubelet for one instance.
+struct K8sEnv {
+    dir: TempDir,
+    instance: String,
+    client: kube::Client,
+    kubelet: Process,
+    agent: Process,
+    agent_args: Vec<String>,
+    agent_env: Vec<(&'static str, String)>,
+    scheduler: Scheduler,
+}
+
+impl K8sEnv {
+    async fn start(instance: &str, agent_extra: &[&str]) -> K8sEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let client = admin().await;
+        let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
+        let kubelet = fake_kubelet(dir.path(), instance).await;
+        let (agent, agent_args, agent_env) = agent_k8s(dir.path(), &kubeconfig, agent_extra).await;
+        let config = format!(
+            r#"instance_id = "{instance}"
+curriculum = "{curriculum}"
+tier = "prod"
+[limits]
+sessions_per_ip = 0
+[reaper]
+interval = "500ms"
+orphan_interval = "500ms"
+orphan_grace = "1s"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "100ms"
+backoff_max = "1s"
+provision_timeout = "4m"
+[[agents]]
+name = "k8s"
+address = "{agent}"
+"#,
+            curriculum = repo().join("tests/fixtures/k8s-curriculum").display(),
+            agent = agent.url(),
+        );
+        let scheduler = Scheduler::start(dir.path(), &config)
+            .await
+            .expect("scheduler starts");
+        K8sEnv {
+            dir,
+            instance: instance.into(),
+            client,
+            kubelet,
+            agent,
+            agent_args,
+            agent_env,
+            scheduler,
+        }
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
+            self.scheduler.process.log_text(),
+            self.agent.log_text(),
+            self.kubelet.log_text()
+        )
+    }
+
+    async fn ready(&self, lesson: &str, stage: u32) -> api::LiveLesson {
+        let c = &self.scheduler.clients;
+        let session = c.session().await.unwrap();
+        let requested = c.request(&session, lesson, stage).await.unwrap();
+        c.ready(&requested.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()))
+    }
+
+    fn namespaced<K>(&self, id: &str) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &format!("antidote-{id}"))
+    }
+}
+
+fn labels_of(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
+    meta.labels.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn k8s_lesson_objects_stage_change_and_delete() {
+    let env = K8sEnv::start("k8s-life", &["--ingress-class", "nginx"]).await;
+    let ready = env.ready("two-tier", 0).await;
+    let id = ready.id.clone();
+
+    // The namespace and its labels.
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let ns = namespaces.get(&format!("antidote-{id}")).await.unwrap();
+    let labels = labels_of(&ns.metadata);
+    assert_eq!(labels["antidote.io/instance"], "k8s-life");
+    assert_eq!(labels["antidote.io/live-lesson"], id);
+    assert_eq!(labels["antidote.io/session"], ready.session_id);
+    assert_eq!(labels["antidote.io/lesson"], "two-tier");
+    assert_eq!(labels["antidote.io/managed-by"], "agent-k8s");
+
+    // Deny by default, DNS allowed.
+    let policy = env
+        .namespaced::<NetworkPolicy>(&id)
+        .get("antidote-isolation")
+        .await
+        .unwrap();
+    let policy_spec = policy.spec.unwrap();
+    assert_eq!(policy_spec.policy_types.unwrap(), ["Ingress", "Egress"]);
+    let egress = serde_json::to_string(&policy_spec.egress).unwrap();
+    assert!(
+        egress.contains("\"port\":53") && egress.contains("UDP"),
+        "{egress}"
+    );
+    let ingress_rules = serde_json::to_string(&policy_spec.ingress).unwrap();
+    assert!(
+        ingress_rules.contains("antidote.io/access"),
+        "{ingress_rules}"
+    );
+
+    // Pods in lesson order on one node; trusted privileged, untrusted not; no API token.
+    let pods: Vec<Pod> = env
+        .namespaced::<Pod>(&id)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut by_name: BTreeMap<String, Pod> = pods
+        .into_iter()
+        .filter(|p| !labels_of(&p.metadata).contains_key("antidote.io/config-stage"))
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect();
+    assert_eq!(by_name.keys().collect::<Vec<_>>(), ["router", "web"]);
+    let web = by_name.remove("web").unwrap();
+    let router = by_name.remove("router").unwrap();
+    let web_spec = web.spec.clone().unwrap();
+    let router_spec = router.spec.clone().unwrap();
+    assert_eq!(web_spec.node_name, router_spec.node_name, "one node");
+    assert!(
+        router_spec.affinity.is_some(),
+        "the second pod follows the first"
+    );
+    assert!(web.metadata.creation_timestamp <= router.metadata.creation_timestamp);
+    assert_eq!(web_spec.automount_service_account_token, Some(false));
+    assert_eq!(
+        router_spec.containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .privileged,
+        Some(true)
+    );
+    assert_eq!(
+        web_spec.containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .privileged,
+        None
+    );
+
+    // A Service per endpoint, an Ingress per http presentation.
+    let service = env.namespaced::<Service>(&id).get("web").await.unwrap();
+    let ports: Vec<i32> = service
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [8080, 22]);
+    let ingress = env
+        .namespaced::<Ingress>(&id)
+        .get("web-page")
+        .await
+        .unwrap();
+    let ingress_spec = ingress.spec.unwrap();
+    assert_eq!(ingress_spec.ingress_class_name.as_deref(), Some("nginx"));
+    let host = ingress_spec.rules.unwrap()[0].host.clone().unwrap();
+    assert!(host.starts_with("page-web-"), "{host}");
+
+    // Presentations answer on the pods' addresses; the URL names the Ingress host.
+    let page = presentation(&ready, "web", "page");
+    assert!(page.url.contains(&host), "{page:?}");
+    let text = fetch(page).await;
+    assert!(text.starts_with("HTTP/1.0 200"), "{text}");
+    assert!(
+        fetch(presentation(&ready, "router", "cli"))
+            .await
+            .starts_with("SSH-2.0-")
+    );
+
+    // The stage's configuration ran as a Job; a stage change runs a new one, old ones go.
+    let jobs: Api<Job> = env.namespaced(&id);
+    let job = jobs.get("config-web-g1").await.unwrap();
+    assert_eq!(job.spec.unwrap().backoff_limit, Some(3));
+    let c = &env.scheduler.clients;
+    c.request(&ready.session_id, "two-tier", 1).await.unwrap();
+    let (_, staged) = c
+        .follow(&id, PATIENCE, |l| l.stage == 1 && l.status() == S::Ready)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", env.logs()));
+    assert_eq!(staged.generation, 2);
+    let names: Vec<String> = jobs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|j| j.metadata.deletion_timestamp.is_none())
+        .map(|j| j.metadata.name.unwrap())
+        .collect();
+    assert_eq!(names, ["config-web-g2"]);
+    assert_eq!(
+        presentation(&staged, "web", "page").address,
+        page.address,
+        "a stage change keeps the pods"
+    );
+
+    // Deleting the live lesson deletes the namespace, really.
+    c.lessons
+        .clone()
+        .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.clone() })
+        .await
+        .unwrap();
+    c.gone(&id, PATIENCE).await.unwrap();
+    assert!(
+        namespaces
+            .get_opt(&format!("antidote-{id}"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the namespace is gone"
+    );
+}
+
+#[tokio::test]
+async fn k8s_failing_job_and_a_refused_object_fail_with_reasons() {
+    // A RuntimeClass that does not exist makes the API server's admission refuse untrusted pods.
+    let env = K8sEnv::start("k8s-fail", &["--untrusted-runtime-class", "Not_A_Name"]).await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let refused = c.request(&session, "sandboxed", 0).await.unwrap();
+    let broken = c.request(&session, "broken-job", 0).await.unwrap();
+    let failed = |id: String| async move {
+        let (_, lesson) = c
+            .follow(&id, Duration::from_secs(240), |l| {
+                matches!(l.status(), S::Failed | S::Ready)
+            })
+            .await
+            .unwrap();
+        lesson
+    };
+    let refused = failed(refused.id).await;
+    assert_eq!(refused.status(), S::Failed, "{}", env.logs());
+    assert!(
+        refused
+            .failure_reason
+            .contains("the API server refused Pod web")
+            && refused
+                .failure_reason
+                .contains("RuntimeClass \"Not_A_Name\" not found"),
+        "{}",
+        refused.failure_reason
+    );
+    let broken = failed(broken.id).await;
+    assert_eq!(broken.status(), S::Failed, "{}", env.logs());
+    assert!(
+        broken.failure_reason.contains("configuration box.sh")
+            && broken.failure_reason.contains("4 tries")
+            && broken.failure_reason.contains("BackoffLimitExceeded"),
+        "{}",
+        broken.failure_reason
+    );
+}
+
+#[tokio::test]
+async fn k8s_agent_restart_recovers_and_orphan_namespaces_go() {
+    let mut env = K8sEnv::start("k8s-restart", &[]).await;
+    let ready = env.ready("sandboxed", 0).await;
+    let pods: Api<Pod> = env.namespaced(&ready.id);
+    let before = pods.get("web").await.unwrap().metadata.uid;
+
+    // An orphan: a labelled namespace the store does not know.
+    let orphan = uuid::Uuid::new_v4().to_string();
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let manifest = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": format!("antidote-{orphan}"),
+            "labels": {
+                "antidote.io/instance": env.instance,
+                "antidote.io/live-lesson": orphan,
+                "antidote.io/session": orphan,
+                "antidote.io/generation": "1",
+                "antidote.io/lesson": "sandboxed",
+                "antidote.io/managed-by": "agent-k8s",
+            },
+        },
+    });
+    namespaces
+        .patch(
+            &format!("antidote-{orphan}"),
+            &PatchParams::apply("antidote-tests"),
+            &Patch::Apply(&manifest),
+        )
+        .await
+        .unwrap();
+
+    // kill -9 and restart on the same port: the scheduler recovers the live lesson.
+    env.agent.kill9().await;
+    env.agent = Process::spawn_with_env(
+        &workspace_bin("agent-k8s"),
+        &env.agent_args,
+        &env.agent_env,
+        env.dir.path().join("agent-k8s-restarted.log"),
+    )
+    .await
+    .expect("agent-k8s restarts");
+    let c = &env.scheduler.clients;
+    let lesson = c.ready(&ready.id).await.unwrap();
+    assert_eq!(lesson.status(), S::Ready);
+    let after = pods.get("web").await.unwrap().metadata.uid;
+    assert_eq!(before, after, "the pod was adopted, not recreated");
+
+    let gone = |ns: Option<&Namespace>| ns.is_none();
+    tokio::time::timeout(
+        PATIENCE,
+        kube::runtime::wait::await_condition(
+            namespaces.clone(),
+            &format!("antidote-{orphan}"),
+            gone,
+        ),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the orphan namespace is still there\n{}", env.logs()))
+    .unwrap();
+    assert!(
+        namespaces
+            .get_opt(&format!("antidote-{}", ready.id))
+            .await
+            .unwrap()
+            .is_some(),
+        "the known live lesson's namespace stays"
+    );
+}
+
+#[tokio::test]
+async fn agent_k8s_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = admin().await;
+    let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
+    let instance = format!("conformance-{}", &uuid::Uuid::new_v4().to_string()[..8]);
+    let kubelet = fake_kubelet(dir.path(), &instance).await;
+    let (agent, _, _) = agent_k8s(dir.path(), &kubeconfig, &[]).await;
+    let output = tokio::process::Command::new(workspace_bin("antidote-conformance"))
+        .args(["--agent", &agent.url(), "--instance", &instance])
+        .output()
+        .await
+        .expect("antidote-conformance runs");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && report.contains(" 0 failed"),
+        "conformance failed ({}):\n{report}\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        agent.log_text(),
+        kubelet.log_text()
+    );
+    assert!(report.contains("Namespace, NetworkPolicy, Pod"), "{report}");
+}

@@ -1,0 +1,342 @@
+//! `fake-kubelet`: the node of the test control plane, which has no real kubelet (the way kwok
+//! does it). It registers a Node and keeps it Ready, binds the pods of one Antidote instance to
+//! it (there is no kube-scheduler either), and "runs" them:
+//!
+//! - an endpoint pod gets a loopback address (`--ip-prefix`, e.g. 127.77.0.5) and, for every
+//!   container port, a real listener there: ports named `ssh-*` send an SSH banner, `http-*`
+//!   answer HTTP with a page naming the pod, others accept and close. Then it is Running.
+//! - a Job's pod succeeds, unless its command contains `--fail-marker`: then it fails with exit
+//!   code 1 (the Job controller retries it up to the Job's backoffLimit).
+//! - a pod whose image contains `--missing-image` stays Waiting with ErrImagePull.
+//! - a pod being deleted (its namespace is) is removed at once, listeners closed.
+//!
+//! It prints `listening on ADDR` (a health port) once the Node is registered.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::task::JoinHandle;
+
+#[derive(Parser)]
+#[command(
+    name = "fake-kubelet",
+    about = "A fake node for the test control plane"
+)]
+struct Args {
+    /// The Node's name.
+    #[arg(long, default_value = "fake-node")]
+    node: String,
+    /// Only pods labelled antidote.io/instance=<this> are bound to the node.
+    #[arg(long)]
+    instance: String,
+    /// Pods get <prefix>.<n>.<m> addresses (two octets, e.g. 127.77).
+    #[arg(long, default_value = "127.77")]
+    ip_prefix: String,
+    /// A Job pod whose command contains this fails.
+    #[arg(long, default_value = "fake-kubelet: fail")]
+    fail_marker: String,
+    /// A pod whose image contains this cannot pull it.
+    #[arg(long, default_value = "ghost")]
+    missing_image: String,
+}
+
+const MANAGER: &str = "fake-kubelet";
+
+struct Kubelet {
+    args: Args,
+    client: kube::Client,
+    /// Listener tasks of running pods, by pod uid.
+    running: HashMap<String, Vec<JoinHandle<()>>>,
+    next_ip: u32,
+}
+
+impl Kubelet {
+    async fn register(&self) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.args.node,
+                "labels": { "kubernetes.io/hostname": self.args.node, "type": "fake-kubelet" },
+            },
+        });
+        nodes
+            .patch(
+                &self.args.node,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&node),
+            )
+            .await
+            .context("registering the Node")?;
+        self.heartbeat().await
+    }
+
+    /// Keeps the Node Ready (the node lifecycle controller would otherwise evict its pods).
+    async fn heartbeat(&self) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let status = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "status": {
+                "capacity": { "cpu": "64", "memory": "256Gi", "pods": "1000" },
+                "allocatable": { "cpu": "64", "memory": "256Gi", "pods": "1000" },
+                "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }],
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "FakeKubelet",
+                    "message": "fake-kubelet is ready", "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }],
+            },
+        });
+        nodes
+            .patch_status(
+                &self.args.node,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&status),
+            )
+            .await
+            .context("updating the Node's status")?;
+        Ok(())
+    }
+
+    fn ours(&self, pod: &Pod) -> bool {
+        pod.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("antidote.io/instance"))
+            == Some(&self.args.instance)
+    }
+
+    async fn handle(&mut self, pod: Pod) -> anyhow::Result<()> {
+        if !self.ours(&pod) {
+            return Ok(());
+        }
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        if pod.metadata.deletion_timestamp.is_some() {
+            if let Some(listeners) = self.running.remove(&uid) {
+                for listener in listeners {
+                    listener.abort();
+                }
+            }
+            match api
+                .delete(&name, &DeleteParams::default().grace_period(0))
+                .await
+            {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(());
+        }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let Some(node) = spec.node_name.clone() else {
+            let binding = json!({
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": { "name": name },
+                "target": { "apiVersion": "v1", "kind": "Node", "name": self.args.node },
+            });
+            let bound: Result<serde_json::Value, _> = api
+                .create_subresource("binding", &name, &PostParams::default(), &binding)
+                .await;
+            if let Err(e) = bound {
+                eprintln!("fake-kubelet: binding {namespace}/{name}: {e}");
+            }
+            return Ok(());
+        };
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        if node != self.args.node
+            || self.running.contains_key(&uid)
+            || !matches!(phase.as_str(), "" | "Pending")
+        {
+            return Ok(());
+        }
+        let container = spec.containers.first().cloned().unwrap_or_default();
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let job = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "Job");
+        let status = if job {
+            let command = container
+                .command
+                .iter()
+                .flatten()
+                .chain(container.args.iter().flatten())
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" ");
+            let failed = command.contains(&self.args.fail_marker);
+            self.running.insert(uid, vec![]);
+            json!({
+                "phase": if failed { "Failed" } else { "Succeeded" },
+                "startTime": now,
+                "containerStatuses": [{
+                    "name": container.name, "image": container.image.clone().unwrap_or_default(), "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": { "terminated": {
+                        "exitCode": if failed { 1 } else { 0 },
+                        "reason": if failed { "Error" } else { "Completed" },
+                        "message": if failed { "the script failed (fake-kubelet fail marker)" } else { "" },
+                        "startedAt": now, "finishedAt": now,
+                    } },
+                }],
+            })
+        } else if container
+            .image
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&self.args.missing_image)
+        {
+            self.running.insert(uid, vec![]);
+            json!({
+                "phase": "Pending",
+                "containerStatuses": [{
+                    "name": container.name, "image": container.image.clone().unwrap_or_default(), "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": { "waiting": {
+                        "reason": "ErrImagePull",
+                        "message": format!("image {} not found (fake-kubelet)", container.image.clone().unwrap_or_default()),
+                    } },
+                }],
+            })
+        } else {
+            self.next_ip += 1;
+            let ip: Ipv4Addr = format!(
+                "{}.{}.{}",
+                self.args.ip_prefix,
+                self.next_ip / 250,
+                self.next_ip % 250 + 1
+            )
+            .parse()?;
+            let mut listeners = Vec::new();
+            for port in container.ports.iter().flatten() {
+                let address = SocketAddr::from((ip, port.container_port as u16));
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .with_context(|| format!("binding {address} for {namespace}/{name}"))?;
+                let kind = port.name.clone().unwrap_or_default();
+                let page = format!("{namespace}/{name} on {}\n", self.args.node);
+                listeners.push(tokio::spawn(serve(listener, kind, page)));
+            }
+            self.running.insert(uid, listeners);
+            json!({
+                "phase": "Running",
+                "hostIP": "127.0.0.1",
+                "podIP": ip.to_string(),
+                "podIPs": [{ "ip": ip.to_string() }],
+                "startTime": now,
+                "conditions": [
+                    { "type": "Ready", "status": "True", "lastTransitionTime": now },
+                    { "type": "ContainersReady", "status": "True", "lastTransitionTime": now },
+                ],
+                "containerStatuses": [{
+                    "name": container.name, "image": container.image.clone().unwrap_or_default(), "imageID": "",
+                    "ready": true, "started": true, "restartCount": 0,
+                    "state": { "running": { "startedAt": now } },
+                }],
+            })
+        };
+        let patch = json!({ "apiVersion": "v1", "kind": "Pod", "status": status });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .with_context(|| format!("updating the status of {namespace}/{name}"))?;
+        Ok(())
+    }
+}
+
+/// Serves one container port the way its name says.
+async fn serve(listener: tokio::net::TcpListener, kind: String, page: String) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let kind = kind.clone();
+        let page = page.clone();
+        tokio::spawn(async move {
+            if kind.starts_with("ssh") {
+                let _ = stream.write_all(b"SSH-2.0-fake-kubelet\r\n").await;
+            } else if kind.starts_with("http") {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = kube::Client::try_default().await.context("KUBECONFIG")?;
+    let mut kubelet = Kubelet {
+        args,
+        client: client.clone(),
+        running: HashMap::new(),
+        next_ip: 0,
+    };
+    kubelet.register().await?;
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("listening on {}", health.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = health.accept().await {
+            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\n\r\nok").await;
+        }
+    });
+    let pods: Api<Pod> = Api::all(client);
+    let selector = format!("antidote.io/instance={}", kubelet.args.instance);
+    let mut events = watcher(pods, watcher::Config::default().labels(&selector)).boxed();
+    let mut ticker = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                if let Err(e) = kubelet.heartbeat().await {
+                    eprintln!("fake-kubelet: {e:#}");
+                }
+            }
+            event = events.next() => {
+                let Some(event) = event else { return Ok(()) };
+                let pods = match event {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => vec![pod],
+                    Ok(_) => vec![],
+                    Err(e) => {
+                        eprintln!("fake-kubelet: watch: {e}");
+                        vec![]
+                    }
+                };
+                for pod in pods {
+                    if let Err(e) = kubelet.handle(pod).await {
+                        eprintln!("fake-kubelet: {e:#}");
+                    }
+                }
+            }
+        }
+    }
+}
