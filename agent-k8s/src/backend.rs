@@ -54,21 +54,29 @@ fn attachment_resource() -> ApiResource {
 pub struct Kubernetes {
     client: kube::Client,
     settings: Arc<Settings>,
-    /// Whether the cluster serves NetworkAttachmentDefinitions (Multus), checked at start.
-    attachments: bool,
 }
 
 impl Kubernetes {
-    /// A backend on `client`; asks the cluster whether Multus's CRD is installed.
+    /// A backend on `client`.
     pub async fn new(client: kube::Client, settings: Settings) -> Kubernetes {
-        let attachments = kube::discovery::group(&client, "k8s.cni.cncf.io")
-            .await
-            .is_ok();
         Kubernetes {
             client,
             settings: Arc::new(settings),
-            attachments,
         }
+    }
+
+    /// Whether the cluster serves NetworkAttachmentDefinitions (Multus's CRD), asked each time
+    /// a lesson with connections is realised or planned: the CRD may come and go while the agent
+    /// runs.
+    async fn serves_attachments(&self) -> bool {
+        kube::discovery::group(&self.client, "k8s.cni.cncf.io")
+            .await
+            .is_ok_and(|group| {
+                group
+                    .recommended_resources()
+                    .iter()
+                    .any(|(resource, _)| resource.kind == "NetworkAttachmentDefinition")
+            })
     }
 
     fn api<K>(&self, spec: &proto::LessonSpec) -> Api<K>
@@ -83,11 +91,12 @@ impl Kubernetes {
     }
 
     /// Applies every object of the live lesson, in order: namespace, policy (before any pod),
-    /// attachments, pods in lesson order, Services, Ingresses. Returns Ingress hosts by name.
+    /// attachments, pods in lesson order, Services, Ingresses. Returns Ingress hosts by name,
+    /// and whether the connections became NetworkAttachmentDefinitions.
     async fn apply_objects(
         &self,
         spec: &proto::LessonSpec,
-    ) -> Result<HashMap<String, String>, String> {
+    ) -> Result<(HashMap<String, String>, bool), String> {
         let settings = &self.settings;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let ns = cluster::namespace(&spec.live_lesson_id);
@@ -102,7 +111,8 @@ impl Kubernetes {
         )
         .await
         .map_err(|e| explain("NetworkPolicy antidote-isolation", &e))?;
-        if self.attachments {
+        let mut attached = !spec.connections.is_empty() && self.serves_attachments().await;
+        if attached {
             let api: Api<DynamicObject> =
                 Api::namespaced_with(self.client.clone(), &ns, &attachment_resource());
             for i in 0..spec.connections.len() {
@@ -111,9 +121,17 @@ impl Kubernetes {
                     .as_str()
                     .unwrap_or_default()
                     .to_owned();
-                cluster::apply(&api, &name, &manifest)
-                    .await
-                    .map_err(|e| explain(&format!("NetworkAttachmentDefinition {name}"), &e))?;
+                match cluster::apply(&api, &name, &manifest).await {
+                    Ok(_) => {}
+                    // The CRD went away since we asked: the links are flat, as without Multus.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        attached = false;
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(explain(&format!("NetworkAttachmentDefinition {name}"), &e));
+                    }
+                }
             }
         }
         let pods: Api<Pod> = self.api(spec);
@@ -122,7 +140,7 @@ impl Kubernetes {
             cluster::apply(
                 &pods,
                 &endpoint.name,
-                &cluster::pod_manifest(settings, spec, i),
+                &cluster::pod_manifest(settings, spec, i, attached),
             )
             .await
             .map_err(|e| explain(&format!("Pod {}", endpoint.name), &e))?;
@@ -144,7 +162,7 @@ impl Kubernetes {
                 .map_err(|e| explain(&format!("Ingress {name}"), &e))?;
             hosts.insert(name, host);
         }
-        Ok(hosts)
+        Ok((hosts, attached))
     }
 
     /// Watches a pod until it runs with an address; a pod that cannot run fails with why.
@@ -276,8 +294,8 @@ impl Kubernetes {
                 "applying namespace, policy, pods and services",
             );
         }
-        let hosts = self.apply_objects(spec).await?;
-        if !spec.connections.is_empty() && !self.attachments {
+        let (hosts, attached) = self.apply_objects(spec).await?;
+        if !spec.connections.is_empty() && !attached {
             report.update(|s| {
                 s.conditions.push(proto::Condition {
                     r#type: "ConnectionsRealised".into(),
@@ -518,8 +536,9 @@ impl Backend for Kubernetes {
             ),
         ];
         let mut diagnostics = Vec::new();
+        let attachments = !spec.connections.is_empty() && self.serves_attachments().await;
         for (i, c) in spec.connections.iter().enumerate() {
-            if self.attachments {
+            if attachments {
                 let manifest = cluster::attachment_manifest(spec, i);
                 objects.push(object(
                     "NetworkAttachmentDefinition",

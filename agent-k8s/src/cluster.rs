@@ -161,7 +161,43 @@ pub fn network_policy_manifest(settings: &Settings, spec: &proto::LessonSpec) ->
     })
 }
 
-pub fn pod_manifest(settings: &Settings, spec: &proto::LessonSpec, index: usize) -> Value {
+/// The NetworkAttachmentDefinition name of connection `index`.
+pub fn attachment_name(spec: &proto::LessonSpec, index: usize) -> String {
+    let connection = &spec.connections[index];
+    format!("link-{index}-{}-{}", connection.a, connection.b)
+}
+
+/// Multus's `k8s.v1.cni.cncf.io/networks` value for endpoint `index`: the attachments of its
+/// connections in connection order, named as the image expects its interfaces (eth1, eth2…).
+pub fn attachments_annotation(spec: &proto::LessonSpec, index: usize) -> Option<String> {
+    let endpoint = &spec.endpoints[index];
+    let interfaces = endpoint
+        .image
+        .as_ref()
+        .map(|i| i.network_interfaces.as_slice())
+        .unwrap_or_default();
+    let networks: Vec<Value> = spec
+        .connections
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.a == endpoint.name || c.b == endpoint.name)
+        .enumerate()
+        .map(|(k, (i, _))| match interfaces.get(k) {
+            Some(interface) => json!({ "name": attachment_name(spec, i), "interface": interface }),
+            None => json!({ "name": attachment_name(spec, i) }),
+        })
+        .collect();
+    (!networks.is_empty()).then(|| Value::Array(networks).to_string())
+}
+
+/// Endpoint `index`'s pod; `attached`: the cluster has Multus, so the pod joins its
+/// connections' NetworkAttachmentDefinitions.
+pub fn pod_manifest(
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+    index: usize,
+    attached: bool,
+) -> Value {
     let endpoint = &spec.endpoints[index];
     let image = endpoint.image.clone().unwrap_or_default();
     let trusted = matches!(
@@ -214,7 +250,7 @@ pub fn pod_manifest(settings: &Settings, spec: &proto::LessonSpec, index: usize)
     if !trusted && let Some(class) = &settings.untrusted_runtime_class {
         pod_spec["runtimeClassName"] = json!(class);
     }
-    json!({
+    let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -223,7 +259,11 @@ pub fn pod_manifest(settings: &Settings, spec: &proto::LessonSpec, index: usize)
             "labels": endpoint_labels(spec, &endpoint.name),
         },
         "spec": pod_spec,
-    })
+    });
+    if attached && let Some(networks) = attachments_annotation(spec, index) {
+        pod["metadata"]["annotations"] = json!({ "k8s.v1.cni.cncf.io/networks": networks });
+    }
+    pod
 }
 
 pub fn service_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
@@ -315,7 +355,7 @@ pub fn attachment_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
         "apiVersion": "k8s.cni.cncf.io/v1",
         "kind": "NetworkAttachmentDefinition",
         "metadata": {
-            "name": format!("link-{index}-{}-{}", connection.a, connection.b),
+            "name": attachment_name(spec, index),
             "namespace": namespace(&spec.live_lesson_id),
             "labels": lesson_labels(spec),
         },
@@ -388,5 +428,124 @@ pub fn explain(what: &str, err: &kube::Error) -> String {
             status.message, status.reason, status.code
         ),
         other => format!("{what}: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn settings(extra: &[&str]) -> Settings {
+        Settings::parse_from(std::iter::once("agent-k8s").chain(extra.iter().copied()))
+    }
+
+    fn endpoint(name: &str, flavor: Flavor, interfaces: &[&str]) -> proto::Endpoint {
+        proto::Endpoint {
+            name: name.into(),
+            image: Some(proto::Image {
+                slug: "busybox".into(),
+                flavor: flavor as i32,
+                network_interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }),
+            presentations: vec![proto::Presentation {
+                name: "cli".into(),
+                r#type: PresentationType::Ssh as i32,
+                port: 22,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn spec() -> proto::LessonSpec {
+        let link = |a: &str, b: &str| proto::Connection {
+            a: a.into(),
+            b: b.into(),
+            subnet: String::new(),
+        };
+        proto::LessonSpec {
+            live_lesson_id: "0f2c6a7e-1111-4222-8333-444455556666".into(),
+            generation: 2,
+            endpoints: vec![
+                endpoint("client", Flavor::Untrusted, &["eth1"]),
+                endpoint("router", Flavor::Trusted, &["eth1", "eth2"]),
+                endpoint("server", Flavor::Untrusted, &[]),
+            ],
+            connections: vec![link("client", "router"), link("router", "server")],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pods_follow_the_first_one_and_flavours_decide_privilege() {
+        let settings = settings(&["--untrusted-runtime-class", "gvisor"]);
+        let spec = spec();
+        let client = pod_manifest(&settings, &spec, 0, false);
+        assert!(client["spec"]["affinity"].is_null(), "the first pod leads");
+        assert_eq!(client["spec"]["runtimeClassName"], "gvisor");
+        assert!(client["spec"]["containers"][0]["securityContext"]["privileged"].is_null());
+        assert_eq!(client["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(
+            client["spec"]["containers"][0]["ports"][0]["name"],
+            "ssh-22"
+        );
+        let router = pod_manifest(&settings, &spec, 1, false);
+        assert_eq!(
+            router["spec"]["containers"][0]["securityContext"]["privileged"],
+            true
+        );
+        assert!(router["spec"]["runtimeClassName"].is_null());
+        let term = &router["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0];
+        assert_eq!(
+            term["labelSelector"]["matchLabels"][LABEL_ENDPOINT],
+            "client"
+        );
+        assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+        assert!(
+            router["metadata"]["annotations"].is_null(),
+            "no Multus, no networks"
+        );
+    }
+
+    #[test]
+    fn attachments_name_interfaces_in_connection_order() {
+        let spec = spec();
+        let router = pod_manifest(&settings(&[]), &spec, 1, true);
+        let networks: Value = serde_json::from_str(
+            router["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            networks,
+            json!([
+                { "name": "link-0-client-router", "interface": "eth1" },
+                { "name": "link-1-router-server", "interface": "eth2" },
+            ])
+        );
+        // An image that names no interfaces lets Multus name them.
+        assert_eq!(
+            attachments_annotation(&spec, 2).unwrap(),
+            r#"[{"name":"link-1-router-server"}]"#
+        );
+        let attachment = attachment_manifest(&spec, 1);
+        assert_eq!(attachment["metadata"]["name"], "link-1-router-server");
+        let config: Value =
+            serde_json::from_str(attachment["spec"]["config"].as_str().unwrap()).unwrap();
+        assert_eq!(config["type"], "bridge");
+        assert!(
+            config["bridge"].as_str().unwrap().len() <= 15,
+            "a Linux interface name"
+        );
+    }
+
+    #[test]
+    fn jobs_are_named_per_generation() {
+        assert_eq!(job_name("router", 3), "config-router-g3");
+        assert_eq!(namespace("abc"), "antidote-abc");
     }
 }

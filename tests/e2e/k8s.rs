@@ -525,3 +525,146 @@ async fn agent_k8s_conforms() {
     );
     assert!(report.contains("Namespace, NetworkPolicy, Pod"), "{report}");
 }
+
+/// The CustomResourceDefinition Multus installs, as its own deployment manifest declares it.
+fn multus_crd() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": "network-attachment-definitions.k8s.cni.cncf.io" },
+        "spec": {
+            "group": "k8s.cni.cncf.io",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "network-attachment-definitions",
+                "singular": "network-attachment-definition",
+                "kind": "NetworkAttachmentDefinition",
+                "shortNames": ["net-attach-def"],
+            },
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "apiVersion": { "type": "string" },
+                        "kind": { "type": "string" },
+                        "metadata": { "type": "object" },
+                        "spec": {
+                            "type": "object",
+                            "properties": { "config": { "type": "string" } },
+                        },
+                    },
+                } },
+            }],
+        },
+    })
+}
+
+/// Whether the API server serves NetworkAttachmentDefinitions right now.
+async fn serves_attachments(client: &kube::Client) -> bool {
+    kube::discovery::group(client, "k8s.cni.cncf.io")
+        .await
+        .is_ok_and(|g| {
+            g.recommended_resources()
+                .iter()
+                .any(|(r, _)| r.kind == "NetworkAttachmentDefinition")
+        })
+}
+
+async fn until_attachments_served(client: &kube::Client, wanted: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while serves_attachments(client).await != wanted {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "NetworkAttachmentDefinitions still {}served after 60 s",
+            if wanted { "not " } else { "" }
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The agent's own view of a live lesson (conditions are not part of the public API).
+async fn agent_state(env: &K8sEnv, id: &str) -> antidote_proto::agent::v1::LiveLessonState {
+    use antidote_proto::agent::v1 as proto;
+    proto::backend_client::BackendClient::connect(env.agent.url())
+        .await
+        .unwrap()
+        .get(proto::GetRequest {
+            live_lesson_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .state
+        .unwrap()
+}
+
+#[tokio::test]
+async fn k8s_connections_become_attachments_where_multus_is_installed() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let env = K8sEnv::start("k8s-multus", &[]).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let crd_name = "network-attachment-definitions.k8s.cni.cncf.io";
+    let _ = crds.delete(crd_name, &Default::default()).await;
+    until_attachments_served(&env.client, false).await;
+
+    // Without Multus: READY, with a condition saying the links are flat.
+    let flat = env.ready("two-tier", 0).await;
+    let state = agent_state(&env, &flat.id).await;
+    let missing = state
+        .conditions
+        .iter()
+        .find(|c| c.reason == "MultusMissing")
+        .unwrap_or_else(|| panic!("no MultusMissing condition: {:?}", state.conditions));
+    assert!(!missing.status && missing.message.contains("NetworkAttachmentDefinition"));
+
+    // With Multus's CRD: a NetworkAttachmentDefinition per connection, pods that join it.
+    crds.patch(
+        crd_name,
+        &PatchParams::apply("antidote-tests").force(),
+        &Patch::Apply(&multus_crd()),
+    )
+    .await
+    .unwrap();
+    until_attachments_served(&env.client, true).await;
+    let linked = env.ready("two-tier", 0).await;
+    let resource = ApiResource {
+        group: "k8s.cni.cncf.io".into(),
+        version: "v1".into(),
+        api_version: "k8s.cni.cncf.io/v1".into(),
+        kind: "NetworkAttachmentDefinition".into(),
+        plural: "network-attachment-definitions".into(),
+    };
+    let attachments: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        &format!("antidote-{}", linked.id),
+        &resource,
+    );
+    let link = attachments.get("link-0-web-router").await.unwrap();
+    assert_eq!(
+        labels_of(&link.metadata)["antidote.io/live-lesson"],
+        linked.id
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(link.data["spec"]["config"].as_str().unwrap()).unwrap();
+    assert_eq!(config["type"], "bridge");
+    let pods: Api<Pod> = env.namespaced(&linked.id);
+    for endpoint in ["web", "router"] {
+        let pod = pods.get(endpoint).await.unwrap();
+        let networks = pod.metadata.annotations.unwrap_or_default();
+        assert!(
+            networks["k8s.v1.cni.cncf.io/networks"].contains("link-0-web-router"),
+            "{endpoint}: {networks:?}"
+        );
+    }
+    let state = agent_state(&env, &linked.id).await;
+    assert!(
+        state.conditions.iter().all(|c| c.reason != "MultusMissing"),
+        "{:?}",
+        state.conditions
+    );
+    // Leave the cluster as we found it for the other tests.
+    crds.delete(crd_name, &Default::default()).await.unwrap();
+}

@@ -357,3 +357,34 @@ pub async fn fetch(presentation: &api::LivePresentation) -> String {
     .await;
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// Runs `count` jobs with `concurrency` in flight and returns the wall time (the benchmarks'
+/// driver); the first error is returned after all jobs finished.
+pub async fn fan_out<F, Fut>(count: usize, concurrency: usize, job: F) -> anyhow::Result<Duration>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let start = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        let permit = permits.clone().acquire_owned().await?;
+        let fut = job(i);
+        tasks.push(tokio::spawn(async move {
+            let result = fut.await;
+            drop(permit);
+            result
+        }));
+    }
+    let mut first_error = None;
+    for task in tasks {
+        if let Err(err) = task.await? {
+            first_error.get_or_insert(err);
+        }
+    }
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(start.elapsed()),
+    }
+}

@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Clients, Process, Scheduler, example_curriculum, workspace_bin};
+use antidote_tests::{Clients, Process, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding};
 use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
 use clap::Parser;
-use tokio::sync::Semaphore;
 
 #[derive(Parser)]
 #[command(
@@ -118,30 +117,6 @@ async fn delete(clients: &Clients, id: String) -> anyhow::Result<()> {
         .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.clone() })
         .await?;
     clients.gone(&id, Duration::from_secs(120)).await
-}
-
-/// Runs `count` jobs with `concurrency` in flight; returns the wall time.
-async fn fan_out<F, Fut>(count: usize, concurrency: usize, job: F) -> anyhow::Result<Duration>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
-{
-    let permits = Arc::new(Semaphore::new(concurrency));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..count {
-        let permit = permits.clone().acquire_owned().await?;
-        let fut = job(i);
-        tasks.push(tokio::spawn(async move {
-            let result = fut.await;
-            drop(permit);
-            result
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    Ok(start.elapsed())
 }
 
 async fn through_scheduler(clients: &Clients, args: &Args) -> anyhow::Result<(Duration, Duration)> {
