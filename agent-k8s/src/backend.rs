@@ -58,7 +58,7 @@ pub struct Kubernetes {
 
 impl Kubernetes {
     /// A backend on `client`.
-    pub async fn new(client: kube::Client, settings: Settings) -> Kubernetes {
+    pub fn new(client: kube::Client, settings: Settings) -> Kubernetes {
         Kubernetes {
             client,
             settings: Arc::new(settings),

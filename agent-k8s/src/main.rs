@@ -10,12 +10,7 @@ use clap::Parser as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    sdk::trace::init_logging();
     let settings = Settings::parse();
     let client = kube::Client::try_default()
         .await
@@ -28,7 +23,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let backend = Kubernetes::new(client, settings).await;
+    let backend = Kubernetes::new(client, settings);
     println!("listening on {}", listener.local_addr()?);
     sdk::serve(Agent::new(backend), listener, sdk::shutdown_signal())
         .await

@@ -15,6 +15,8 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
+use kube::runtime::conditions;
+use kube::runtime::wait::await_condition;
 use tempfile::TempDir;
 
 use crate::PATIENCE;
@@ -562,29 +564,6 @@ fn multus_crd() -> serde_json::Value {
     })
 }
 
-/// Whether the API server serves NetworkAttachmentDefinitions right now.
-async fn serves_attachments(client: &kube::Client) -> bool {
-    kube::discovery::group(client, "k8s.cni.cncf.io")
-        .await
-        .is_ok_and(|g| {
-            g.recommended_resources()
-                .iter()
-                .any(|(r, _)| r.kind == "NetworkAttachmentDefinition")
-        })
-}
-
-async fn until_attachments_served(client: &kube::Client, wanted: bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while serves_attachments(client).await != wanted {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "NetworkAttachmentDefinitions still {}served after 60 s",
-            if wanted { "not " } else { "" }
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// The agent's own view of a live lesson (conditions are not part of the public API).
 async fn agent_state(env: &K8sEnv, id: &str) -> antidote_proto::agent::v1::LiveLessonState {
     use antidote_proto::agent::v1 as proto;
@@ -607,8 +586,17 @@ async fn k8s_connections_become_attachments_where_multus_is_installed() {
     let env = K8sEnv::start("k8s-multus", &[]).await;
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
     let crd_name = "network-attachment-definitions.k8s.cni.cncf.io";
-    let _ = crds.delete(crd_name, &Default::default()).await;
-    until_attachments_served(&env.client, false).await;
+    if let Some(crd) = crds.get_opt(crd_name).await.unwrap() {
+        crds.delete(crd_name, &Default::default()).await.unwrap();
+        let uid = crd.metadata.uid.unwrap();
+        tokio::time::timeout(
+            PATIENCE,
+            await_condition(crds.clone(), crd_name, conditions::is_deleted(&uid)),
+        )
+        .await
+        .expect("the CRD goes")
+        .unwrap();
+    }
 
     // Without Multus: READY, with a condition saying the links are flat.
     let flat = env.ready("two-tier", 0).await;
@@ -628,7 +616,13 @@ async fn k8s_connections_become_attachments_where_multus_is_installed() {
     )
     .await
     .unwrap();
-    until_attachments_served(&env.client, true).await;
+    tokio::time::timeout(
+        PATIENCE,
+        await_condition(crds.clone(), crd_name, conditions::is_crd_established()),
+    )
+    .await
+    .expect("the CRD is established")
+    .unwrap();
     let linked = env.ready("two-tier", 0).await;
     let resource = ApiResource {
         group: "k8s.cni.cncf.io".into(),

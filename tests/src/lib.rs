@@ -256,6 +256,46 @@ impl Clients {
         .await
         .with_context(|| format!("live lesson {id} still exists after {limit:?}"))?
     }
+
+    /// Deletes a live lesson and waits until it is gone.
+    pub async fn delete(&self, id: &str, limit: Duration) -> anyhow::Result<()> {
+        self.lessons
+            .clone()
+            .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.into() })
+            .await?;
+        self.gone(id, limit).await
+    }
+
+    /// The benchmarks' scheduler side: `count` lifecycles of `lesson` at `concurrency` (session →
+    /// request → READY), then all deleted until gone. Returns both wall times.
+    pub async fn lifecycles(
+        &self,
+        lesson: &'static str,
+        count: usize,
+        concurrency: usize,
+        limit: Duration,
+    ) -> anyhow::Result<(Duration, Duration)> {
+        let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let up = fan_out(count, concurrency, |_| {
+            let (clients, ids) = (self.clone(), ids.clone());
+            async move {
+                let session = clients.session().await?;
+                let id = clients.request(&session, lesson, 0).await?.id;
+                clients.ready(&id).await?;
+                ids.lock().expect("not poisoned").push(id);
+                Ok(())
+            }
+        })
+        .await?;
+        let ids: std::sync::Arc<Vec<String>> =
+            std::sync::Arc::new(std::mem::take(&mut *ids.lock().expect("not poisoned")));
+        let down = fan_out(ids.len(), concurrency, |i| {
+            let (clients, ids) = (self.clone(), ids.clone());
+            async move { clients.delete(&ids[i], limit).await }
+        })
+        .await?;
+        Ok((up, down))
+    }
 }
 
 /// A scheduler process with its own directory (configuration and SQLite file), which survives
@@ -386,5 +426,50 @@ where
     match first_error {
         Some(err) => Err(err),
         None => Ok(start.elapsed()),
+    }
+}
+
+/// The benchmarks' scheduler/baseline ratios, round by round: each round's wall times to READY
+/// and for teardown are printed with their ratios, then the medians.
+#[derive(Default)]
+pub struct Ratios {
+    ready: Vec<f64>,
+    teardown: Vec<f64>,
+}
+
+impl Ratios {
+    /// Records and prints one round: `(to READY, teardown)` of the baseline and the scheduler.
+    pub fn round(
+        &mut self,
+        round: usize,
+        baseline: (Duration, Duration),
+        scheduler: (Duration, Duration),
+    ) {
+        let secs = |d: Duration| d.as_secs_f64();
+        let ready = secs(scheduler.0) / secs(baseline.0);
+        let teardown = secs(scheduler.1) / secs(baseline.1);
+        println!(
+            "round {round}: to READY: baseline {:.2} s, scheduler {:.2} s, ratio {ready:.2} | \
+             teardown: baseline {:.2} s, scheduler {:.2} s, ratio {teardown:.2}",
+            secs(baseline.0),
+            secs(scheduler.0),
+            secs(baseline.1),
+            secs(scheduler.1)
+        );
+        self.ready.push(ready);
+        self.teardown.push(teardown);
+    }
+
+    /// Prints the median ratios of the rounds recorded.
+    pub fn print_medians(mut self) {
+        let median = |values: &mut Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        println!(
+            "median ratios (scheduler/baseline): to READY {:.2}, teardown {:.2}",
+            median(&mut self.ready),
+            median(&mut self.teardown)
+        );
     }
 }

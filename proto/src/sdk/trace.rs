@@ -22,3 +22,14 @@ pub fn span(request: &http::Request<()>) -> tracing::Span {
         traceparent = %header("traceparent"),
     )
 }
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): what every agent binary sets up
+/// first, so `listening on ADDR` stays alone on stdout.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

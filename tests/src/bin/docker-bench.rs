@@ -11,11 +11,10 @@
 //! Build with `cargo build --release --workspace --bins`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use antidote_proto::api::v1 as api;
-use antidote_tests::{Clients, Process, Scheduler, example_curriculum, fan_out, workspace_bin};
+use antidote_proto::sdk::probe::{Expect, until_ready};
+use antidote_tests::{Process, Ratios, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding};
@@ -74,72 +73,28 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .id;
     clients.ready(&id).await?;
-    delete(&clients, id).await?;
+    clients.delete(&id, Duration::from_secs(120)).await?;
     baseline_lesson(&docker, 0, true).await?;
 
     println!(
         "docker-bench: {} single-endpoint HTTP lessons per round, concurrency {}, {} rounds",
         args.lessons, args.concurrency, args.rounds
     );
-    let (mut ready_ratios, mut teardown_ratios) = (Vec::new(), Vec::new());
+    let mut ratios = Ratios::default();
     for round in 1..=args.rounds {
-        let (base_up, base_down) = baseline(&docker, &args).await?;
-        let (sched_up, sched_down) = through_scheduler(&clients, &args).await?;
-        let (ready, teardown) = (
-            sched_up.as_secs_f64() / base_up.as_secs_f64(),
-            sched_down.as_secs_f64() / base_down.as_secs_f64(),
-        );
-        println!(
-            "round {round}: to READY: baseline {:.2} s, scheduler {:.2} s, ratio {ready:.2} | \
-             teardown: baseline {:.2} s, scheduler {:.2} s, ratio {teardown:.2}",
-            base_up.as_secs_f64(),
-            sched_up.as_secs_f64(),
-            base_down.as_secs_f64(),
-            sched_down.as_secs_f64()
-        );
-        ready_ratios.push(ready);
-        teardown_ratios.push(teardown);
+        let baseline = baseline(&docker, &args).await?;
+        let scheduler = clients
+            .lifecycles(
+                "hello-web",
+                args.lessons,
+                args.concurrency,
+                Duration::from_secs(120),
+            )
+            .await?;
+        ratios.round(round, baseline, scheduler);
     }
-    ready_ratios.sort_by(f64::total_cmp);
-    teardown_ratios.sort_by(f64::total_cmp);
-    println!(
-        "median ratios (scheduler/baseline): to READY {:.2}, teardown {:.2}",
-        ready_ratios[ready_ratios.len() / 2],
-        teardown_ratios[teardown_ratios.len() / 2]
-    );
+    ratios.print_medians();
     Ok(())
-}
-
-async fn delete(clients: &Clients, id: String) -> anyhow::Result<()> {
-    clients
-        .lessons
-        .clone()
-        .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.clone() })
-        .await?;
-    clients.gone(&id, Duration::from_secs(120)).await
-}
-
-async fn through_scheduler(clients: &Clients, args: &Args) -> anyhow::Result<(Duration, Duration)> {
-    let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let up = fan_out(args.lessons, args.concurrency, |_| {
-        let (clients, ids) = (clients.clone(), ids.clone());
-        async move {
-            let session = clients.session().await?;
-            let id = clients.request(&session, "hello-web", 0).await?.id;
-            clients.ready(&id).await?;
-            ids.lock().expect("not poisoned").push(id);
-            Ok(())
-        }
-    })
-    .await?;
-    let ids: Vec<String> = std::mem::take(&mut *ids.lock().expect("not poisoned"));
-    let ids = Arc::new(ids);
-    let down = fan_out(ids.len(), args.concurrency, |i| {
-        let (clients, ids) = (clients.clone(), ids.clone());
-        async move { delete(&clients, ids[i].clone()).await }
-    })
-    .await?;
-    Ok((up, down))
 }
 
 async fn baseline(docker: &Docker, args: &Args) -> anyhow::Result<(Duration, Duration)> {
@@ -211,14 +166,10 @@ async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow:
         .and_then(|b| b.first().and_then(|b| b.host_port.clone()))
         .context("port 8080 was not published")?;
     let address = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if http_answers(&address).await {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{address} never answered");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    until_ready(&address, Expect::Http, deadline)
+        .await
+        .map_err(|err| anyhow::anyhow!("{address} never answered HTTP: {err}"))?;
     if and_remove {
         baseline_remove(docker, i).await?;
     }
@@ -238,20 +189,4 @@ async fn baseline_remove(docker: &Docker, i: usize) -> anyhow::Result<()> {
         .await?;
     docker.remove_network(&name).await?;
     Ok(())
-}
-
-async fn http_answers(address: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-        stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await.ok()?;
-        let mut head = [0u8; 5];
-        stream.read_exact(&mut head).await.ok()?;
-        Some(&head == b"HTTP/")
-    };
-    tokio::time::timeout(Duration::from_secs(2), attempt)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
 }

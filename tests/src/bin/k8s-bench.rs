@@ -11,12 +11,10 @@
 //! starts its own fake kubelet, agent-k8s and scheduler. Build with
 //! `cargo build --release --workspace --bins`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use antidote_proto::api::v1 as api;
 use antidote_proto::sdk::probe::{Expect, until_ready};
-use antidote_tests::{Clients, Process, Scheduler, fan_out, workspace_bin};
+use antidote_tests::{Process, Ratios, Scheduler, fan_out, workspace_bin};
 use anyhow::Context as _;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
@@ -87,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .id;
     clients.ready(&id).await?;
-    delete(&clients, id).await?;
+    clients.delete(&id, PATIENCE).await?;
     baseline_lesson(&client, "bench-warm-up".into()).await?;
     baseline_remove(&client, "bench-warm-up".into()).await?;
 
@@ -95,64 +93,16 @@ async fn main() -> anyhow::Result<()> {
         "k8s-bench: {} lessons of 3 pods, 3 services and a policy per round, concurrency {}, {} rounds",
         args.lessons, args.concurrency, args.rounds
     );
-    let (mut ready_ratios, mut teardown_ratios) = (Vec::new(), Vec::new());
+    let mut ratios = Ratios::default();
     for round in 1..=args.rounds {
-        let (base_up, base_down) = baseline(&client, &args, round).await?;
-        let (sched_up, sched_down) = through_scheduler(&clients, &args).await?;
-        let (ready, teardown) = (
-            sched_up.as_secs_f64() / base_up.as_secs_f64(),
-            sched_down.as_secs_f64() / base_down.as_secs_f64(),
-        );
-        println!(
-            "round {round}: to READY: baseline {:.2} s, scheduler {:.2} s, ratio {ready:.2} | \
-             teardown: baseline {:.2} s, scheduler {:.2} s, ratio {teardown:.2}",
-            base_up.as_secs_f64(),
-            sched_up.as_secs_f64(),
-            base_down.as_secs_f64(),
-            sched_down.as_secs_f64()
-        );
-        ready_ratios.push(ready);
-        teardown_ratios.push(teardown);
+        let baseline = baseline(&client, &args, round).await?;
+        let scheduler = clients
+            .lifecycles("three-pods", args.lessons, args.concurrency, PATIENCE)
+            .await?;
+        ratios.round(round, baseline, scheduler);
     }
-    ready_ratios.sort_by(f64::total_cmp);
-    teardown_ratios.sort_by(f64::total_cmp);
-    println!(
-        "median ratios (scheduler/baseline): to READY {:.2}, teardown {:.2}",
-        ready_ratios[ready_ratios.len() / 2],
-        teardown_ratios[teardown_ratios.len() / 2]
-    );
+    ratios.print_medians();
     Ok(())
-}
-
-async fn delete(clients: &Clients, id: String) -> anyhow::Result<()> {
-    clients
-        .lessons
-        .clone()
-        .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.clone() })
-        .await?;
-    clients.gone(&id, PATIENCE).await
-}
-
-async fn through_scheduler(clients: &Clients, args: &Args) -> anyhow::Result<(Duration, Duration)> {
-    let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let up = fan_out(args.lessons, args.concurrency, |_| {
-        let (clients, ids) = (clients.clone(), ids.clone());
-        async move {
-            let session = clients.session().await?;
-            let id = clients.request(&session, "three-pods", 0).await?.id;
-            clients.ready(&id).await?;
-            ids.lock().expect("not poisoned").push(id);
-            Ok(())
-        }
-    })
-    .await?;
-    let ids: Arc<Vec<String>> = Arc::new(std::mem::take(&mut *ids.lock().expect("not poisoned")));
-    let down = fan_out(ids.len(), args.concurrency, |i| {
-        let (clients, ids) = (clients.clone(), ids.clone());
-        async move { delete(&clients, ids[i].clone()).await }
-    })
-    .await?;
-    Ok((up, down))
 }
 
 async fn baseline(
