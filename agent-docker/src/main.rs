@@ -2,7 +2,7 @@
 //! ctrl-c. The engine is the one Docker's own clients would use: `DOCKER_HOST` (a unix socket,
 //! or `tcp://HOST:PORT`; with `DOCKER_TLS_VERIFY=1` the connection uses TLS with the `ca.pem`,
 //! `cert.pem` and `key.pem` in `DOCKER_CERT_PATH`, default `~/.docker`), else the default
-//! socket.
+//! socket. Spans go to `$OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    sdk::trace::init_logging();
+    let telemetry = sdk::trace::init_logging("agent-docker")?;
     let settings = Settings::parse();
     let host =
         std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
@@ -32,13 +32,21 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let metrics = match settings.metrics_listen {
+        Some(address) => Some(
+            sdk::metrics::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (--metrics-listen)"))?,
+        ),
+        None => None,
+    };
     println!("listening on {}", listener.local_addr()?);
     let book = Arc::new(StateBook::default());
     let backend = Docker::new(docker, settings, book.clone());
     let shutdown = CancellationToken::new();
     tokio::spawn(backend.clone().follow_events(shutdown.clone()));
     let agent = Agent::with_book(backend, book);
-    sdk::serve(agent, listener, async move {
+    sdk::run(agent, listener, metrics, telemetry, async move {
         sdk::shutdown_signal().await;
         shutdown.cancel();
     })

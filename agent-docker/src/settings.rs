@@ -14,6 +14,9 @@ pub struct Settings {
     /// Where to serve antidote.agent.v1 (port 0: any; the bound address is printed).
     #[arg(long, env = "ANTIDOTE_DOCKER_LISTEN", default_value = "127.0.0.1:7071")]
     pub listen: SocketAddr,
+    /// Where to serve Prometheus `/metrics` (off when unset; port 0: any, printed).
+    #[arg(long, env = "ANTIDOTE_DOCKER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,

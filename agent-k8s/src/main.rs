@@ -1,6 +1,7 @@
 //! `agent-k8s`: connects to the Kubernetes API server, then serves antidote.agent.v1 until
 //! SIGTERM or ctrl-c. The cluster is found as kubectl finds it: `KUBECONFIG` (or
-//! `~/.kube/config`), else the in-cluster service account.
+//! `~/.kube/config`), else the in-cluster service account. Spans go to
+//! `$OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
 
 use agent_k8s::backend::Kubernetes;
 use agent_k8s::settings::Settings;
@@ -10,7 +11,7 @@ use clap::Parser as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    sdk::trace::init_logging();
+    let telemetry = sdk::trace::init_logging("agent-k8s")?;
     let settings = Settings::parse();
     let client = kube::Client::try_default()
         .await
@@ -23,9 +24,18 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let metrics = match settings.metrics_listen {
+        Some(address) => Some(
+            sdk::metrics::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (--metrics-listen)"))?,
+        ),
+        None => None,
+    };
     let backend = Kubernetes::new(client, settings);
     println!("listening on {}", listener.local_addr()?);
-    sdk::serve(Agent::new(backend), listener, sdk::shutdown_signal())
+    let agent = Agent::new(backend);
+    sdk::run(agent, listener, metrics, telemetry, sdk::shutdown_signal())
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }

@@ -7,9 +7,10 @@
 //! reconciler, which recovers the agent's live lessons.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_client::BackendClient;
@@ -18,8 +19,10 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
+use tracing::Instrument as _;
 
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::model::Millis;
 use crate::settings::{AgentConfig, ReconcilerConfig};
 use crate::store::Store;
@@ -90,10 +93,16 @@ pub struct Agent {
     pub load: AtomicU32,
     /// Deadline of each call.
     call_timeout: Duration,
+    /// Where call latencies and errors are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl Agent {
-    fn new(config: &AgentConfig, call_timeout: Duration) -> Result<Agent, Error> {
+    fn new(
+        config: &AgentConfig,
+        call_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Agent, Error> {
         let endpoint = Endpoint::from_shared(config.address.clone())
             .map_err(|err| Error::InvalidArgument {
                 field: "agents.address",
@@ -117,6 +126,7 @@ impl Agent {
             observers: Mutex::new(HashMap::new()),
             load: AtomicU32::new(0),
             call_timeout,
+            metrics,
         })
     }
 
@@ -190,10 +200,37 @@ impl Agent {
         }
     }
 
-    fn request<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        request.set_timeout(self.call_timeout);
-        request
+    /// One call: a span (child of the current one, so the caller's trace carries on in the
+    /// agent), the trace context in the metadata, the deadline, and the metrics.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        rpc: &'static str,
+        message: Req,
+        send: F,
+    ) -> Result<Resp, Error>
+    where
+        F: FnOnce(BackendClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let span = tracing::info_span!("agent.call", agent = %self.name, rpc, code = tracing::field::Empty);
+        async {
+            let mut request = Request::new(message);
+            request.set_timeout(self.call_timeout);
+            antidote_proto::sdk::trace::inject(request.metadata_mut());
+            let started = Instant::now();
+            let result = send(self.client.clone(), request).await;
+            let code = result
+                .as_ref()
+                .map_or_else(tonic::Status::code, |_| Code::Ok);
+            tracing::Span::current().record("code", tracing::field::debug(code));
+            self.metrics
+                .agent_call(&self.name, rpc, code, started.elapsed());
+            result
+                .map(tonic::Response::into_inner)
+                .map_err(|status| self.fail(rpc, status))
+        }
+        .instrument(span)
+        .await
     }
 
     fn fail(&self, call: &'static str, status: tonic::Status) -> Error {
@@ -209,12 +246,10 @@ impl Agent {
         &self,
         request: proto::HandshakeRequest,
     ) -> Result<proto::HandshakeResponse, Error> {
-        self.client
-            .clone()
-            .handshake(self.request(request))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| self.fail("Handshake", status))
+        self.call("Handshake", request, |mut c, r| async move {
+            c.handshake(r).await
+        })
+        .await
     }
 
     /// Provision.
@@ -222,16 +257,13 @@ impl Agent {
         &self,
         spec: proto::LessonSpec,
     ) -> Result<proto::LiveLessonState, Error> {
-        let response = self
-            .client
-            .clone()
-            .provision(self.request(proto::ProvisionRequest { spec: Some(spec) }))
-            .await
-            .map_err(|status| self.fail("Provision", status))?;
-        response
-            .into_inner()
-            .state
-            .ok_or_else(|| self.fail("Provision", tonic::Status::internal("answer has no state")))
+        let request = proto::ProvisionRequest { spec: Some(spec) };
+        self.call("Provision", request, |mut c, r| async move {
+            c.provision(r).await
+        })
+        .await?
+        .state
+        .ok_or_else(|| self.fail("Provision", tonic::Status::internal("answer has no state")))
     }
 
     /// Recover.
@@ -241,59 +273,50 @@ impl Agent {
         handle: Vec<u8>,
         spec: proto::LessonSpec,
     ) -> Result<proto::LiveLessonState, Error> {
-        let response = self
-            .client
-            .clone()
-            .recover(self.request(proto::RecoverRequest {
-                live_lesson_id: id.to_owned(),
-                handle,
-                spec: Some(spec),
-            }))
-            .await
-            .map_err(|status| self.fail("Recover", status))?;
-        response
-            .into_inner()
-            .state
-            .ok_or_else(|| self.fail("Recover", tonic::Status::internal("answer has no state")))
+        let request = proto::RecoverRequest {
+            live_lesson_id: id.to_owned(),
+            handle,
+            spec: Some(spec),
+        };
+        self.call(
+            "Recover",
+            request,
+            |mut c, r| async move { c.recover(r).await },
+        )
+        .await?
+        .state
+        .ok_or_else(|| self.fail("Recover", tonic::Status::internal("answer has no state")))
     }
 
     /// Get.
     pub async fn get(&self, id: &str) -> Result<proto::LiveLessonState, Error> {
-        let response = self
-            .client
-            .clone()
-            .get(self.request(proto::GetRequest {
-                live_lesson_id: id.to_owned(),
-            }))
-            .await
-            .map_err(|status| self.fail("Get", status))?;
-        response
-            .into_inner()
+        let request = proto::GetRequest {
+            live_lesson_id: id.to_owned(),
+        };
+        self.call("Get", request, |mut c, r| async move { c.get(r).await })
+            .await?
             .state
             .ok_or_else(|| self.fail("Get", tonic::Status::internal("answer has no state")))
     }
 
     /// Deprovision; returns whether everything is already gone.
     pub async fn deprovision(&self, id: &str, handle: Vec<u8>) -> Result<bool, Error> {
-        self.client
-            .clone()
-            .deprovision(self.request(proto::DeprovisionRequest {
-                live_lesson_id: id.to_owned(),
-                handle,
-            }))
-            .await
-            .map(|response| response.into_inner().gone)
-            .map_err(|status| self.fail("Deprovision", status))
+        let request = proto::DeprovisionRequest {
+            live_lesson_id: id.to_owned(),
+            handle,
+        };
+        self.call("Deprovision", request, |mut c, r| async move {
+            c.deprovision(r).await
+        })
+        .await
+        .map(|response| response.gone)
     }
 
     /// Plan.
     pub async fn plan(&self, spec: proto::LessonSpec) -> Result<proto::PlanResponse, Error> {
-        self.client
-            .clone()
-            .plan(self.request(proto::PlanRequest { spec: Some(spec) }))
+        let request = proto::PlanRequest { spec: Some(spec) };
+        self.call("Plan", request, |mut c, r| async move { c.plan(r).await })
             .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| self.fail("Plan", status))
     }
 
     /// Every live lesson the agent holds with our instance label, all pages.
@@ -301,20 +324,17 @@ impl Agent {
         let mut items = Vec::new();
         let mut page_token = String::new();
         loop {
+            let request = proto::ListRequest {
+                label_selector: HashMap::from([(
+                    LABEL_INSTANCE.to_owned(),
+                    instance_id.to_owned(),
+                )]),
+                page_size: 500,
+                page_token,
+            };
             let page = self
-                .client
-                .clone()
-                .list(self.request(proto::ListRequest {
-                    label_selector: HashMap::from([(
-                        LABEL_INSTANCE.to_owned(),
-                        instance_id.to_owned(),
-                    )]),
-                    page_size: 500,
-                    page_token,
-                }))
-                .await
-                .map_err(|status| self.fail("List", status))?
-                .into_inner();
+                .call("List", request, |mut c, r| async move { c.list(r).await })
+                .await?;
             items.extend(page.items);
             if page.next_page_token.is_empty() {
                 return Ok(items);
@@ -340,10 +360,16 @@ pub struct Fleet {
 
 impl Fleet {
     /// Creates clients for every configured agent (connections are made lazily).
-    pub fn new(configs: &[AgentConfig], reconciler: &ReconcilerConfig) -> Result<Fleet, Error> {
+    pub fn new(
+        configs: &[AgentConfig],
+        reconciler: &ReconcilerConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Fleet, Error> {
         let agents = configs
             .iter()
-            .map(|config| Agent::new(config, reconciler.call_timeout).map(Arc::new))
+            .map(|config| {
+                Agent::new(config, reconciler.call_timeout, metrics.clone()).map(Arc::new)
+            })
             .collect::<Result<_, _>>()?;
         Ok(Fleet { agents })
     }

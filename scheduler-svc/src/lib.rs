@@ -12,6 +12,8 @@
 //! - [`reaper`], TTL expiry and orphan collection.
 //! - [`hub`], fan-out of changes to API watchers.
 //! - [`server`], the `antidote.api.v1` services.
+//! - [`http`], the same API as JSON over HTTP, server-sent events, OpenAPI, `/metrics`.
+//! - [`metrics`], Prometheus metrics.
 //! - [`wire`], protobuf ↔ domain conversions.
 //! - [`settings`], configuration.
 //! - [`error`], the error type and its gRPC codes.
@@ -20,7 +22,9 @@
 pub mod catalog;
 pub mod error;
 pub mod fleet;
+pub mod http;
 pub mod hub;
+pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod reaper;
@@ -42,6 +46,7 @@ use tokio_util::task::TaskTracker;
 use crate::catalog::Catalog;
 use crate::fleet::{Fleet, SupervisorContext};
 use crate::hub::Hub;
+use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::reconcile::Reconciler;
 use crate::server::Api;
@@ -54,18 +59,32 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// How long in-flight work gets to finish after shutdown is asked for.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Runs the scheduler on a bound listener until `shutdown` is cancelled. The binary only parses
-/// flags, binds and wires the signal; tests call this with `127.0.0.1:0`.
+/// The bound listeners.
+pub struct Listeners {
+    /// The gRPC API.
+    pub grpc: TcpListener,
+    /// The HTTP API (JSON, events, OpenAPI, metrics), unless turned off.
+    pub http: Option<TcpListener>,
+}
+
+/// Runs the scheduler on bound listeners until `shutdown` is cancelled. The binary only parses
+/// flags, binds and wires the signal.
 pub async fn run(
     config: Config,
     catalog: Catalog,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let listener = listeners.grpc;
     let config = Arc::new(config);
     let catalog = Arc::new(catalog);
     let store = Store::open(&config.database).await?;
-    let fleet = Arc::new(Fleet::new(&config.agents, &config.reconciler)?);
+    let metrics = Arc::new(Metrics::default());
+    let fleet = Arc::new(Fleet::new(
+        &config.agents,
+        &config.reconciler,
+        metrics.clone(),
+    )?);
     let hub = Arc::new(Hub::default());
     let tracker = TaskTracker::new();
 
@@ -76,6 +95,7 @@ pub async fn run(
         hub.clone(),
         config.reconciler.clone(),
         config.instance_id.clone(),
+        metrics.clone(),
     );
     let (fleet_tx, fleet_rx) = tokio::sync::mpsc::unbounded_channel();
     fleet.spawn_supervisors(
@@ -102,6 +122,7 @@ pub async fn run(
         ttl: config.ttl.clone(),
         config: config.reaper.clone(),
         instance_id: config.instance_id.clone(),
+        metrics: metrics.clone(),
     };
     tracker.spawn(reaper.run(shutdown.clone()));
 
@@ -113,7 +134,17 @@ pub async fn run(
         fleet,
         config: config.clone(),
         shutdown: shutdown.clone(),
+        metrics,
     };
+    if let Some(listener) = listeners.http {
+        tracing::info!(address = %listener.local_addr()?, "serving JSON/HTTP, /openapi.json and /metrics");
+        let (api, config, shutdown) = (api.clone(), config.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            if let Err(err) = http::serve(api, &config.http, listener, shutdown).await {
+                tracing::error!(error = %err, "HTTP server stopped");
+            }
+        });
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in [
         "antidote.api.v1.CurriculumService",
@@ -142,6 +173,8 @@ pub async fn run(
     });
     let serve_shutdown = shutdown.clone();
     tonic::transport::Server::builder()
+        // A span per call, child of the caller's W3C trace context.
+        .trace_fn(antidote_proto::sdk::trace::span)
         // Serve the API's streams and the many small calls of many learners on few connections.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health_service)

@@ -40,13 +40,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { dir, tier } => validate(&dir, tier),
         Command::Serve { config } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
                 Err(err) => {
@@ -91,12 +84,35 @@ fn validate(dir: &std::path::Path, tier: Tier) -> ExitCode {
 
 async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let config = Config::load(config.as_deref())?;
+    let telemetry = antidote_proto::sdk::trace::init(
+        config
+            .telemetry
+            .service_name
+            .as_deref()
+            .unwrap_or("scheduler-svc"),
+        config.telemetry.otlp_endpoint.as_deref(),
+    )
+    .context("key `telemetry.otlp_endpoint`")?;
     let catalog = Catalog::load(&config.curriculum, config.tier)
         .with_context(|| format!("curriculum {}", config.curriculum.display()))?;
+    let http = if config.http.enabled {
+        let listener = tokio::net::TcpListener::bind(config.http.listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (key `http.listen`)",
+                    config.http.listen
+                )
+            })?;
+        println!("http listening on {}", listener.local_addr()?);
+        Some(listener)
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (key `listen`)", config.listen))?;
-    // Tests and scripts read this line to learn the port when `listen` asks for port 0.
+    // Tests and scripts read this line (last) to learn the port when `listen` asks for port 0.
     println!("listening on {}", listener.local_addr()?);
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
@@ -105,7 +121,13 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         trigger.cancel();
     });
-    scheduler_svc::run(config, catalog, listener, shutdown).await
+    let listeners = scheduler_svc::Listeners {
+        grpc: listener,
+        http,
+    };
+    let result = scheduler_svc::run(config, catalog, listeners, shutdown).await;
+    telemetry.shutdown();
+    result
 }
 
 async fn wait_for_signal() {

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fleet::Fleet;
 use crate::hub::Hub;
+use crate::metrics::{Metrics, ReaperAction};
 use crate::model::Millis;
 use crate::reconcile::Reconciler;
 use crate::settings::{ReaperConfig, TtlConfig};
@@ -34,6 +35,8 @@ pub struct Reaper {
     pub config: ReaperConfig,
     /// Our instance label value.
     pub instance_id: String,
+    /// Where actions are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Reaper {
@@ -54,7 +57,8 @@ impl Reaper {
         }
     }
 
-    #[tracing::instrument(skip_all)]
+    // Debug level: a span every tick would be a trace every tick in the collector.
+    #[tracing::instrument(skip_all, level = "debug")]
     async fn expire(&self) {
         let now = Millis::now();
         let lessons = self
@@ -65,9 +69,13 @@ impl Reaper {
             .store
             .expire_sessions(now.minus(self.ttl.session), now)
             .await;
-        for result in [lessons, sessions] {
+        for (result, action) in [
+            (lessons, ReaperAction::ExpireLiveLesson),
+            (sessions, ReaperAction::ExpireSession),
+        ] {
             match result {
                 Ok(expired) => {
+                    self.metrics.reaped(action, expired.len() as u64);
                     for lesson in expired {
                         tracing::info!(live_lesson.id = %lesson.id, "idle past its TTL; removing");
                         self.hub.publish(&lesson);
@@ -83,12 +91,15 @@ impl Reaper {
             .await
         {
             Ok(0) => {}
-            Ok(n) => tracing::debug!(events = n, "pruned old events"),
+            Ok(n) => {
+                self.metrics.reaped(ReaperAction::PruneEvents, n);
+                tracing::debug!(events = n, "pruned old events");
+            }
             Err(err) => tracing::error!(error = %err, "event pruning failed"),
         }
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(skip_all, level = "debug")]
     async fn collect_orphans(&self, suspects: &mut HashMap<(String, String), Instant>) {
         let now = Instant::now();
         let mut seen = std::collections::HashSet::new();
@@ -131,6 +142,7 @@ impl Reaper {
                     .await
                 {
                     Ok(_) => {
+                        self.metrics.reaped(ReaperAction::RemoveOrphan, 1);
                         seen.remove(&key);
                     }
                     Err(err) => tracing::warn!(error = %err, "orphan removal failed; will retry"),

@@ -17,15 +17,19 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, is_retryable};
 use crate::fleet::{self, Agent, Fleet, FleetEvent, Observed};
 use crate::hub::Hub;
+use crate::metrics::Metrics;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Status};
 use crate::placement;
 use crate::settings::ReconcilerConfig;
@@ -58,6 +62,11 @@ struct Inner {
     /// Per live lesson: the generation being worked on, when work on it started and how many
     /// attempts failed, for deadlines and backoff.
     attempts: Mutex<HashMap<LiveLessonId, Attempt>>,
+    /// Per live lesson: the trace context of whoever asked for the work (an API call, the
+    /// reaper), so the work and its agent calls belong to that trace.
+    origins: Mutex<HashMap<LiveLessonId, opentelemetry::Context>>,
+    /// Provisioning times.
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Clone, Copy)]
@@ -84,6 +93,7 @@ impl Reconciler {
         hub: Arc<Hub>,
         config: ReconcilerConfig,
         instance_id: String,
+        metrics: Arc<Metrics>,
     ) -> Reconciler {
         Reconciler {
             inner: Arc::new(Inner {
@@ -96,12 +106,18 @@ impl Reconciler {
                 queue: WorkQueue::default(),
                 recover: Mutex::new(HashSet::new()),
                 attempts: Mutex::new(HashMap::new()),
+                origins: Mutex::new(HashMap::new()),
+                metrics,
             }),
         }
     }
 
-    /// Schedules a live lesson for reconciliation.
+    /// Schedules a live lesson for reconciliation. The work joins the current span's trace.
     pub fn enqueue(&self, id: LiveLessonId) {
+        let context = tracing::Span::current().context();
+        if context.span().span_context().is_valid() {
+            lock(&self.inner.origins).insert(id, context);
+        }
         self.inner.queue.add(id);
     }
 
@@ -200,12 +216,21 @@ impl Reconciler {
                 _ = shutdown.cancelled() => return,
                 next = self.inner.queue.next() => next,
             };
+            let span = tracing::info_span!("reconcile", live_lesson.id = %id);
+            let origin = lock(&self.inner.origins).remove(&id);
+            if let Some(origin) = &origin {
+                let _ = span.set_parent(origin.clone());
+            }
             let next = tokio::select! {
                 // Work in flight is dropped at shutdown; the store still holds the desired state
                 // and the next process resumes it.
                 _ = shutdown.cancelled() => return,
-                next = self.run(id, &cancel) => next,
+                next = self.run(id, &cancel).instrument(span) => next,
             };
+            if let (Some(origin), Ok(Next::After(_)) | Err(_)) = (origin, &next) {
+                // A retry still belongs to the trace that asked, unless a newer request came.
+                lock(&self.inner.origins).entry(id).or_insert(origin);
+            }
             match next {
                 Ok(Next::Done) => {}
                 Ok(Next::After(delay)) => self.enqueue_after(id, delay, &shutdown),
@@ -219,7 +244,6 @@ impl Reconciler {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(live_lesson.id = %id))]
     async fn run(&self, id: LiveLessonId, cancel: &Notify) -> Result<Next, Error> {
         let Some(lesson) = self.inner.store.find_live_lesson(id).await? else {
             self.inner.hub.gone(id);
@@ -237,6 +261,7 @@ impl Reconciler {
         self.provision(lesson, recovering, cancel).await
     }
 
+    #[tracing::instrument(skip_all, fields(generation = lesson.generation, stage = lesson.stage, lesson = %lesson.lesson_slug))]
     async fn provision(
         &self,
         lesson: LiveLesson,
@@ -363,7 +388,7 @@ impl Reconciler {
                     }
                 }
                 if status.is_settled() {
-                    lock(&inner.attempts).remove(&current.id);
+                    self.settled(&current, status == Status::Ready);
                     return Ok(Next::Done);
                 }
             }
@@ -408,6 +433,7 @@ impl Reconciler {
         }
     }
 
+    #[tracing::instrument(skip_all)]
     async fn terminate(&self, lesson: LiveLesson, cancel: &Notify) -> Result<Next, Error> {
         let inner = &self.inner;
         let attempt = self.attempt(&lesson);
@@ -501,8 +527,17 @@ impl Reconciler {
         tracing::warn!(%reason, "live lesson failed");
         self.record(lesson, Observation::status(Status::Failed, reason))
             .await;
-        lock(&self.inner.attempts).remove(&lesson.id);
+        self.settled(lesson, false);
         Ok(Next::Done)
+    }
+
+    /// A generation ended READY (`ready`) or FAILED: forget its attempt, count its time.
+    fn settled(&self, lesson: &LiveLesson, ready: bool) {
+        if let Some(attempt) = lock(&self.inner.attempts).remove(&lesson.id) {
+            self.inner
+                .metrics
+                .provisioned(&lesson.lesson_slug, ready, attempt.started.elapsed());
+        }
     }
 
     /// Records a progress note without settling.

@@ -47,6 +47,8 @@ pub struct Api {
     pub config: Arc<Config>,
     /// Ends Watch streams at shutdown.
     pub shutdown: CancellationToken,
+    /// What `/metrics` renders.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 type Result<T> = std::result::Result<Response<T>, Status>;

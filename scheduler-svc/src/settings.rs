@@ -41,6 +41,10 @@ pub struct Config {
     /// Take the client address from the first `x-forwarded-for` entry (only behind a trusted
     /// proxy: otherwise any client could pick its own address and dodge the per-IP limit).
     pub trust_forwarded_for: bool,
+    /// The JSON/HTTP API, server-sent events, the OpenAPI document and `/metrics`.
+    pub http: HttpConfig,
+    /// Span export.
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for Config {
@@ -57,8 +61,46 @@ impl Default for Config {
             reconciler: ReconcilerConfig::default(),
             agents: Vec::new(),
             trust_forwarded_for: false,
+            http: HttpConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
+}
+
+/// The HTTP listener: the public API as JSON (`/v1/...`), watch as server-sent events, the
+/// OpenAPI document (`/openapi.json`), `/metrics` and `/healthz`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Whether to serve it at all.
+    pub enabled: bool,
+    /// Where it listens; port 0 picks a free port (printed as `http listening on ADDR`).
+    pub listen: SocketAddr,
+    /// Origins (`https://labs.example.org`) whose pages may call the API from a browser. Empty:
+    /// no CORS headers, so browsers allow only same-origin pages. `*` must be asked for
+    /// explicitly.
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            cors_origins: Vec::new(),
+        }
+    }
+}
+
+/// Span export over OTLP.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP/gRPC collector (`http://127.0.0.1:4317`). Unset: `$OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// and no export when that is unset too. Empty: no export.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of exported spans.
+    pub service_name: Option<String>,
 }
 
 /// Idle expiry, counted from last activity.
@@ -298,6 +340,31 @@ impl Config {
                 "must not be shorter than reconciler.backoff_initial",
             );
         }
+        for (i, origin) in self.http.cors_origins.iter().enumerate() {
+            let valid = origin == "*"
+                || ((origin.starts_with("http://") || origin.starts_with("https://"))
+                    && !origin.ends_with('/')
+                    && origin.parse::<tonic::transport::Uri>().is_ok_and(|uri| {
+                        uri.host().is_some() && uri.path_and_query().is_none_or(|p| p == "/")
+                    }));
+            if !valid {
+                return invalid(
+                    &format!("http.cors_origins[{i}]"),
+                    &format!(
+                        "`{origin}` is not an origin: scheme://host[:port], no path or trailing slash (or `*`)"
+                    ),
+                );
+            }
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && !endpoint.is_empty()
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return invalid(
+                "telemetry.otlp_endpoint",
+                &format!("`{endpoint}` must start with http:// or https://"),
+            );
+        }
         let mut names = std::collections::HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
             if agent.name.is_empty() || !names.insert(agent.name.as_str()) {
@@ -368,6 +435,29 @@ mod tests {
         assert!(err.to_string().contains("agents[0].address"), "{err}");
         let err = load_toml("colour = \"blue\"\n").unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
+        for origin in [
+            "labs.example.org",
+            "https://labs.example.org/",
+            "https://x.org/app",
+        ] {
+            let err = load_toml(&format!("[http]\ncors_origins = [\"{origin}\"]\n")).unwrap_err();
+            assert!(err.to_string().contains("http.cors_origins[0]"), "{err}");
+        }
+        let err = load_toml("[telemetry]\notlp_endpoint = \"127.0.0.1:4317\"\n").unwrap_err();
+        assert!(err.to_string().contains("telemetry.otlp_endpoint"), "{err}");
+    }
+
+    #[test]
+    fn http_defaults_are_closed() {
+        let config = load_toml("").unwrap();
+        assert!(config.http.cors_origins.is_empty(), "no CORS unless asked");
+        assert!(config.http.enabled);
+        let config = load_toml(
+            "[http]\nenabled = false\ncors_origins = [\"https://labs.example.org\", \"http://127.0.0.1:3000\"]\n",
+        )
+        .unwrap();
+        assert!(!config.http.enabled);
+        assert_eq!(config.http.cors_origins.len(), 2);
     }
 
     #[test]

@@ -43,6 +43,17 @@ const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \
 
 const SESSION_COLUMNS: &str = "id, source_ip, persistent, created_at, last_active";
 
+/// Live lessons per status and live sessions (see [`Store::counts`]).
+#[derive(Debug, Clone, Default)]
+pub struct Counts {
+    /// (status as stored, count).
+    pub statuses: Vec<(String, i64)>,
+    /// Sessions not expired.
+    pub sessions: i64,
+    /// Of which persistent.
+    pub persistent_sessions: i64,
+}
+
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -523,6 +534,25 @@ impl Store {
         .fetch_all(&self.reader)
         .await?;
         rows.iter().map(lesson_from_row).collect()
+    }
+
+    /// How many live lessons there are per status, and how many live (not expired) sessions,
+    /// persistent ones apart: what the metrics report at each scrape.
+    pub async fn counts(&self) -> Result<Counts> {
+        let statuses: Vec<(String, i64)> =
+            sqlx::query_as("SELECT status, COUNT(*) FROM live_lessons GROUP BY status")
+                .fetch_all(&self.reader)
+                .await?;
+        let (sessions, persistent): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), COALESCE(SUM(persistent), 0) FROM sessions WHERE expired = 0",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(Counts {
+            statuses,
+            sessions,
+            persistent_sessions: persistent,
+        })
     }
 
     /// Ids of every live lesson the reconciler still has work on (used at start-up to resume).

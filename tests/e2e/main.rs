@@ -7,6 +7,7 @@ mod docker;
 mod k8s;
 mod lifecycle;
 mod negotiation;
+mod operability;
 mod reaping;
 mod restart;
 
@@ -24,6 +25,10 @@ pub struct Knobs {
     pub session_ttl: &'static str,
     pub sessions_per_ip: u32,
     pub lessons_per_session: u32,
+    /// Appended to the scheduler's configuration.
+    pub extra_config: String,
+    /// The test agent's extra environment.
+    pub agent_env: Vec<(&'static str, String)>,
 }
 
 impl Default for Knobs {
@@ -33,6 +38,8 @@ impl Default for Knobs {
             session_ttl: "24h",
             sessions_per_ip: 0,
             lessons_per_session: 3,
+            extra_config: String::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -50,7 +57,7 @@ impl Env {
     pub async fn start(agent_args: &[&str], knobs: Knobs) -> Env {
         let dir = tempfile::tempdir().expect("temp dir");
         let journal = dir.path().join("journal");
-        let agent = start_agent(&dir, agent_args, &journal, None).await;
+        let agent = start_agent_with_env(&dir, agent_args, &journal, None, &knobs.agent_env).await;
         let config = format!(
             r#"instance_id = "e2e"
 curriculum = "{curriculum}"
@@ -73,6 +80,7 @@ provision_timeout = "2m"
 [[agents]]
 name = "loopback"
 address = "{agent}"
+{extra}
 "#,
             curriculum = example_curriculum().display(),
             lesson_ttl = knobs.lesson_ttl,
@@ -80,6 +88,7 @@ address = "{agent}"
             sessions_per_ip = knobs.sessions_per_ip,
             lessons_per_session = knobs.lessons_per_session,
             agent = agent.url(),
+            extra = knobs.extra_config,
         );
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
@@ -125,6 +134,16 @@ pub async fn start_agent(
     journal: &std::path::Path,
     listen: Option<std::net::SocketAddr>,
 ) -> Process {
+    start_agent_with_env(dir, args, journal, listen, &[]).await
+}
+
+pub async fn start_agent_with_env(
+    dir: &TempDir,
+    args: &[&str],
+    journal: &std::path::Path,
+    listen: Option<std::net::SocketAddr>,
+    env: &[(&str, String)],
+) -> Process {
     let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     all.push("--journal".into());
     all.push(journal.display().to_string());
@@ -135,9 +154,10 @@ pub async fn start_agent(
     let log = dir
         .path()
         .join(format!("agent-{}.log", uuid::Uuid::new_v4()));
-    Process::spawn(
+    Process::spawn_with_env(
         std::path::Path::new(env!("CARGO_BIN_EXE_test-agent")),
         &all,
+        env,
         log,
     )
     .await

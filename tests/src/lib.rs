@@ -6,6 +6,10 @@
 //! test prints.
 #![forbid(unsafe_code)]
 
+pub mod otlp;
+pub mod web;
+
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -45,6 +49,8 @@ pub struct Process {
     child: Child,
     /// Where it serves.
     pub addr: SocketAddr,
+    /// Other listeners it printed before (`http listening on ADDR` → `"http"`).
+    pub extra: HashMap<String, SocketAddr>,
     /// Its stderr.
     pub log: PathBuf,
 }
@@ -78,10 +84,14 @@ impl Process {
             .with_context(|| format!("cannot start {}", program.display()))?;
         let stdout = child.stdout.take().context("stdout is piped")?;
         let mut lines = BufReader::new(stdout).lines();
+        let mut extra = HashMap::new();
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
                 if let Some(addr) = line.strip_prefix("listening on ") {
                     return Ok::<_, anyhow::Error>(Some(addr.trim().parse::<SocketAddr>()?));
+                }
+                if let Some((name, addr)) = line.split_once(" listening on ") {
+                    extra.insert(name.trim().to_owned(), addr.trim().parse::<SocketAddr>()?);
                 }
             }
             Ok(None)
@@ -98,7 +108,12 @@ impl Process {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Process { child, addr, log })
+        Ok(Process {
+            child,
+            addr,
+            extra,
+            log,
+        })
     }
 
     /// `kill -9`: no chance to clean up.
@@ -125,6 +140,15 @@ impl Process {
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `http://ADDR` of a listener printed as `NAME listening on ADDR`.
+    pub fn extra_url(&self, name: &str) -> anyhow::Result<String> {
+        let addr = self
+            .extra
+            .get(name)
+            .with_context(|| format!("the process printed no `{name} listening on ADDR`"))?;
+        Ok(format!("http://{addr}"))
     }
 }
 
@@ -310,12 +334,18 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Writes `config` (TOML, without `listen` and `database`, which this sets) into `dir` and
-    /// starts the scheduler binary with it.
+    /// Writes `config` (TOML, without `listen` and `database`, which this sets; with an
+    /// `[http]` table only if it sets `listen` there) into `dir` and starts the scheduler
+    /// binary with it. The HTTP listener is on a free port unless `config` says otherwise.
     pub async fn start(dir: &Path, config: &str) -> anyhow::Result<Scheduler> {
         let path = dir.join("antidote.toml");
+        let http = if config.contains("[http]") {
+            ""
+        } else {
+            "http.listen = \"127.0.0.1:0\"\n"
+        };
         let full = format!(
-            "listen = \"127.0.0.1:0\"\ndatabase = \"{}\"\n{config}",
+            "listen = \"127.0.0.1:0\"\ndatabase = \"{}\"\n{http}{config}",
             dir.join("antidote.db").display()
         );
         std::fs::write(&path, full)?;

@@ -6,12 +6,14 @@ use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::agent::v1 as proto;
 use crate::agent::v1::backend_server::Backend as BackendRpc;
 use proto::Phase;
 
 use super::book::{StateBook, WatchStream};
+use super::metrics::AgentMetrics;
 use super::{labels, spec};
 
 /// Who an agent is, for the handshake.
@@ -162,6 +164,8 @@ pub struct Agent<B> {
     /// One lock per live lesson: Provision, Deprovision and Recover of one id take turns, so a
     /// burst of identical calls creates things once.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Call and provisioning metrics.
+    metrics: Arc<AgentMetrics>,
 }
 
 impl<B: Backend> Agent<B> {
@@ -181,6 +185,7 @@ impl<B: Backend> Agent<B> {
             book,
             work: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
+            metrics: Arc::new(AgentMetrics::default()),
         })
     }
 
@@ -192,6 +197,11 @@ impl<B: Backend> Agent<B> {
     /// The state book (every reported state).
     pub fn book(&self) -> &Arc<StateBook> {
         &self.book
+    }
+
+    /// The agent's metrics.
+    pub fn metrics(&self) -> &Arc<AgentMetrics> {
+        &self.metrics
     }
 
     /// This process's instance id.
@@ -247,23 +257,40 @@ impl<B: Backend> Agent<B> {
             generation: spec.generation,
         };
         let backend = self.backend.clone();
-        let driver = tokio::spawn({
-            let spec = spec.clone();
-            async move {
-                let stage = spec.stage;
-                match backend.realise(spec, start, report.clone()).await {
-                    Ok(endpoints) => report.update(|s| {
-                        s.phase = Phase::Ready as i32;
-                        s.reason = format!("stage {stage} ready");
-                        s.endpoints = endpoints;
-                    }),
-                    Err(reason) => {
-                        tracing::warn!(live_lesson.id = %report.id, %reason, "live lesson failed");
-                        report.phase(Phase::Failed, reason);
+        let metrics = self.metrics.clone();
+        // A child of the calling RPC's span: the work belongs to the scheduler's trace.
+        let span = tracing::info_span!(
+            "realise",
+            live_lesson.id = %id,
+            generation = spec.generation,
+            stage = spec.stage,
+            start = ?start,
+        );
+        let driver = tokio::spawn(
+            {
+                let spec = spec.clone();
+                async move {
+                    let stage = spec.stage;
+                    let started = std::time::Instant::now();
+                    match backend.realise(spec, start, report.clone()).await {
+                        Ok(endpoints) => {
+                            metrics.realised(true, started);
+                            report.update(|s| {
+                                s.phase = Phase::Ready as i32;
+                                s.reason = format!("stage {stage} ready");
+                                s.endpoints = endpoints;
+                            });
+                        }
+                        Err(reason) => {
+                            metrics.realised(false, started);
+                            tracing::warn!(%reason, "live lesson failed");
+                            report.phase(Phase::Failed, reason);
+                        }
                     }
                 }
             }
-        });
+            .instrument(span),
+        );
         if let Some(old) = self.work().insert(id, Work { spec, driver }) {
             old.driver.abort();
         }
@@ -431,79 +458,121 @@ impl<B: Backend> BackendRpc for AgentService<B> {
         &self,
         request: Request<proto::HandshakeRequest>,
     ) -> Result<Response<proto::HandshakeResponse>, Status> {
-        let request = request.into_inner();
-        let d = &self.0.description;
-        let Some(major) = d
-            .majors
-            .iter()
-            .copied()
-            .filter(|m| request.supported_majors.contains(m))
-            .max()
-        else {
-            return Err(Status::failed_precondition(format!(
-                "no common major version: the scheduler speaks {:?}, {} speaks {:?}",
-                request.supported_majors, d.name, d.majors
-            )));
-        };
-        Ok(Response::new(proto::HandshakeResponse {
-            major,
-            agent_name: d.name.clone(),
-            build_version: d.version.clone(),
-            instance_id: self.0.instance_id.clone(),
-            capabilities: d.capabilities.clone(),
-            capacity: Some(proto::Capacity {
-                max_live_lessons: d.max_live_lessons,
-                live_lessons: self.0.work().len() as u32,
-            }),
-            labels: d.labels.clone(),
-        }))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("Handshake", async move {
+                let request = request.into_inner();
+                let d = &agent.description;
+                let Some(major) = d
+                    .majors
+                    .iter()
+                    .copied()
+                    .filter(|m| request.supported_majors.contains(m))
+                    .max()
+                else {
+                    return Err(Status::failed_precondition(format!(
+                        "no common major version: the scheduler speaks {:?}, {} speaks {:?}",
+                        request.supported_majors, d.name, d.majors
+                    )));
+                };
+                Ok(Response::new(proto::HandshakeResponse {
+                    major,
+                    agent_name: d.name.clone(),
+                    build_version: d.version.clone(),
+                    instance_id: agent.instance_id.clone(),
+                    capabilities: d.capabilities.clone(),
+                    capacity: Some(proto::Capacity {
+                        max_live_lessons: d.max_live_lessons,
+                        live_lessons: agent.work().len() as u32,
+                    }),
+                    labels: d.labels.clone(),
+                }))
+            })
+            .await
     }
 
     async fn plan(
         &self,
         request: Request<proto::PlanRequest>,
     ) -> Result<Response<proto::PlanResponse>, Status> {
-        let spec = self.0.check(request.into_inner().spec)?;
-        Ok(Response::new(self.0.backend.plan(&spec).await?))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("Plan", async move {
+                let spec = agent.check(request.into_inner().spec)?;
+                Ok(Response::new(agent.backend.plan(&spec).await?))
+            })
+            .await
     }
 
     async fn provision(
         &self,
         request: Request<proto::ProvisionRequest>,
     ) -> Result<Response<proto::ProvisionResponse>, Status> {
-        let spec = self.0.check(request.into_inner().spec)?;
-        let state = self.0.provision(spec).await?;
-        Ok(Response::new(proto::ProvisionResponse {
-            state: Some(state),
-        }))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("Provision", async move {
+                let spec = agent.check(request.into_inner().spec)?;
+                let state = agent.provision(spec).await?;
+                Ok(Response::new(proto::ProvisionResponse {
+                    state: Some(state),
+                }))
+            })
+            .await
     }
 
     async fn deprovision(
         &self,
         request: Request<proto::DeprovisionRequest>,
     ) -> Result<Response<proto::DeprovisionResponse>, Status> {
-        self.0
-            .deprovision(&request.into_inner().live_lesson_id)
-            .await?;
-        Ok(Response::new(proto::DeprovisionResponse { gone: true }))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("Deprovision", async move {
+                agent
+                    .deprovision(&request.into_inner().live_lesson_id)
+                    .await?;
+                Ok(Response::new(proto::DeprovisionResponse { gone: true }))
+            })
+            .await
     }
 
     async fn get(
         &self,
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
-        let id = request.into_inner().live_lesson_id;
-        let state = self.0.book.get(&id).ok_or_else(|| {
-            Status::not_found(format!("live lesson `{id}` is not held by this agent"))
-        })?;
-        Ok(Response::new(proto::GetResponse { state: Some(state) }))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("Get", async move {
+                let id = request.into_inner().live_lesson_id;
+                let state = agent.book.get(&id).ok_or_else(|| {
+                    Status::not_found(format!("live lesson `{id}` is not held by this agent"))
+                })?;
+                Ok(Response::new(proto::GetResponse { state: Some(state) }))
+            })
+            .await
     }
 
     async fn list(
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
-        Ok(Response::new(self.0.list(&request.into_inner()).await?))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("List", async move {
+                Ok(Response::new(agent.list(&request.into_inner()).await?))
+            })
+            .await
     }
 
     type WatchStream = WatchStream;
@@ -519,7 +588,14 @@ impl<B: Backend> BackendRpc for AgentService<B> {
         &self,
         request: Request<proto::RecoverRequest>,
     ) -> Result<Response<proto::RecoverResponse>, Status> {
-        let state = self.0.recover(request.into_inner()).await?;
-        Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("Recover", async move {
+                let state = agent.recover(request.into_inner()).await?;
+                Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
+            })
+            .await
     }
 }

@@ -86,6 +86,11 @@ impl StateBook {
         self.len() == 0
     }
 
+    /// The phase of every live lesson held.
+    pub fn phases(&self) -> Vec<i32> {
+        self.lock().states.values().map(|s| s.phase).collect()
+    }
+
     /// Ids of every live lesson held.
     pub fn ids(&self) -> Vec<String> {
         self.lock().states.keys().cloned().collect()

@@ -20,11 +20,13 @@
 //! NOT_SERVING).
 //!
 //! Modules: [`book`] (the state book behind Get/List/Watch), [`spec`] (generic spec checks and
-//! states), [`probe`] (readiness probes), [`trace`] (call spans), `agent` (the trait and the
-//! runtime), `server` (serving).
+//! states), [`probe`] (readiness probes), [`trace`] (logging, OTLP span export, W3C trace
+//! context), [`metrics`] (Prometheus `/metrics`), `agent` (the trait and the runtime), `server`
+//! (serving).
 
 mod agent;
 pub mod book;
+pub mod metrics;
 pub mod probe;
 mod server;
 pub mod spec;
@@ -32,7 +34,7 @@ pub mod trace;
 
 pub use agent::{Agent, AgentService, Backend, Description, Report, Start};
 pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
-pub use server::{serve, shutdown_signal};
+pub use server::{run, serve, shutdown_signal};
 
 /// Label names the scheduler puts in `LessonSpec.labels` (see PROTOCOL.md, "Labels").
 pub mod labels {

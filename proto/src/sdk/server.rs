@@ -69,6 +69,26 @@ pub async fn serve<B: Backend>(
     Ok(())
 }
 
+/// What an agent binary does once its backend is built: serves `/metrics` on `metrics` (when
+/// given, see [`super::metrics::bind`]), serves the agent on `listener` until `shutdown`, then
+/// flushes the spans still queued in `telemetry`.
+pub async fn run<B: Backend>(
+    agent: Arc<Agent<B>>,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    telemetry: super::trace::Telemetry,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let stop_metrics = CancellationToken::new();
+    if let Some(metrics) = metrics {
+        super::metrics::spawn(&agent, metrics, stop_metrics.clone());
+    }
+    let result = serve(agent, listener, shutdown).await;
+    stop_metrics.cancel();
+    telemetry.shutdown();
+    result
+}
+
 /// Completes on SIGTERM or ctrl-c.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

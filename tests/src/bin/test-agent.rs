@@ -35,6 +35,9 @@ struct Args {
     /// Where to serve antidote.agent.v1.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
+    /// Where to serve Prometheus `/metrics` (off when unset).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Time each new live lesson spends BOOTING.
     #[arg(long, default_value = "0ms", value_parser = humantime_duration)]
     boot_delay: Duration,
@@ -310,14 +313,19 @@ async fn serve_presentation(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let telemetry = sdk::trace::init_logging("test-agent")?;
     let args = Args::parse();
     let listener = TcpListener::bind(args.listen).await?;
+    let metrics = match args.metrics_listen {
+        Some(address) => Some(sdk::metrics::bind(address).await?),
+        None => None,
+    };
     let agent = Agent::new(Loopback {
         args,
         entries: Mutex::new(HashMap::new()),
     });
     println!("listening on {}", listener.local_addr()?);
-    sdk::serve(agent, listener, sdk::shutdown_signal())
+    sdk::run(agent, listener, metrics, telemetry, sdk::shutdown_signal())
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }

@@ -1,0 +1,237 @@
+//! Prometheus metrics of an agent, and the small HTTP server that exposes them on `/metrics`.
+//!
+//! [`AgentMetrics`] is kept by every [`super::Agent`]:
+//! - `antidote_agent_rpc_duration_seconds{rpc, code}`: every answered RPC (Watch excepted: it
+//!   lasts as long as the scheduler's connection), by gRPC code;
+//! - `antidote_agent_realise_duration_seconds{outcome}`: one generation from Provision to READY
+//!   or FAILED;
+//! - `antidote_agent_live_lessons{phase}`: the live lessons held, counted at scrape time.
+//!
+//! The scheduler exposes its own metrics the same way (OpenMetrics text).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::agent::v1::Phase;
+
+use super::StateBook;
+
+/// The content type of the OpenMetrics text format (what Prometheus scrapes).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Latency buckets of one call: 1 ms to ~65 s.
+pub fn call_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+/// Buckets of taking a live lesson to READY: 0.25 s to ~17 min.
+pub fn provisioning_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.25, 2.0, 13)
+}
+
+/// A histogram family whose members use `buckets`.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Labels of one RPC's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// The method, as in the .proto (`Provision`).
+    pub rpc: &'static str,
+    /// The gRPC code name (`Ok`, `NotFound`, ...).
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+/// An agent's metrics.
+pub struct AgentMetrics {
+    registry: Registry,
+    rpcs: HistogramFamily<RpcLabels>,
+    realise: HistogramFamily<OutcomeLabels>,
+    live_lessons: Family<PhaseLabels, Gauge>,
+}
+
+impl std::fmt::Debug for AgentMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("antidote_agent");
+        let rpcs =
+            HistogramFamily::<RpcLabels>::new_with_constructor(|| Histogram::new(call_buckets()));
+        let realise = HistogramFamily::<OutcomeLabels>::new_with_constructor(|| {
+            Histogram::new(provisioning_buckets())
+        });
+        let live_lessons = Family::<PhaseLabels, Gauge>::default();
+        registry.register_with_unit(
+            "rpc_duration",
+            "Answered antidote.agent.v1 calls by method and gRPC code (Watch excepted)",
+            prometheus_client::registry::Unit::Seconds,
+            rpcs.clone(),
+        );
+        registry.register_with_unit(
+            "realise_duration",
+            "Time from Provision to READY or FAILED of one generation",
+            prometheus_client::registry::Unit::Seconds,
+            realise.clone(),
+        );
+        registry.register(
+            "live_lessons",
+            "Live lessons held, by phase",
+            live_lessons.clone(),
+        );
+        AgentMetrics {
+            registry,
+            rpcs,
+            realise,
+            live_lessons,
+        }
+    }
+}
+
+impl AgentMetrics {
+    /// Times one RPC and records its code.
+    pub async fn rpc<T>(
+        &self,
+        rpc: &'static str,
+        call: impl Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, tonic::Status> {
+        let started = Instant::now();
+        let result = call.await;
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.rpcs
+            .get_or_create(&RpcLabels {
+                rpc,
+                code: code_name(code),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Records one generation's time to READY (`ready`) or FAILED.
+    pub fn realised(&self, ready: bool, started: Instant) {
+        let outcome = if ready { "ready" } else { "failed" };
+        self.realise
+            .get_or_create(&OutcomeLabels { outcome })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// The text exposition, with the live-lesson counts taken from `book` now.
+    pub fn render(&self, book: &StateBook) -> String {
+        let mut counts = std::collections::BTreeMap::new();
+        for phase in [
+            Phase::Pending,
+            Phase::Booting,
+            Phase::Configuring,
+            Phase::Ready,
+            Phase::Failed,
+            Phase::Terminating,
+        ] {
+            counts.insert(phase as i32, 0i64);
+        }
+        for phase in book.phases() {
+            *counts.entry(phase).or_default() += 1;
+        }
+        for (phase, count) in counts {
+            let phase = Phase::try_from(phase).map_or("unknown", |p| phase_name(p));
+            self.live_lessons
+                .get_or_create(&PhaseLabels { phase })
+                .set(count);
+        }
+        encode(&self.registry)
+    }
+}
+
+fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Unspecified => "unspecified",
+        Phase::Pending => "pending",
+        Phase::Booting => "booting",
+        Phase::Configuring => "configuring",
+        Phase::Ready => "ready",
+        Phase::Failed => "failed",
+        Phase::Terminating => "terminating",
+    }
+}
+
+/// A gRPC code as a label value: its name (`Ok`, `Unavailable`, ...).
+pub fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
+}
+
+/// The Prometheus text exposition of `registry`.
+pub fn encode(registry: &Registry) -> String {
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
+    text
+}
+
+/// Serves `GET /metrics` (and `GET /healthz`) on `listener` until `shutdown` completes.
+pub async fn serve<F>(
+    listener: TcpListener,
+    render: F,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let render = render.clone();
+                async move { ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], render()) }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds `address` for [`serve`] and prints `metrics listening on ADDR` (before the agent's own
+/// `listening on ADDR`, which harnesses wait for last).
+pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let listener = TcpListener::bind(address).await?;
+    println!("metrics listening on {}", listener.local_addr()?);
+    Ok(listener)
+}
+
+/// Serves an agent's metrics in the background until `shutdown` is cancelled.
+pub fn spawn<B: super::Backend>(
+    agent: &Arc<super::Agent<B>>,
+    listener: TcpListener,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let agent = agent.clone();
+    tokio::spawn(async move {
+        let render = move || agent.metrics().render(agent.book());
+        if let Err(err) = serve(listener, render, shutdown.cancelled_owned()).await {
+            tracing::error!(error = %err, "metrics server stopped");
+        }
+    });
+}

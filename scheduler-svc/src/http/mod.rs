@@ -1,0 +1,790 @@
+//! The public API as JSON over HTTP, for web front ends, beside the gRPC API.
+//!
+//! Every route in [`ROUTES`] transcodes to the same `antidote.api.v1` method the gRPC server
+//! runs (the handlers of [`crate::server::Api`], so validation, limits and errors are the same):
+//! path parameters, query parameters and the JSON body fill the request message by the proto3
+//! JSON mapping (through the descriptor set, `prost-reflect`), and the answer is the response
+//! message in that mapping (lowerCamelCase names, enums by name, 64-bit integers as strings,
+//! timestamps in RFC 3339; default values included). Errors are
+//! `{"code": "NOT_FOUND", "message": "..."}` with the HTTP status grpc-gateway uses for the code.
+//! `WatchLiveLesson` is a stream of server-sent events (`event: live_lesson`, the JSON message as
+//! data; `event: error` then the end if the stream fails).
+//!
+//! Also served: `GET /openapi.json` (generated from the same routes and descriptors, see
+//! [`openapi`]), `GET /metrics` (Prometheus) and `GET /healthz`. CORS answers only the origins
+//! in `http.cors_origins` (none by default).
+
+pub mod openapi;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use antidote_proto::api::v1::admin_service_server::AdminService as _;
+use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
+use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService as _;
+use antidote_proto::api::v1::session_service_server::SessionService as _;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get};
+use futures::{Stream, StreamExt as _};
+use prost::Message as _;
+use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor, SerializeOptions};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::server::TcpConnectInfo;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tracing::Instrument as _;
+
+use crate::server::Api;
+use crate::settings::HttpConfig;
+
+/// Largest JSON body accepted: every request is a few ids and slugs.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The descriptors of `antidote.api.v1` (and what it imports).
+pub static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(antidote_proto::FILE_DESCRIPTOR_SET)
+        .expect("the build embeds a valid descriptor set")
+});
+
+/// One JSON route: an HTTP method and path template for one RPC.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    /// GET, POST, PUT or DELETE.
+    pub method: &'static str,
+    /// An axum path template (`/v1/lessons/{slug}`); each `{name}` fills the request field
+    /// of that name.
+    pub path: &'static str,
+    /// Service and method (`LiveLessonService.RequestLiveLesson`).
+    pub rpc: &'static str,
+    /// The request message (`antidote.api.v1.RequestLiveLessonRequest`).
+    pub input: &'static str,
+    /// The response message, or of each event for a stream.
+    pub output: &'static str,
+    /// Whether the request fields not in the path come from a JSON body (else from the query).
+    pub body: bool,
+    /// Whether the answer is a server-sent event stream.
+    pub stream: bool,
+}
+
+const fn route(
+    method: &'static str,
+    path: &'static str,
+    rpc: &'static str,
+    input: &'static str,
+    output: &'static str,
+) -> Route {
+    Route {
+        method,
+        path,
+        rpc,
+        input,
+        output,
+        body: matches!(method.as_bytes(), b"POST" | b"PUT"),
+        stream: false,
+    }
+}
+
+/// Every JSON route; the router and the OpenAPI document are both made from this list.
+pub const ROUTES: &[Route] = &[
+    route(
+        "GET",
+        "/v1/curriculum",
+        "CurriculumService.GetCurriculum",
+        "GetCurriculumRequest",
+        "Curriculum",
+    ),
+    route(
+        "GET",
+        "/v1/lessons",
+        "CurriculumService.ListLessons",
+        "ListLessonsRequest",
+        "ListLessonsResponse",
+    ),
+    route(
+        "GET",
+        "/v1/lessons/{slug}",
+        "CurriculumService.GetLesson",
+        "GetLessonRequest",
+        "Lesson",
+    ),
+    route(
+        "GET",
+        "/v1/lessons/{slug}/prereqs",
+        "CurriculumService.GetLessonPrereqs",
+        "GetLessonPrereqsRequest",
+        "GetLessonPrereqsResponse",
+    ),
+    route(
+        "GET",
+        "/v1/collections",
+        "CurriculumService.ListCollections",
+        "ListCollectionsRequest",
+        "ListCollectionsResponse",
+    ),
+    route(
+        "GET",
+        "/v1/collections/{slug}",
+        "CurriculumService.GetCollection",
+        "GetCollectionRequest",
+        "Collection",
+    ),
+    route(
+        "POST",
+        "/v1/sessions",
+        "SessionService.CreateSession",
+        "CreateSessionRequest",
+        "Session",
+    ),
+    route(
+        "GET",
+        "/v1/sessions/{id}",
+        "SessionService.GetSession",
+        "GetSessionRequest",
+        "Session",
+    ),
+    route(
+        "POST",
+        "/v1/live-lessons",
+        "LiveLessonService.RequestLiveLesson",
+        "RequestLiveLessonRequest",
+        "LiveLesson",
+    ),
+    route(
+        "GET",
+        "/v1/live-lessons",
+        "LiveLessonService.ListLiveLessons",
+        "ListLiveLessonsRequest",
+        "ListLiveLessonsResponse",
+    ),
+    route(
+        "GET",
+        "/v1/live-lessons/{id}",
+        "LiveLessonService.GetLiveLesson",
+        "GetLiveLessonRequest",
+        "LiveLesson",
+    ),
+    Route {
+        stream: true,
+        ..route(
+            "GET",
+            "/v1/live-lessons/{id}/watch",
+            "LiveLessonService.WatchLiveLesson",
+            "WatchLiveLessonRequest",
+            "LiveLesson",
+        )
+    },
+    route(
+        "POST",
+        "/v1/live-lessons/{id}/heartbeat",
+        "LiveLessonService.Heartbeat",
+        "HeartbeatRequest",
+        "HeartbeatResponse",
+    ),
+    route(
+        "PUT",
+        "/v1/live-lessons/{id}/stage",
+        "LiveLessonService.SetStage",
+        "SetStageRequest",
+        "LiveLesson",
+    ),
+    route(
+        "DELETE",
+        "/v1/live-lessons/{id}",
+        "LiveLessonService.DeleteLiveLesson",
+        "DeleteLiveLessonRequest",
+        "DeleteLiveLessonResponse",
+    ),
+    route(
+        "GET",
+        "/v1/admin/live-lessons",
+        "AdminService.ListLiveLessons",
+        "AdminListLiveLessonsRequest",
+        "AdminListLiveLessonsResponse",
+    ),
+    route(
+        "DELETE",
+        "/v1/admin/live-lessons/{id}",
+        "AdminService.KillLiveLesson",
+        "KillLiveLessonRequest",
+        "KillLiveLessonResponse",
+    ),
+    route(
+        "GET",
+        "/v1/admin/live-lessons/{live_lesson_id}/events",
+        "AdminService.ListEvents",
+        "ListEventsRequest",
+        "ListEventsResponse",
+    ),
+    route(
+        "GET",
+        "/v1/admin/sessions",
+        "AdminService.ListSessions",
+        "ListSessionsRequest",
+        "ListSessionsResponse",
+    ),
+    route(
+        "PUT",
+        "/v1/admin/sessions/{id}/persistent",
+        "AdminService.PersistSession",
+        "PersistSessionRequest",
+        "Session",
+    ),
+    route(
+        "GET",
+        "/v1/admin/agents",
+        "AdminService.ListAgents",
+        "ListAgentsRequest",
+        "ListAgentsResponse",
+    ),
+    route(
+        "POST",
+        "/v1/admin/plan",
+        "AdminService.Plan",
+        "PlanRequest",
+        "PlanResponse",
+    ),
+];
+
+/// The descriptor of a message of `antidote.api.v1` by its short name.
+pub fn message(name: &str) -> MessageDescriptor {
+    POOL.get_message_by_name(&format!("antidote.api.v1.{name}"))
+        .unwrap_or_else(|| panic!("ROUTES names `{name}`, which antidote.api.v1 lacks"))
+}
+
+/// Serves the HTTP API on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    api: Api,
+    config: &HttpConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = router(api, config).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// The whole HTTP application.
+pub fn router(api: Api, config: &HttpConfig) -> axum::Router {
+    let mut router = axum::Router::new();
+    for route in ROUTES {
+        router = router.route(route.path, method_router(route));
+    }
+    let document = Arc::new(openapi::document().to_string());
+    router = router
+        .route(
+            "/openapi.json",
+            get(move || {
+                let document = document.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        document.as_str().to_owned(),
+                    )
+                }
+            }),
+        )
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .fallback(|method: Method, uri: axum::http::Uri| async move {
+            error(
+                Code::NotFound,
+                format!("no route {method} {}: see /openapi.json", uri.path()),
+            )
+        });
+    let router = router.with_state(api);
+    match cors(&config.cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
+}
+
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|origin| HeaderValue::from_str(origin).ok()),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_headers([
+                header::CONTENT_TYPE,
+                header::HeaderName::from_static("traceparent"),
+                header::HeaderName::from_static("tracestate"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+async fn metrics(State(api): State<Api>) -> Response {
+    match api.store.counts().await {
+        Ok(counts) => (
+            [(
+                header::CONTENT_TYPE,
+                antidote_proto::sdk::metrics::CONTENT_TYPE,
+            )],
+            api.metrics.render(&counts, &api.fleet),
+        )
+            .into_response(),
+        Err(err) => error(
+            Code::Unavailable,
+            format!("cannot count live lessons: {err}"),
+        ),
+    }
+}
+
+/// What every handler gets: the route's fields as JSON, the caller's address and headers.
+struct Call {
+    fields: serde_json::Map<String, serde_json::Value>,
+    peer: SocketAddr,
+    headers: HeaderMap,
+}
+
+fn method_router(route: &'static Route) -> MethodRouter<Api> {
+    let handler = move |State(api): State<Api>,
+                        ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                        Path(params): Path<HashMap<String, String>>,
+                        Query(query): Query<Vec<(String, String)>>,
+                        headers: HeaderMap,
+                        body: Bytes| async move {
+        let span = tracing::info_span!("http", http.route = route.path, rpc = route.rpc);
+        antidote_proto::sdk::trace::set_parent(&span, &headers);
+        async move {
+            let fields = match fields(route, params, query, &body) {
+                Ok(fields) => fields,
+                Err(message) => return error(Code::InvalidArgument, message),
+            };
+            dispatch(
+                api,
+                route,
+                Call {
+                    fields,
+                    peer,
+                    headers,
+                },
+            )
+            .await
+        }
+        .instrument(span)
+        .await
+    };
+    let handler = axum::routing::on(
+        match route.method {
+            "GET" => axum::routing::MethodFilter::GET,
+            "POST" => axum::routing::MethodFilter::POST,
+            "PUT" => axum::routing::MethodFilter::PUT,
+            _ => axum::routing::MethodFilter::DELETE,
+        },
+        handler,
+    );
+    handler.layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// Path parameters, then the query or the body, as one JSON object of request fields.
+fn fields(
+    route: &Route,
+    params: HashMap<String, String>,
+    query: Vec<(String, String)>,
+    body: &[u8],
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let input = message(route.input);
+    let mut fields = serde_json::Map::new();
+    if route.body && !body.iter().all(u8::is_ascii_whitespace) {
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(serde_json::Value::Object(object)) => fields = object,
+            Ok(_) => return Err("the body must be a JSON object".into()),
+            Err(err) => return Err(format!("the body is not JSON: {err}")),
+        }
+    } else if !route.body {
+        for (name, value) in query {
+            let value =
+                scalar(&input, &name, value).map_err(|why| format!("query `{name}`: {why}"))?;
+            fields.insert(name, value);
+        }
+    }
+    for (name, value) in params {
+        let value = scalar(&input, &name, value).map_err(|why| format!("path `{name}`: {why}"))?;
+        if let Some(other) = fields.insert(name.clone(), value.clone())
+            && other != value
+        {
+            return Err(format!(
+                "`{name}` is `{value}` in the path but `{other}` in the body"
+            ));
+        }
+    }
+    Ok(fields)
+}
+
+/// A query or path string as the JSON value the field's type takes.
+fn scalar(
+    input: &MessageDescriptor,
+    name: &str,
+    value: String,
+) -> Result<serde_json::Value, String> {
+    let field = input
+        .get_field_by_name(name)
+        .or_else(|| input.get_field_by_json_name(name))
+        .ok_or_else(|| {
+            let known: Vec<_> = input.fields().map(|f| f.name().to_owned()).collect();
+            format!(
+                "no such field in {} (fields: {})",
+                input.name(),
+                known.join(", ")
+            )
+        })?;
+    if field.is_list() || field.is_map() {
+        return Err("not settable from a URL".into());
+    }
+    Ok(match field.kind() {
+        Kind::Bool => match value.as_str() {
+            "true" | "1" => serde_json::Value::Bool(true),
+            "false" | "0" => serde_json::Value::Bool(false),
+            _ => return Err(format!("`{value}` is not true or false")),
+        },
+        Kind::Uint32 | Kind::Fixed32 | Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => {
+            let number: i64 = value
+                .parse()
+                .map_err(|_| format!("`{value}` is not an integer"))?;
+            serde_json::Value::from(number)
+        }
+        _ => serde_json::Value::String(value),
+    })
+}
+
+/// Decodes the request message from JSON fields (proto3 JSON mapping, unknown names refused).
+fn decode<T: prost::Message + Default>(
+    route: &Route,
+    fields: serde_json::Map<String, serde_json::Value>,
+) -> Result<T, tonic::Status> {
+    // Track where in the JSON a value is refused, so the message names the field.
+    let mut track = serde_path_to_error::Track::new();
+    let deserializer =
+        serde_path_to_error::Deserializer::new(serde_json::Value::Object(fields), &mut track);
+    let dynamic =
+        DynamicMessage::deserialize(message(route.input), deserializer).map_err(|err| {
+            let path = track.path().to_string();
+            let field = if path == "." {
+                String::new()
+            } else {
+                format!(" field `{path}`")
+            };
+            tonic::Status::invalid_argument(format!("{}{field}: {err}", route.input))
+        })?;
+    T::decode(dynamic.encode_to_vec().as_slice())
+        .map_err(|err| tonic::Status::internal(format!("transcoding {}: {err}", route.input)))
+}
+
+/// A response message as JSON (proto3 JSON mapping, defaults included).
+pub fn encode<T: prost::Message>(output: &MessageDescriptor, message: &T) -> serde_json::Value {
+    let bytes = message.encode_to_vec();
+    match DynamicMessage::decode(output.clone(), bytes.as_slice()) {
+        Ok(dynamic) => dynamic
+            .serialize_with_options(
+                serde_json::value::Serializer,
+                &SerializeOptions::new().skip_default_fields(false),
+            )
+            .unwrap_or(serde_json::Value::Null),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// Runs the route's RPC on the gRPC handlers.
+async fn dispatch(api: Api, route: &'static Route, call: Call) -> Response {
+    macro_rules! unary {
+        ($method:ident) => {
+            unary(
+                route,
+                call,
+                |request| async move { api.$method(request).await },
+            )
+            .await
+        };
+    }
+    match route.rpc {
+        "CurriculumService.GetCurriculum" => unary!(get_curriculum),
+        "CurriculumService.ListLessons" => unary!(list_lessons),
+        "CurriculumService.GetLesson" => unary!(get_lesson),
+        "CurriculumService.GetLessonPrereqs" => unary!(get_lesson_prereqs),
+        "CurriculumService.ListCollections" => unary!(list_collections),
+        "CurriculumService.GetCollection" => unary!(get_collection),
+        "SessionService.CreateSession" => unary!(create_session),
+        "SessionService.GetSession" => unary!(get_session),
+        "LiveLessonService.RequestLiveLesson" => unary!(request_live_lesson),
+        "LiveLessonService.ListLiveLessons" => {
+            unary(route, call, |request| async move {
+                antidote_proto::api::v1::live_lesson_service_server::LiveLessonService::list_live_lessons(&api, request).await
+            })
+            .await
+        }
+        "LiveLessonService.GetLiveLesson" => unary!(get_live_lesson),
+        "LiveLessonService.WatchLiveLesson" => watch(api, route, call).await,
+        "LiveLessonService.Heartbeat" => unary!(heartbeat),
+        "LiveLessonService.SetStage" => unary!(set_stage),
+        "LiveLessonService.DeleteLiveLesson" => unary!(delete_live_lesson),
+        "AdminService.ListLiveLessons" => {
+            unary(route, call, |request| async move {
+                antidote_proto::api::v1::admin_service_server::AdminService::list_live_lessons(&api, request).await
+            })
+            .await
+        }
+        "AdminService.KillLiveLesson" => unary!(kill_live_lesson),
+        "AdminService.ListEvents" => unary!(list_events),
+        "AdminService.ListSessions" => unary!(list_sessions),
+        "AdminService.PersistSession" => unary!(persist_session),
+        "AdminService.ListAgents" => unary!(list_agents),
+        "AdminService.Plan" => unary!(plan),
+        other => error(Code::Unimplemented, format!("{other} has no JSON handler")),
+    }
+}
+
+/// The tonic request a gRPC client would have sent: the message, the caller's address (for
+/// per-IP limits), `x-forwarded-for` when present.
+fn request<T>(message: T, call: &Call) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(forwarded) = call.headers.get("x-forwarded-for")
+        && let Ok(value) = forwarded.to_str()
+        && let Ok(value) = value.parse()
+    {
+        request.metadata_mut().insert("x-forwarded-for", value);
+    }
+    request.extensions_mut().insert(TcpConnectInfo {
+        local_addr: None,
+        remote_addr: Some(call.peer),
+    });
+    request
+}
+
+async fn unary<Req, Resp, F, Fut>(route: &Route, call: Call, run: F) -> Response
+where
+    Req: prost::Message + Default,
+    Resp: prost::Message,
+    F: FnOnce(tonic::Request<Req>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+{
+    let decoded = match decode::<Req>(route, call.fields.clone()) {
+        Ok(decoded) => decoded,
+        Err(status) => return status_response(&status),
+    };
+    match run(request(decoded, &call)).await {
+        Ok(response) => {
+            axum::Json(encode(&message(route.output), response.get_ref())).into_response()
+        }
+        Err(status) => status_response(&status),
+    }
+}
+
+async fn watch(api: Api, route: &'static Route, call: Call) -> Response {
+    let decoded = match decode::<api::WatchLiveLessonRequest>(route, call.fields.clone()) {
+        Ok(decoded) => decoded,
+        Err(status) => return status_response(&status),
+    };
+    let stream = match api.watch_live_lesson(request(decoded, &call)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return status_response(&status),
+    };
+    Sse::new(events(stream, message(route.output)))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+/// Each update as `event: live_lesson`; a failure as `event: error`, which ends the stream.
+fn events<S>(stream: S, output: MessageDescriptor) -> impl Stream<Item = Result<Event, Infallible>>
+where
+    S: Stream<Item = Result<api::LiveLesson, tonic::Status>> + Send + 'static,
+{
+    stream
+        .scan(false, |failed, item| {
+            if *failed {
+                return std::future::ready(None);
+            }
+            *failed = item.is_err();
+            std::future::ready(Some(item))
+        })
+        .map(move |item| {
+            Ok(match item {
+                Ok(lesson) => Event::default()
+                    .event("live_lesson")
+                    .json_data(encode(&output, &lesson))
+                    .unwrap_or_default(),
+                Err(status) => Event::default()
+                    .event("error")
+                    .json_data(error_body(status.code(), status.message()))
+                    .unwrap_or_default(),
+            })
+        })
+}
+
+/// The HTTP status grpc-gateway gives a gRPC code.
+pub fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The code's name as in google.rpc.Code (`NOT_FOUND`).
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn error_body(code: Code, message: &str) -> serde_json::Value {
+    serde_json::json!({ "code": code_name(code), "message": message })
+}
+
+fn error(code: Code, message: String) -> Response {
+    (http_status(code), axum::Json(error_body(code, &message))).into_response()
+}
+
+fn status_response(status: &tonic::Status) -> Response {
+    error(status.code(), status.message().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_names_real_messages_and_path_fields() {
+        for route in ROUTES {
+            let input = message(route.input);
+            message(route.output);
+            for part in route.path.split('/') {
+                if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                    assert!(
+                        input.get_field_by_name(name).is_some(),
+                        "{}: `{name}` is not a field of {}",
+                        route.path,
+                        route.input
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn query_values_take_their_field_type() {
+        let route = ROUTES
+            .iter()
+            .find(|r| r.rpc == "AdminService.ListLiveLessons")
+            .unwrap();
+        let fields = fields(
+            route,
+            HashMap::new(),
+            vec![("status".into(), "LIVE_LESSON_STATUS_READY".into())],
+            b"",
+        )
+        .unwrap();
+        let request: api::AdminListLiveLessonsRequest = decode(route, fields).unwrap();
+        assert_eq!(request.status, api::LiveLessonStatus::Ready as i32);
+        let err = super::fields(
+            route,
+            HashMap::new(),
+            vec![("colour".into(), "x".into())],
+            b"",
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("colour") && err.contains("lesson_slug"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bodies_are_checked_against_the_message() {
+        let route = ROUTES
+            .iter()
+            .find(|r| r.rpc == "LiveLessonService.RequestLiveLesson")
+            .unwrap();
+        let fields = fields(
+            route,
+            HashMap::new(),
+            Vec::new(),
+            br#"{"sessionId": "s", "lesson_slug": "hello-web", "stage": 1}"#,
+        )
+        .unwrap();
+        let request: api::RequestLiveLessonRequest = decode(route, fields).unwrap();
+        assert_eq!(request.lesson_slug, "hello-web");
+        assert_eq!(request.stage, 1);
+        let fields =
+            super::fields(route, HashMap::new(), Vec::new(), br#"{"stage": "two"}"#).unwrap();
+        let err = decode::<api::RequestLiveLessonRequest>(route, fields).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("RequestLiveLessonRequest"), "{err}");
+        assert!(err.message().contains("field `stage`"), "{err}");
+        assert!(super::fields(route, HashMap::new(), Vec::new(), b"[1]").is_err());
+    }
+
+    #[test]
+    fn answers_use_the_proto3_json_mapping() {
+        let lesson = api::LiveLesson {
+            id: "x".into(),
+            status: api::LiveLessonStatus::Ready as i32,
+            created_at: Some(prost_types::Timestamp {
+                seconds: 0,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        let json = encode(&message("LiveLesson"), &lesson);
+        assert_eq!(json["status"], "LIVE_LESSON_STATUS_READY");
+        assert_eq!(json["createdAt"], "1970-01-01T00:00:00Z");
+        assert_eq!(
+            json["stage"],
+            serde_json::json!(0),
+            "defaults are shown: {json}"
+        );
+        assert_eq!(
+            json["generation"], "0",
+            "64-bit integers are strings: {json}"
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! The scheduler's Prometheus metrics, served on `/metrics` of the HTTP listener (OpenMetrics
+//! text):
+//! - `antidote_live_lessons{status}` and `antidote_sessions{kind}`: counted in the store at
+//!   each scrape, so they are right after a restart and across replicas;
+//! - `antidote_provisioning_duration_seconds{lesson, outcome}`: one generation from the start of
+//!   its work to READY or FAILED;
+//! - `antidote_agent_call_duration_seconds{agent, rpc, code}` and
+//!   `antidote_agent_call_errors_total{agent, rpc, code}`: every call to an agent (Watch
+//!   excepted);
+//! - `antidote_agent_ready{agent}`: 1 when the agent's handshake holds, 0 otherwise;
+//! - `antidote_reaper_actions_total{action}`: live lessons expired (`expire_live_lesson`,
+//!   `expire_session`), orphans removed (`remove_orphan`), events pruned (`prune_events`).
+
+use std::time::Duration;
+
+use antidote_proto::sdk::metrics::{
+    HistogramFamily, call_buckets, code_name, encode, provisioning_buckets,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::fleet::Fleet;
+use crate::model::Status;
+use crate::store::Counts;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProvisionLabels {
+    lesson: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    agent: String,
+    rpc: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentLabels {
+    agent: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
+/// What the reaper did.
+#[derive(Clone, Copy, Debug)]
+pub enum ReaperAction {
+    /// A live lesson idle past its TTL was marked for removal.
+    ExpireLiveLesson,
+    /// A live lesson of a session idle past its TTL was marked for removal.
+    ExpireSession,
+    /// An orphan's objects were removed from an agent.
+    RemoveOrphan,
+    /// Events of removed live lessons were pruned (counted per event).
+    PruneEvents,
+}
+
+impl ReaperAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            ReaperAction::ExpireLiveLesson => "expire_live_lesson",
+            ReaperAction::ExpireSession => "expire_session",
+            ReaperAction::RemoveOrphan => "remove_orphan",
+            ReaperAction::PruneEvents => "prune_events",
+        }
+    }
+}
+
+/// The scheduler's metrics; one per process, passed to whoever records.
+pub struct Metrics {
+    registry: Registry,
+    live_lessons: Family<StatusLabels, Gauge>,
+    sessions: Family<KindLabels, Gauge>,
+    provisioning: HistogramFamily<ProvisionLabels>,
+    agent_calls: HistogramFamily<CallLabels>,
+    agent_errors: Family<CallLabels, Counter>,
+    agent_ready: Family<AgentLabels, Gauge>,
+    reaper: Family<ActionLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("antidote");
+        let live_lessons = Family::<StatusLabels, Gauge>::default();
+        let sessions = Family::<KindLabels, Gauge>::default();
+        let provisioning = HistogramFamily::<ProvisionLabels>::new_with_constructor(|| {
+            Histogram::new(provisioning_buckets())
+        });
+        let agent_calls =
+            HistogramFamily::<CallLabels>::new_with_constructor(|| Histogram::new(call_buckets()));
+        let agent_errors = Family::<CallLabels, Counter>::default();
+        let agent_ready = Family::<AgentLabels, Gauge>::default();
+        let reaper = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "live_lessons",
+            "Live lessons by status",
+            live_lessons.clone(),
+        );
+        registry.register(
+            "sessions",
+            "Live sessions by kind (ephemeral, persistent)",
+            sessions.clone(),
+        );
+        registry.register_with_unit(
+            "provisioning_duration",
+            "Time from the start of a generation's work to READY or FAILED",
+            Unit::Seconds,
+            provisioning.clone(),
+        );
+        registry.register_with_unit(
+            "agent_call_duration",
+            "Calls to agents by agent, method and gRPC code (Watch excepted)",
+            Unit::Seconds,
+            agent_calls.clone(),
+        );
+        registry.register(
+            "agent_call_errors",
+            "Calls to agents that ended with a code other than OK",
+            agent_errors.clone(),
+        );
+        registry.register(
+            "agent_ready",
+            "1 when the agent's handshake holds, else 0",
+            agent_ready.clone(),
+        );
+        registry.register(
+            "reaper_actions",
+            "What the reaper did: expired live lessons, removed orphans, pruned events",
+            reaper.clone(),
+        );
+        Metrics {
+            registry,
+            live_lessons,
+            sessions,
+            provisioning,
+            agent_calls,
+            agent_errors,
+            agent_ready,
+            reaper,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one generation settled as READY (`ready`) or FAILED after `took`.
+    pub fn provisioned(&self, lesson: &str, ready: bool, took: Duration) {
+        let outcome = if ready { "ready" } else { "failed" };
+        self.provisioning
+            .get_or_create(&ProvisionLabels {
+                lesson: lesson.to_owned(),
+                outcome,
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records one answered agent call.
+    pub fn agent_call(&self, agent: &str, rpc: &'static str, code: tonic::Code, took: Duration) {
+        let labels = CallLabels {
+            agent: agent.to_owned(),
+            rpc,
+            code: code_name(code),
+        };
+        self.agent_calls
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if code != tonic::Code::Ok {
+            self.agent_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Counts reaper actions.
+    pub fn reaped(&self, action: ReaperAction, count: u64) {
+        self.reaper
+            .get_or_create(&ActionLabels {
+                action: action.as_str(),
+            })
+            .inc_by(count);
+    }
+
+    /// The exposition, with the store's counts and the fleet's state as of now.
+    pub fn render(&self, counts: &Counts, fleet: &Fleet) -> String {
+        for status in Status::ALL {
+            let count = counts
+                .statuses
+                .iter()
+                .find(|(name, _)| name == status.as_str())
+                .map_or(0, |(_, count)| *count);
+            self.live_lessons
+                .get_or_create(&StatusLabels {
+                    status: status.as_str(),
+                })
+                .set(count);
+        }
+        self.sessions
+            .get_or_create(&KindLabels { kind: "persistent" })
+            .set(counts.persistent_sessions);
+        self.sessions
+            .get_or_create(&KindLabels { kind: "ephemeral" })
+            .set(counts.sessions - counts.persistent_sessions);
+        for agent in fleet.agents() {
+            self.agent_ready
+                .get_or_create(&AgentLabels {
+                    agent: agent.name.clone(),
+                })
+                .set(i64::from(agent.is_ready()));
+        }
+        encode(&self.registry)
+    }
+}

@@ -1,0 +1,547 @@
+//! What operators and web front ends see: `/metrics` of the scheduler and of an agent after a
+//! lifecycle, the JSON/HTTP API with server-sent events, its errors, OpenAPI and CORS, and one
+//! trace across the scheduler and an agent received by a real OTLP receiver.
+
+use std::time::{Duration, Instant};
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::otlp::Receiver;
+use antidote_tests::web::{Web, sample};
+use hyper::{Method, StatusCode};
+
+use crate::{Env, Knobs, PATIENCE};
+
+#[tokio::test]
+async fn metrics_count_a_lifecycle_on_scheduler_and_agent() {
+    let env = Env::start(&["--metrics-listen", "127.0.0.1:0"], Knobs::default()).await;
+    let c = &env.scheduler.clients;
+    let web = Web::default();
+    let scheduler_metrics = format!(
+        "{}/metrics",
+        env.scheduler.process.extra_url("http").unwrap()
+    );
+    let agent_metrics = format!("{}/metrics", env.agent.extra_url("metrics").unwrap());
+
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "hello-web", 0).await.unwrap();
+    let ready = c.ready(&lesson.id).await.unwrap();
+    assert_eq!(
+        ready.status(),
+        api::LiveLessonStatus::Ready,
+        "{}",
+        env.logs()
+    );
+
+    let during = web.get(&scheduler_metrics).await.unwrap();
+    assert_eq!(during.status, StatusCode::OK);
+    assert!(
+        during.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text"),
+        "{:?}",
+        during.headers
+    );
+    let text = &during.body;
+    assert_eq!(
+        sample(text, r#"antidote_live_lessons{status="READY"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(text, r#"antidote_sessions{kind="ephemeral"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(text, r#"antidote_agent_ready{agent="loopback"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"antidote_provisioning_duration_seconds_count{lesson="hello-web",outcome="ready"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            text,
+            r#"antidote_agent_call_duration_seconds_count{agent="loopback",rpc="Provision",code="Ok"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+
+    c.delete(&lesson.id, PATIENCE).await.unwrap();
+    let after = web.get(&scheduler_metrics).await.unwrap().body;
+    assert_eq!(
+        sample(&after, r#"antidote_live_lessons{status="READY"}"#),
+        Some(0.0),
+        "{after}"
+    );
+    assert!(
+        sample(
+            &after,
+            r#"antidote_agent_call_duration_seconds_count{agent="loopback",rpc="Deprovision",code="Ok"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{after}"
+    );
+
+    let agent = web.get(&agent_metrics).await.unwrap();
+    assert_eq!(agent.status, StatusCode::OK);
+    let text = &agent.body;
+    assert!(
+        sample(
+            text,
+            r#"antidote_agent_rpc_duration_seconds_count{rpc="Provision",code="Ok"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"antidote_agent_realise_duration_seconds_count{outcome="ready"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(text, r#"antidote_agent_live_lessons{phase="ready"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    // Getting an unknown id is an error the agent counts by its code.
+    let _ = env
+        .agent_client()
+        .await
+        .get(antidote_proto::agent::v1::GetRequest {
+            live_lesson_id: "nobody".into(),
+        })
+        .await
+        .unwrap_err();
+    let text = web.get(&agent_metrics).await.unwrap().body;
+    assert_eq!(
+        sample(
+            &text,
+            r#"antidote_agent_rpc_duration_seconds_count{rpc="Get",code="NotFound"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn json_api_runs_a_lifecycle_with_server_sent_events() {
+    let env = Env::start(&["--boot-delay", "200ms"], Knobs::default()).await;
+    let base = env.scheduler.process.extra_url("http").unwrap();
+    let web = Web::default();
+
+    let lessons = web.get(&format!("{base}/v1/lessons")).await.unwrap();
+    assert_eq!(lessons.status, StatusCode::OK, "{}", lessons.body);
+    assert!(
+        lessons.body.contains("\"slug\":\"netcat-toolbox\""),
+        "{}",
+        lessons.body
+    );
+
+    let session = web.post(&format!("{base}/v1/sessions"), "").await.unwrap();
+    assert_eq!(session.status, StatusCode::OK, "{}", session.body);
+    let session_id = session.json().unwrap()["id"].as_str().unwrap().to_owned();
+
+    let requested = web
+        .post(
+            &format!("{base}/v1/live-lessons"),
+            &format!(r#"{{"sessionId": "{session_id}", "lessonSlug": "netcat-toolbox"}}"#),
+        )
+        .await
+        .unwrap();
+    assert_eq!(requested.status, StatusCode::OK, "{}", requested.body);
+    let lesson = requested.json().unwrap();
+    let id = lesson["id"].as_str().unwrap().to_owned();
+    assert_eq!(lesson["status"], "LIVE_LESSON_STATUS_PENDING", "{lesson}");
+    assert_eq!(
+        lesson["generation"], "1",
+        "64-bit integers are strings: {lesson}"
+    );
+
+    // Follow it as server-sent events until READY.
+    let mut events = web
+        .events(&format!("{base}/v1/live-lessons/{id}/watch"))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    let ready = loop {
+        let event = tokio::time::timeout_at(deadline.into(), events.next())
+            .await
+            .expect("READY within patience")
+            .unwrap()
+            .expect("the stream lasts while the lesson lives");
+        assert_eq!(event.event, "live_lesson", "{event:?}");
+        let state: serde_json::Value = serde_json::from_str(&event.data).unwrap();
+        let status = state["status"].as_str().unwrap().to_owned();
+        seen.push(status.clone());
+        assert_ne!(
+            status,
+            "LIVE_LESSON_STATUS_FAILED",
+            "{state}\n{}",
+            env.logs()
+        );
+        if status == "LIVE_LESSON_STATUS_READY" {
+            break state;
+        }
+    };
+    assert!(
+        seen.len() >= 2,
+        "the current state first, then changes: {seen:?}"
+    );
+    let endpoints = ready["endpoints"].as_array().unwrap();
+    assert!(!endpoints.is_empty(), "{ready}");
+
+    // Stage change through PUT; the watch shows it settle again.
+    let changed = web
+        .send(
+            Method::PUT,
+            &format!("{base}/v1/live-lessons/{id}/stage"),
+            &[],
+            Some(r#"{"stage": 1}"#),
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
+    assert_eq!(changed.json().unwrap()["stage"], 1);
+    loop {
+        let event = tokio::time::timeout_at(deadline.into(), events.next())
+            .await
+            .expect("stage 1 READY within patience")
+            .unwrap()
+            .unwrap();
+        let state: serde_json::Value = serde_json::from_str(&event.data).unwrap();
+        if state["stage"] == 1 && state["status"] == "LIVE_LESSON_STATUS_READY" {
+            break;
+        }
+    }
+
+    let heartbeat = web
+        .post(&format!("{base}/v1/live-lessons/{id}/heartbeat"), "")
+        .await
+        .unwrap();
+    assert_eq!(heartbeat.status, StatusCode::OK, "{}", heartbeat.body);
+    assert!(
+        heartbeat.json().unwrap()["expiresAt"].is_string(),
+        "{}",
+        heartbeat.body
+    );
+
+    let listed = web
+        .get(&format!("{base}/v1/live-lessons?session_id={session_id}"))
+        .await
+        .unwrap();
+    assert!(listed.body.contains(&id), "{}", listed.body);
+
+    let deleted = web
+        .send(
+            Method::DELETE,
+            &format!("{base}/v1/live-lessons/{id}"),
+            &[],
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.body);
+    // The event stream ends once the live lesson is gone.
+    let end = tokio::time::timeout_at(deadline.into(), async {
+        while let Some(event) = events.next().await.unwrap() {
+            assert_eq!(event.event, "live_lesson", "{event:?}");
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the stream ends after the delete");
+    let gone = web
+        .get(&format!("{base}/v1/live-lessons/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.body);
+}
+
+#[tokio::test]
+async fn json_api_errors_openapi_and_cors() {
+    let env = Env::start(
+        &[],
+        Knobs {
+            extra_config:
+                "[http]\nlisten = \"127.0.0.1:0\"\ncors_origins = [\"https://labs.example.org\"]\n"
+                    .into(),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let base = env.scheduler.process.extra_url("http").unwrap();
+    let web = Web::default();
+
+    // Bad input: the gRPC code's name, the HTTP status grpc-gateway uses, and what is wrong.
+    let bad_id = web
+        .get(&format!("{base}/v1/live-lessons/not-a-uuid"))
+        .await
+        .unwrap();
+    assert_eq!(bad_id.status, StatusCode::BAD_REQUEST, "{}", bad_id.body);
+    assert_eq!(bad_id.json().unwrap()["code"], "INVALID_ARGUMENT");
+    let unknown = web
+        .get(&format!("{base}/v1/live-lessons/{}", uuid::Uuid::new_v4()))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    assert_eq!(unknown.json().unwrap()["code"], "NOT_FOUND");
+    let malformed = web
+        .post(
+            &format!("{base}/v1/live-lessons"),
+            r#"{"sessionId": "x", "stage": "two"}"#,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        malformed.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        malformed.body
+    );
+    assert!(malformed.body.contains("stage"), "{}", malformed.body);
+    let unknown_field = web
+        .post(&format!("{base}/v1/live-lessons"), r#"{"colour": "blue"}"#)
+        .await
+        .unwrap();
+    assert_eq!(unknown_field.status, StatusCode::BAD_REQUEST);
+    assert!(
+        unknown_field.body.contains("colour"),
+        "{}",
+        unknown_field.body
+    );
+    let not_json = web.post(&format!("{base}/v1/sessions"), "{").await.unwrap();
+    assert_eq!(
+        not_json.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        not_json.body
+    );
+    let huge = format!(r#"{{"sessionId": "{}"}}"#, "x".repeat(200 * 1024));
+    let too_big = web
+        .post(&format!("{base}/v1/live-lessons"), &huge)
+        .await
+        .unwrap();
+    assert_eq!(
+        too_big.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        too_big.body
+    );
+    let no_route = web.get(&format!("{base}/v2/lessons")).await.unwrap();
+    assert_eq!(no_route.status, StatusCode::NOT_FOUND);
+    assert!(no_route.body.contains("openapi.json"), "{}", no_route.body);
+    let unknown_lesson = web
+        .get(&format!("{base}/v1/lessons/no-such-lesson"))
+        .await
+        .unwrap();
+    assert_eq!(unknown_lesson.status, StatusCode::NOT_FOUND);
+    assert!(
+        unknown_lesson.body.contains("no-such-lesson"),
+        "{}",
+        unknown_lesson.body
+    );
+
+    // The OpenAPI document describes what is served.
+    let doc = web
+        .get(&format!("{base}/openapi.json"))
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(
+        doc["paths"]["/v1/live-lessons/{id}/watch"]["get"].is_object(),
+        "{doc}"
+    );
+    assert!(doc["components"]["schemas"]["LiveLesson"].is_object());
+
+    // CORS: the configured origin only.
+    let preflight = |origin: &'static str| {
+        let web = web.clone();
+        let url = format!("{base}/v1/sessions");
+        async move {
+            web.send(
+                Method::OPTIONS,
+                &url,
+                &[
+                    ("origin", origin),
+                    ("access-control-request-method", "POST"),
+                    ("access-control-request-headers", "content-type"),
+                ],
+                None,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let allowed = preflight("https://labs.example.org").await;
+    assert_eq!(
+        allowed.headers["access-control-allow-origin"], "https://labs.example.org",
+        "{:?}",
+        allowed.headers
+    );
+    let refused = preflight("https://evil.example.com").await;
+    assert!(
+        !refused.headers.contains_key("access-control-allow-origin"),
+        "{:?}",
+        refused.headers
+    );
+}
+
+#[tokio::test]
+async fn cors_is_closed_by_default() {
+    let env = Env::start(&[], Knobs::default()).await;
+    let base = env.scheduler.process.extra_url("http").unwrap();
+    let answer = Web::default()
+        .send(
+            Method::GET,
+            &format!("{base}/v1/lessons"),
+            &[("origin", "https://labs.example.org")],
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(
+        !answer.headers.contains_key("access-control-allow-origin"),
+        "{:?}",
+        answer.headers
+    );
+}
+
+#[tokio::test]
+async fn one_request_is_one_trace_across_scheduler_and_agent() {
+    let receiver = Receiver::default();
+    let collector = format!("http://{}", receiver.start().await.unwrap());
+    let env = Env::start(
+        &[],
+        Knobs {
+            extra_config: format!("[telemetry]\notlp_endpoint = \"{collector}\"\n"),
+            agent_env: vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.clone())],
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+
+    // The caller's trace context, as a mesh or a web front end would send it.
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut request = tonic::Request::new(api::RequestLiveLessonRequest {
+        session_id: session.clone(),
+        lesson_slug: "hello-web".into(),
+        stage: 0,
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-00f067aa0ba902b7-01")
+            .parse()
+            .unwrap(),
+    );
+    let lesson = c
+        .lessons
+        .clone()
+        .request_live_lesson(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let ready = c.ready(&lesson.id).await.unwrap();
+    assert_eq!(
+        ready.status(),
+        api::LiveLessonStatus::Ready,
+        "{}",
+        env.logs()
+    );
+
+    // Spans are exported in batches (every few seconds): wait until both processes sent theirs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let spans = loop {
+        let spans: Vec<_> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| s.trace_id == trace_id)
+            .collect();
+        let has = |service: &str, name: &str| {
+            spans.iter().any(|s| s.service == service && s.name == name)
+        };
+        if has("scheduler-svc", "agent.call") && has("test-agent", "realise") {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no complete trace {trace_id} within 60 s; received: {:#?}\n{}",
+            receiver.spans(),
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let names = |service: &str| {
+        spans
+            .iter()
+            .filter(|s| s.service == service)
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+    };
+    let scheduler = names("scheduler-svc");
+    for name in [
+        "rpc",
+        "request_live_lesson",
+        "reconcile",
+        "provision",
+        "agent.call",
+    ] {
+        assert!(
+            scheduler.contains(&name),
+            "scheduler spans {scheduler:?} lack {name}"
+        );
+    }
+    let agent = names("test-agent");
+    for name in ["rpc", "realise"] {
+        assert!(agent.contains(&name), "agent spans {agent:?} lack {name}");
+    }
+    // The agent's call span is a child of the scheduler's Provision call span.
+    let provision_call = spans
+        .iter()
+        .find(|s| {
+            s.service == "scheduler-svc"
+                && s.name == "agent.call"
+                && s.attributes
+                    .iter()
+                    .any(|(k, v)| k == "rpc" && v == "Provision")
+        })
+        .expect("a Provision call span");
+    assert!(
+        spans.iter().any(|s| s.service == "test-agent"
+            && s.name == "rpc"
+            && s.parent_id == provision_call.span_id),
+        "no agent span under the scheduler's Provision call: {spans:#?}"
+    );
+    // The first span's parent is the caller's.
+    assert!(
+        spans.iter().any(|s| s.parent_id == "00f067aa0ba902b7"),
+        "{spans:#?}"
+    );
+    // No credentials travel in spans: nothing names a password or a token.
+    for span in receiver.spans() {
+        for (key, value) in &span.attributes {
+            let text = format!("{key}={value}").to_lowercase();
+            assert!(
+                !text.contains("password") && !text.contains("token"),
+                "span {} carries {text}",
+                span.name
+            );
+        }
+    }
+}
