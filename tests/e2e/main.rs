@@ -2,7 +2,9 @@
 //! real `test-agent` process over gRPC on loopback, exercised through the public API only.
 
 mod bad_input;
+mod cli;
 mod conformance;
+mod deploy;
 mod docker;
 mod k8s;
 mod lifecycle;
