@@ -46,6 +46,23 @@ async fn an_idle_live_lesson_is_reclaimed_after_its_ttl() {
         .unwrap()
         .into_inner();
     assert!(listed.items.is_empty(), "{listed:?}");
+    // The reaper's action is counted.
+    let metrics = antidote_tests::web::Web::default()
+        .get(&format!(
+            "{}/metrics",
+            env.scheduler.process.extra_url("http").unwrap()
+        ))
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(
+        antidote_tests::web::sample(
+            &metrics,
+            r#"antidote_reaper_actions_total{action="expire_live_lesson"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
     // The session itself is still alive: its TTL is separate.
     c.sessions
         .clone()

@@ -37,8 +37,10 @@ pub struct Web {
 
 impl Default for Web {
     fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
         Web {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
         }
     }
 }

@@ -208,6 +208,9 @@ where
             }),
         )
         .route("/healthz", axum::routing::get(|| async { "ok\n" }));
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        let _ = stream.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

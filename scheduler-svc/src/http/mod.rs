@@ -269,6 +269,13 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = router(api, config).into_make_service_with_connect_info::<SocketAddr>();
+    // Small answers and events must leave at once: without TCP_NODELAY, Nagle's algorithm and
+    // delayed ACKs hold them back ~40 ms (measured with api-bench: 88 ms per lifecycle).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
