@@ -32,14 +32,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let metrics = match settings.metrics_listen {
-        Some(address) => Some(
-            sdk::metrics::bind(address)
-                .await
-                .with_context(|| format!("cannot listen on {address} (--metrics-listen)"))?,
-        ),
-        None => None,
-    };
+    let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
     println!("listening on {}", listener.local_addr()?);
     let book = Arc::new(StateBook::default());
     let backend = Docker::new(docker, settings, book.clone());

@@ -59,20 +59,9 @@ fn main() -> ExitCode {
 }
 
 fn validate(dir: &std::path::Path, tier: Tier) -> ExitCode {
-    match Catalog::load(dir, tier) {
-        Ok(catalog) => {
-            println!(
-                "{}: {} lessons, {} collections, {} images valid at tier {tier}{}",
-                dir.display(),
-                catalog.lessons.len(),
-                catalog.collections.len(),
-                catalog.images.len(),
-                if catalog.skipped.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({} skipped below the tier)", catalog.skipped.len())
-                }
-            );
+    match scheduler_svc::catalog::validate(dir, tier) {
+        Ok(summary) => {
+            println!("{summary}");
             ExitCode::SUCCESS
         }
         Err(errors) => {

@@ -216,12 +216,21 @@ where
         .await
 }
 
-/// Binds `address` for [`serve`] and prints `metrics listening on ADDR` (before the agent's own
-/// `listening on ADDR`, which harnesses wait for last).
-pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
-    let listener = TcpListener::bind(address).await?;
+/// Binds `address` (when given: metrics are off otherwise) for [`serve`] and prints
+/// `metrics listening on ADDR` (before the agent's own `listening on ADDR`, which harnesses wait
+/// for last). An error names the address.
+pub async fn bind(address: Option<SocketAddr>) -> std::io::Result<Option<TcpListener>> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(address).await.map_err(|err| {
+        std::io::Error::new(
+            err.kind(),
+            format!("cannot serve metrics on {address}: {err}"),
+        )
+    })?;
     println!("metrics listening on {}", listener.local_addr()?);
-    Ok(listener)
+    Ok(Some(listener))
 }
 
 /// Serves an agent's metrics in the background until `shutdown` is cancelled.

@@ -17,7 +17,7 @@ use api::session_service_client::SessionServiceClient;
 use clap::{Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
 use indicatif::{ProgressBar, ProgressStyle};
-use scheduler_svc::catalog::{Catalog, Tier};
+use scheduler_svc::catalog::Tier;
 use tokio_stream::StreamExt as _;
 use tonic::transport::{Channel, Endpoint};
 
@@ -218,15 +218,9 @@ fn main() -> ExitCode {
 }
 
 fn validate(dir: &std::path::Path, tier: Tier) -> ExitCode {
-    match Catalog::load(dir, tier) {
-        Ok(catalog) => {
-            println!(
-                "{}: {} lessons, {} collections, {} images valid at tier {tier}",
-                dir.display(),
-                catalog.lessons.len(),
-                catalog.collections.len(),
-                catalog.images.len()
-            );
+    match scheduler_svc::catalog::validate(dir, tier) {
+        Ok(summary) => {
+            println!("{summary}");
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -382,11 +376,7 @@ async fn run(cli: Cli) -> Result<()> {
                 }))
                 .await?
                 .into_inner();
-            if no_follow {
-                out.print(&live, "LiveLesson", || show_live_lesson(&live));
-            } else {
-                follow(&c, &out, &live.id, live.generation).await?;
-            }
+            settle(&c, &out, live, no_follow).await?;
         }
         Command::Watch { id } => {
             follow(&c, &out, &id, 0).await?;
@@ -411,11 +401,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .set_stage(c.request(api::SetStageRequest { id, stage }))
                 .await?
                 .into_inner();
-            if no_follow {
-                out.print(&live, "LiveLesson", || show_live_lesson(&live));
-            } else {
-                follow(&c, &out, &live.id, live.generation).await?;
-            }
+            settle(&c, &out, live, no_follow).await?;
         }
         Command::Delete { id } => {
             c.lessons
@@ -574,6 +560,16 @@ async fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Prints `live` as answered, or follows it to READY or FAILED.
+async fn settle(c: &Clients, out: &Printer, live: api::LiveLesson, no_follow: bool) -> Result<()> {
+    if no_follow {
+        out.print(&live, "LiveLesson", || show_live_lesson(&live));
+        Ok(())
+    } else {
+        follow(c, out, &live.id, live.generation).await
+    }
 }
 
 /// Follows a live lesson until READY or FAILED (of `generation` or newer, when given): a

@@ -82,6 +82,23 @@ pub struct Catalog {
     pub skipped_collections: Vec<String>,
 }
 
+/// What the `validate` commands print: the counts on success, every problem otherwise.
+pub fn validate(dir: &Path, tier: Tier) -> Result<String, CatalogErrors> {
+    let catalog = Catalog::load(dir, tier)?;
+    let skipped = if catalog.skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} skipped below the tier)", catalog.skipped.len())
+    };
+    Ok(format!(
+        "{}: {} lessons, {} collections, {} images valid at tier {tier}{skipped}",
+        dir.display(),
+        catalog.lessons.len(),
+        catalog.collections.len(),
+        catalog.images.len(),
+    ))
+}
+
 impl Catalog {
     /// Loads and validates the curriculum in `dir`, keeping the lessons and collections at or
     /// above `tier`; returns all problems at once.

@@ -316,10 +316,7 @@ async fn main() -> anyhow::Result<()> {
     let telemetry = sdk::trace::init_logging("test-agent")?;
     let args = Args::parse();
     let listener = TcpListener::bind(args.listen).await?;
-    let metrics = match args.metrics_listen {
-        Some(address) => Some(sdk::metrics::bind(address).await?),
-        None => None,
-    };
+    let metrics = sdk::metrics::bind(args.metrics_listen).await?;
     let agent = Agent::new(Loopback {
         args,
         entries: Mutex::new(HashMap::new()),
