@@ -212,19 +212,29 @@ impl Agent {
         F: FnOnce(BackendClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let span = tracing::info_span!("agent.call", agent = %self.name, rpc, code = tracing::field::Empty);
+        // A call made for a request or a reconcile joins its trace; a background call (a
+        // handshake, an orphan listing) is a debug span, not a trace of its own every tick.
+        let span = if antidote_proto::sdk::trace::in_trace() {
+            tracing::info_span!("agent.call", agent = %self.name, rpc, code = tracing::field::Empty)
+        } else {
+            tracing::debug_span!("agent.call", agent = %self.name, rpc, code = tracing::field::Empty)
+        };
         async {
             let mut request = Request::new(message);
             request.set_timeout(self.call_timeout);
             antidote_proto::sdk::trace::inject(request.metadata_mut());
-            let started = Instant::now();
+            let mut outcome = CallOutcome {
+                agent: self,
+                rpc,
+                started: Instant::now(),
+                code: Code::Cancelled,
+            };
             let result = send(self.client.clone(), request).await;
-            let code = result
+            outcome.code = result
                 .as_ref()
                 .map_or_else(tonic::Status::code, |_| Code::Ok);
-            tracing::Span::current().record("code", tracing::field::debug(code));
-            self.metrics
-                .agent_call(&self.name, rpc, code, started.elapsed());
+            tracing::Span::current().record("code", tracing::field::debug(outcome.code));
+            drop(outcome);
             result
                 .map(tonic::Response::into_inner)
                 .map_err(|status| self.fail(rpc, status))
@@ -352,6 +362,26 @@ impl Agent {
     }
 }
 
+/// Counts one call when it ends, CANCELLED if it is dropped before an answer (a worker told to
+/// stop, shutdown).
+struct CallOutcome<'a> {
+    agent: &'a Agent,
+    rpc: &'static str,
+    started: Instant,
+    code: Code,
+}
+
+impl Drop for CallOutcome<'_> {
+    fn drop(&mut self) {
+        self.agent.metrics.agent_call(
+            &self.agent.name,
+            self.rpc,
+            self.code,
+            self.started.elapsed(),
+        );
+    }
+}
+
 /// Every configured agent.
 pub struct Fleet {
     /// In configuration order.
@@ -422,7 +452,8 @@ pub const SCHEDULER_CAPABILITIES: &[&str] = &[
     "recover",
 ];
 
-#[tracing::instrument(skip_all, fields(agent = %agent.name))]
+// Debug level: it lasts as long as the process, so as a trace it would never end.
+#[tracing::instrument(skip_all, level = "debug", fields(agent = %agent.name))]
 async fn supervise(agent: Arc<Agent>, ctx: SupervisorContext) {
     let (initial, max) = ctx.backoff;
     let mut delay = initial;
@@ -556,7 +587,11 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
     let mut stream = agent
         .client
         .clone()
-        .watch(Request::new(request))
+        .watch({
+            let mut request = Request::new(request);
+            antidote_proto::sdk::trace::inject(request.metadata_mut());
+            request
+        })
         .await
         .map_err(|status| Failure::Unavailable(format!("Watch failed: {status}")))?
         .into_inner();

@@ -37,6 +37,15 @@ impl Hub {
         }
     }
 
+    /// Forgets a live lesson's channel if nobody holds a receiver any more (a watch that ended
+    /// before it began, e.g. of an unknown id: nothing else would ever remove the entry).
+    pub fn release(&self, id: LiveLessonId) {
+        let mut channels = self.lock();
+        if channels.get(&id).is_some_and(|tx| tx.receiver_count() == 0) {
+            channels.remove(&id);
+        }
+    }
+
     /// Publishes a live lesson's new state to its watchers, if any.
     pub fn publish(&self, lesson: &LiveLesson) {
         let mut channels = self.lock();
@@ -67,5 +76,22 @@ impl Hub {
         self.channels
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_that_never_began_leaves_nothing_behind() {
+        let hub = Hub::default();
+        let id = LiveLessonId::new();
+        let rx = hub.subscribe(id);
+        hub.release(id);
+        assert_eq!(hub.watched(), 1, "still watched while a receiver lives");
+        drop(rx);
+        hub.release(id);
+        assert_eq!(hub.watched(), 0);
     }
 }

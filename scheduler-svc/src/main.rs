@@ -115,7 +115,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         http,
     };
     let result = scheduler_svc::run(config, catalog, listeners, shutdown).await;
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     result
 }
 

@@ -53,6 +53,13 @@ pub struct Api {
 
 type Result<T> = std::result::Result<Response<T>, Status>;
 
+/// The client's address in an `x-forwarded-for` header: the last entry, the one our trusted
+/// proxy added. Earlier entries come from the client (or proxies before ours) and could be
+/// anything, so they are ignored.
+fn forwarded_client(header: &str) -> &str {
+    header.rsplit(',').next().unwrap_or_default().trim()
+}
+
 impl Api {
     fn source_ip<T>(&self, request: &Request<T>) -> std::result::Result<IpAddr, Error> {
         if self.config.trust_forwarded_for
@@ -61,10 +68,10 @@ impl Api {
                 .get("x-forwarded-for")
                 .and_then(|v| v.to_str().ok())
         {
-            let first = forwarded.split(',').next().unwrap_or_default().trim();
-            return first.parse().map_err(|_| Error::InvalidArgument {
+            let last = forwarded_client(forwarded);
+            return last.parse().map_err(|_| Error::InvalidArgument {
                 field: "x-forwarded-for",
-                reason: format!("`{first}` is not an IP address"),
+                reason: format!("`{last}` is not an IP address"),
             });
         }
         request
@@ -337,7 +344,14 @@ impl LiveLessonService for Api {
         // Subscribe first, then read: a change between the two shows up as a (deduplicated)
         // update instead of being lost.
         let mut updates = self.hub.subscribe(id);
-        let first = self.store.live_lesson(id).await?;
+        let first = match self.store.live_lesson(id).await {
+            Ok(first) => first,
+            Err(err) => {
+                drop(updates);
+                self.hub.release(id);
+                return Err(err.into());
+            }
+        };
         let ttl = self.config.ttl.live_lesson;
         let expiry = move |lesson: &LiveLesson| (!lesson.persistent).then_some(ttl);
         let shutdown = self.shutdown.clone();
@@ -622,4 +636,17 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(body(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_client_is_the_entry_our_proxy_added() {
+        assert_eq!(super::forwarded_client("203.0.113.7"), "203.0.113.7");
+        assert_eq!(
+            super::forwarded_client("6.6.6.6, 198.51.100.2 , 203.0.113.7"),
+            "203.0.113.7",
+            "a spoofed first entry is ignored"
+        );
+    }
 }

@@ -38,8 +38,9 @@ pub struct Config {
     pub reconciler: ReconcilerConfig,
     /// The agents to dial.
     pub agents: Vec<AgentConfig>,
-    /// Take the client address from the first `x-forwarded-for` entry (only behind a trusted
-    /// proxy: otherwise any client could pick its own address and dodge the per-IP limit).
+    /// Take the client address from the last `x-forwarded-for` entry, the one a trusted proxy
+    /// in front of the scheduler added (only behind such a proxy: otherwise any client could
+    /// pick its own address and dodge the per-IP limit).
     pub trust_forwarded_for: bool,
     /// The JSON/HTTP API, server-sent events, the OpenAPI document and `/metrics`.
     pub http: HttpConfig,

@@ -339,6 +339,42 @@ async fn json_api_errors_openapi_and_cors() {
         "{}",
         too_big.body
     );
+    // Only JSON bodies (a text/plain POST is a cross-site request browsers send unasked).
+    let plain = web
+        .send(
+            Method::POST,
+            &format!("{base}/v1/sessions"),
+            &[("content-type", "text/plain")],
+            Some("{}"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "{}",
+        plain.body
+    );
+    assert!(plain.body.contains("application/json"), "{}", plain.body);
+    let wrong_method = web
+        .send(Method::PATCH, &format!("{base}/v1/sessions"), &[], None)
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(wrong_method.json().unwrap()["code"], "UNIMPLEMENTED");
+    assert_eq!(
+        too_big.json().unwrap()["code"],
+        "INVALID_ARGUMENT",
+        "errors are JSON"
+    );
+    // Enums in the query by name or by number.
+    for status in ["LIVE_LESSON_STATUS_READY", "4"] {
+        let listed = web
+            .get(&format!("{base}/v1/admin/live-lessons?status={status}"))
+            .await
+            .unwrap();
+        assert_eq!(listed.status, StatusCode::OK, "{status}: {}", listed.body);
+    }
     let no_route = web.get(&format!("{base}/v2/lessons")).await.unwrap();
     assert_eq!(no_route.status, StatusCode::NOT_FOUND);
     assert!(no_route.body.contains("openapi.json"), "{}", no_route.body);

@@ -89,7 +89,11 @@ impl Web {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        if body.is_some() {
+        if body.is_some()
+            && !headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+        {
             request = request.header("content-type", "application/json");
         }
         let request = request.body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))?;
@@ -111,7 +115,7 @@ impl Web {
         );
         Ok(Events {
             body: response.into_body(),
-            buffer: String::new(),
+            buffer: Vec::new(),
         })
     }
 }
@@ -119,7 +123,8 @@ impl Web {
 /// A server-sent event stream.
 pub struct Events {
     body: Incoming,
-    buffer: String,
+    /// Raw bytes: a character may be split across frames.
+    buffer: Vec<u8>,
 }
 
 /// One event.
@@ -135,20 +140,26 @@ impl Events {
     /// The next event (comments and keep-alives skipped); `None` when the stream ends.
     pub async fn next(&mut self) -> anyhow::Result<Option<ServerEvent>> {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = String::from_utf8(raw).context("an event is not UTF-8")?;
                 let mut event = ServerEvent {
                     event: String::new(),
                     data: String::new(),
                 };
                 for line in block.lines() {
-                    if let Some(value) = line.strip_prefix("event:") {
-                        event.event = value.trim().to_owned();
-                    } else if let Some(value) = line.strip_prefix("data:") {
+                    // One space after the colon is part of the syntax, not of the value.
+                    let field = |name: &str| {
+                        line.strip_prefix(name)
+                            .map(|v| v.strip_prefix(' ').unwrap_or(v))
+                    };
+                    if let Some(value) = field("event:") {
+                        event.event = value.to_owned();
+                    } else if let Some(value) = field("data:") {
                         if !event.data.is_empty() {
                             event.data.push('\n');
                         }
-                        event.data.push_str(value.trim_start());
+                        event.data.push_str(value);
                     }
                 }
                 if event.event.is_empty() && event.data.is_empty() {
@@ -160,7 +171,7 @@ impl Events {
                 None => return Ok(None),
                 Some(frame) => {
                     if let Ok(data) = frame?.into_data() {
-                        self.buffer.push_str(&String::from_utf8_lossy(&data));
+                        self.buffer.extend_from_slice(&data);
                     }
                 }
             }

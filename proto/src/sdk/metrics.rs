@@ -110,24 +110,23 @@ impl Default for AgentMetrics {
 }
 
 impl AgentMetrics {
-    /// Times one RPC and records its code.
+    /// Times one RPC and records its code (`Cancelled` when the caller went away first).
     pub async fn rpc<T>(
         &self,
         rpc: &'static str,
         call: impl Future<Output = Result<T, tonic::Status>>,
     ) -> Result<T, tonic::Status> {
-        let started = Instant::now();
+        let mut outcome = RpcOutcome {
+            metrics: self,
+            rpc,
+            started: Instant::now(),
+            code: tonic::Code::Cancelled,
+        };
         let result = call.await;
-        let code = match &result {
+        outcome.code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
         };
-        self.rpcs
-            .get_or_create(&RpcLabels {
-                rpc,
-                code: code_name(code),
-            })
-            .observe(started.elapsed().as_secs_f64());
         result
     }
 
@@ -162,6 +161,26 @@ impl AgentMetrics {
                 .set(count);
         }
         encode(&self.registry)
+    }
+}
+
+/// Records one RPC when it ends, however it ends.
+struct RpcOutcome<'a> {
+    metrics: &'a AgentMetrics,
+    rpc: &'static str,
+    started: Instant,
+    code: tonic::Code,
+}
+
+impl Drop for RpcOutcome<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .rpcs
+            .get_or_create(&RpcLabels {
+                rpc: self.rpc,
+                code: code_name(self.code),
+            })
+            .observe(self.started.elapsed().as_secs_f64());
     }
 }
 

@@ -85,7 +85,7 @@ pub async fn run<B: Backend>(
     }
     let result = serve(agent, listener, shutdown).await;
     stop_metrics.cancel();
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     result
 }
 

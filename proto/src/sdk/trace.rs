@@ -17,6 +17,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tonic::codegen::http;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -32,12 +33,19 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Flushes queued spans (bounded by the exporter's timeout) and stops exporting.
-    pub fn shutdown(self) {
-        if self.endpoint.is_some() {
-            let _ = self.provider.force_flush();
-        }
-        let _ = self.provider.shutdown();
+    /// Flushes queued spans (bounded by the exporter's timeout) and stops exporting. The SDK
+    /// blocks on the export, which runs on a Tokio task: the wait happens on a blocking thread,
+    /// never on a runtime worker (where it could wait for itself).
+    pub async fn shutdown(self) {
+        let provider = self.provider;
+        let flush = self.endpoint.is_some();
+        let _ = tokio::task::spawn_blocking(move || {
+            if flush {
+                let _ = provider.force_flush();
+            }
+            let _ = provider.shutdown();
+        })
+        .await;
     }
 }
 
@@ -91,15 +99,36 @@ pub fn init(service_name: &str, endpoint: Option<&str>) -> Result<Telemetry, Tel
         provider = provider.with_span_processor(processor);
     }
     let provider = provider.build();
+    // Spans do not depend on `RUST_LOG` (quiet logs must not cut traces): our own spans at INFO,
+    // never the transport's (the exporter would trace its own traffic).
+    let spans = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::INFO)
+        .with_target("h2", tracing::level_filters::LevelFilter::OFF)
+        .with_target("hyper", tracing::level_filters::LevelFilter::OFF)
+        .with_target("hyper_util", tracing::level_filters::LevelFilter::OFF)
+        .with_target("tonic", tracing::level_filters::LevelFilter::OFF)
+        .with_target("tower", tracing::level_filters::LevelFilter::OFF)
+        .with_target("opentelemetry", tracing::level_filters::LevelFilter::OFF)
+        .with_target(
+            "opentelemetry_sdk",
+            tracing::level_filters::LevelFilter::OFF,
+        )
+        .with_target(
+            "opentelemetry_otlp",
+            tracing::level_filters::LevelFilter::OFF,
+        );
     let otel = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("antidote"))
         .with_threads(false)
-        .with_location(false);
-    tracing_subscriber::registry()
-        .with(
+        .with_location(false)
+        .with_filter(spans);
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        );
+    tracing_subscriber::registry()
+        .with(logs)
         .with(otel)
         .try_init()
         .map_err(|err| TelemetryError::AlreadySet(err.to_string()))?;
@@ -115,9 +144,14 @@ pub fn init_logging(service_name: &str) -> Result<Telemetry, TelemetryError> {
     init(service_name, None)
 }
 
-/// The span of one incoming call: the RPC's path, child of the caller's trace context.
+/// The span of one incoming call: the RPC's path, child of the caller's trace context. Health
+/// checks and reflection get none: a probe every few seconds is not worth a trace.
 pub fn span(request: &http::Request<()>) -> tracing::Span {
-    let span = tracing::info_span!("rpc", rpc.method = %request.uri().path());
+    let path = request.uri().path();
+    if path.starts_with("/grpc.health.") || path.starts_with("/grpc.reflection.") {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!("rpc", rpc.method = %path);
     set_parent(&span, request.headers());
     span
 }
@@ -131,6 +165,14 @@ pub fn set_parent(span: &tracing::Span, headers: &http::HeaderMap) {
     {
         let _ = span.set_parent(context);
     }
+}
+
+/// Whether the current span belongs to a trace (an API call's, a reconcile's), so that work done
+/// without one (a background tick) can stay out of the exported traces.
+pub fn in_trace() -> bool {
+    opentelemetry::trace::TraceContextExt::span(&tracing::Span::current().context())
+        .span_context()
+        .is_valid()
 }
 
 /// Writes the current span's trace context into outgoing gRPC metadata.

@@ -29,6 +29,7 @@ use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService as _;
 use antidote_proto::api::v1::session_service_server::SessionService as _;
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -303,6 +304,15 @@ pub fn router(api: Api, config: &HttpConfig) -> axum::Router {
         )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .method_not_allowed_fallback(|method: Method, uri: axum::http::Uri| async move {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                axum::Json(error_body(
+                    Code::Unimplemented,
+                    &format!("{} does not take {method}: see /openapi.json", uri.path()),
+                )),
+            )
+        })
         .fallback(|method: Method, uri: axum::http::Uri| async move {
             error(
                 Code::NotFound,
@@ -369,13 +379,31 @@ struct Call {
 fn method_router(route: &'static Route) -> MethodRouter<Api> {
     let handler = move |State(api): State<Api>,
                         ConnectInfo(peer): ConnectInfo<SocketAddr>,
-                        Path(params): Path<HashMap<String, String>>,
-                        Query(query): Query<Vec<(String, String)>>,
+                        params: Result<Path<HashMap<String, String>>, PathRejection>,
+                        query: Result<Query<Vec<(String, String)>>, QueryRejection>,
                         headers: HeaderMap,
-                        body: Bytes| async move {
+                        body: Result<Bytes, BytesRejection>| async move {
         let span = tracing::info_span!("http", http.route = route.path, rpc = route.rpc);
         antidote_proto::sdk::trace::set_parent(&span, &headers);
         async move {
+            // Axum's own refusals, in the API's error shape.
+            let (params, query, body) = match (params, query, body) {
+                (Ok(Path(params)), Ok(Query(query)), Ok(body)) => (params, query, body),
+                (Err(err), _, _) => return rejection(err.status(), err.body_text()),
+                (_, Err(err), _) => return rejection(err.status(), err.body_text()),
+                (_, _, Err(err)) => return rejection(err.status(), err.body_text()),
+            };
+            // Only JSON bodies: a form or text/plain POST is a "simple" cross-site request that
+            // browsers send without asking CORS first; requiring JSON makes them ask.
+            if route.body && !is_json(&headers) {
+                return rejection(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    format!(
+                        "{} {} takes `content-type: application/json` (an empty body is `{{}}` or nothing)",
+                        route.method, route.path
+                    ),
+                );
+            }
             let fields = match fields(route, params, query, &body) {
                 Ok(fields) => fields,
                 Err(message) => return error(Code::InvalidArgument, message),
@@ -404,6 +432,24 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
         handler,
     );
     handler.layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// A refusal by the HTTP layer itself (size, encoding, media type), as an INVALID_ARGUMENT error
+/// with the HTTP status that says what happened (413, 415, 400).
+fn rejection(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        axum::Json(error_body(Code::InvalidArgument, &message)),
+    )
+        .into_response()
 }
 
 /// Path parameters, then the query or the body, as one JSON object of request fields.
@@ -466,6 +512,11 @@ fn scalar(
             "true" | "1" => serde_json::Value::Bool(true),
             "false" | "0" => serde_json::Value::Bool(false),
             _ => return Err(format!("`{value}` is not true or false")),
+        },
+        // An enum by name, or by number as proto3 JSON allows.
+        Kind::Enum(_) => match value.parse::<i64>() {
+            Ok(number) => serde_json::Value::from(number),
+            Err(_) => serde_json::Value::String(value),
         },
         Kind::Uint32 | Kind::Fixed32 | Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => {
             let number: i64 = value

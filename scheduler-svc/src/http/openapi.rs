@@ -70,8 +70,9 @@ fn operation(route: &Route, schemas: &mut BTreeMap<String, Value>) -> Value {
         }));
     }
     let (service, method) = route.rpc.split_once('.').unwrap_or(("", route.rpc));
+    // Unique, as OpenAPI requires: two services have a ListLiveLessons.
     let mut op = json!({
-        "operationId": method,
+        "operationId": route.rpc.replace('.', "_"),
         "tags": [service],
         "summary": comment_of_method(service, method),
         "responses": {
@@ -241,6 +242,11 @@ mod tests {
                     "{name} is referenced but not defined"
                 );
             }
+        }
+        let mut ids = std::collections::HashSet::new();
+        for route in ROUTES {
+            let id = doc["paths"][route.path][route.method.to_lowercase()]["operationId"].clone();
+            assert!(ids.insert(id.to_string()), "operationId {id} is used twice");
         }
         let lesson = &doc["components"]["schemas"]["LiveLesson"];
         assert_eq!(lesson["properties"]["createdAt"]["format"], "date-time");
