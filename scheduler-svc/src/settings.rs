@@ -13,6 +13,10 @@ use serde::Deserialize;
 
 use crate::catalog::Tier;
 
+/// Environment prefixes of other Antidote programs, which the scheduler ignores: agent-docker's
+/// and agent-k8s's settings, and antidotectl's `ANTIDOTE_SERVER`.
+pub const NOT_OURS: [&str; 3] = ["ANTIDOTE_DOCKER_", "ANTIDOTE_K8S_", "ANTIDOTE_SERVER"];
+
 /// The scheduler's whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -270,12 +274,26 @@ impl Config {
     /// Loads defaults, then `file` (TOML or YAML by extension) if given, then `ANTIDOTE_*`
     /// environment variables, and validates the result.
     pub fn load(file: Option<&Path>) -> Result<Config, SettingsError> {
+        Self::load_with_env(file, std::env::vars())
+    }
+
+    /// [`Config::load`] with the given environment. Variables of our prefix that belong to
+    /// other programs ([`NOT_OURS`]: the agents', antidotectl's) are left out, so one shell can
+    /// configure all of them; any other unknown `ANTIDOTE_*` key is an error naming it.
+    pub fn load_with_env(
+        file: Option<&Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, SettingsError> {
+        let env = env
+            .filter(|(key, _)| !NOT_OURS.iter().any(|other| key.starts_with(other)))
+            .collect();
         let mut builder = config::Config::builder();
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
         }
         builder = builder.add_source(
             config::Environment::with_prefix("ANTIDOTE")
+                .source(Some(env))
                 .prefix_separator("_")
                 .separator("__")
                 .list_separator(",")
@@ -446,6 +464,31 @@ mod tests {
         }
         let err = load_toml("[telemetry]\notlp_endpoint = \"127.0.0.1:4317\"\n").unwrap_err();
         assert!(err.to_string().contains("telemetry.otlp_endpoint"), "{err}");
+    }
+
+    #[test]
+    fn other_programs_variables_are_not_ours_but_typos_are_errors() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        let config = Config::load_with_env(
+            None,
+            env(&[
+                ("ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED", "false"),
+                ("ANTIDOTE_K8S_LISTEN", "0.0.0.0:7072"),
+                ("ANTIDOTE_SERVER", "http://127.0.0.1:7070"),
+                ("ANTIDOTE_TTL__LIVE_LESSON", "10m"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.ttl.live_lesson, Duration::from_secs(600));
+        let err =
+            Config::load_with_env(None, env(&[("ANTIDOTE_TTL__LIVE_LESON", "10m")])).unwrap_err();
+        assert!(err.to_string().contains("live_leson"), "{err}");
     }
 
     #[test]
