@@ -118,7 +118,10 @@ impl Loopback {
                 .append(true)
                 .open(path)
                 .map_err(|err| format!("journal {}: {err}", path.display()))?;
-            writeln!(file, "{line}").map_err(|err| format!("journal {}: {err}", path.display()))?;
+            // One write(2) per line: `writeln!` writes the line and its newline separately, and
+            // two drivers appending at once then interleave ("create A 1create B 1\n\n").
+            file.write_all(format!("{line}\n").as_bytes())
+                .map_err(|err| format!("journal {}: {err}", path.display()))?;
         }
         Ok(())
     }
