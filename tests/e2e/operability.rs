@@ -504,27 +504,21 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
     );
 
     // Spans are exported in batches (every few seconds): wait until both processes sent theirs.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let spans = loop {
-        let spans: Vec<_> = receiver
-            .spans()
-            .into_iter()
-            .filter(|s| s.trace_id == trace_id)
-            .collect();
+    let complete = |spans: &[antidote_tests::otlp::Span]| {
         let has = |service: &str, name: &str| {
-            spans.iter().any(|s| s.service == service && s.name == name)
+            spans
+                .iter()
+                .any(|s| s.trace_id == trace_id && s.service == service && s.name == name)
         };
-        if has("scheduler-svc", "agent.call") && has("test-agent", "realise") {
-            break spans;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no complete trace {trace_id} within 60 s; received: {:#?}\n{}",
-            receiver.spans(),
-            env.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        has("scheduler-svc", "agent.call") && has("test-agent", "realise")
     };
+    let all = receiver.wait_for(Duration::from_secs(60), complete).await;
+    assert!(
+        complete(&all),
+        "no complete trace {trace_id} within 60 s; received: {all:#?}\n{}",
+        env.logs()
+    );
+    let spans: Vec<_> = all.into_iter().filter(|s| s.trace_id == trace_id).collect();
     let names = |service: &str| {
         spans
             .iter()

@@ -299,27 +299,54 @@ impl Clients {
         concurrency: usize,
         limit: Duration,
     ) -> anyhow::Result<(Duration, Duration)> {
-        let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let up = fan_out(count, concurrency, |_| {
-            let (clients, ids) = (self.clone(), ids.clone());
-            async move {
-                let session = clients.session().await?;
-                let id = clients.request(&session, lesson, 0).await?.id;
-                clients.ready(&id).await?;
-                ids.lock().expect("not poisoned").push(id);
-                Ok(())
-            }
-        })
-        .await?;
-        let ids: std::sync::Arc<Vec<String>> =
-            std::sync::Arc::new(std::mem::take(&mut *ids.lock().expect("not poisoned")));
-        let down = fan_out(ids.len(), concurrency, |i| {
-            let (clients, ids) = (self.clone(), ids.clone());
-            async move { clients.delete(&ids[i], limit).await }
-        })
-        .await?;
-        Ok((up, down))
+        lifecycles(
+            count,
+            concurrency,
+            |_| {
+                let clients = self.clone();
+                async move {
+                    let session = clients.session().await?;
+                    let id = clients.request(&session, lesson, 0).await?.id;
+                    clients.ready(&id).await?;
+                    Ok(id)
+                }
+            },
+            |id| {
+                let clients = self.clone();
+                async move { clients.delete(&id, limit).await }
+            },
+        )
+        .await
     }
+}
+
+/// `count` lifecycles at `concurrency`: every `up` (returning the live lesson's id, READY),
+/// then every `down` of those ids. Returns the wall times of the two phases.
+pub async fn lifecycles<U, UF, D, DF>(
+    count: usize,
+    concurrency: usize,
+    up: U,
+    down: D,
+) -> anyhow::Result<(Duration, Duration)>
+where
+    U: Fn(usize) -> UF,
+    UF: std::future::Future<Output = anyhow::Result<String>> + Send + 'static,
+    D: Fn(String) -> DF,
+    DF: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let up_time = fan_out(count, concurrency, |i| {
+        let (ids, fut) = (ids.clone(), up(i));
+        async move {
+            let id = fut.await?;
+            ids.lock().expect("not poisoned").push(id);
+            Ok(())
+        }
+    })
+    .await?;
+    let ids = std::mem::take(&mut *ids.lock().expect("not poisoned"));
+    let down_time = fan_out(ids.len(), concurrency, |i| down(ids[i].clone())).await?;
+    Ok((up_time, down_time))
 }
 
 /// A scheduler process with its own directory (configuration and SQLite file), which survives

@@ -34,6 +34,8 @@ pub struct Span {
 #[derive(Clone, Default)]
 pub struct Receiver {
     spans: Arc<Mutex<Vec<Span>>>,
+    /// Woken on every export.
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 impl Receiver {
@@ -54,6 +56,26 @@ impl Receiver {
     /// Every span received so far.
     pub fn spans(&self) -> Vec<Span> {
         self.spans.lock().unwrap().clone()
+    }
+
+    /// Waits (at most `limit`) until the spans received satisfy `done`; returns them either way.
+    pub async fn wait_for(
+        &self,
+        limit: std::time::Duration,
+        done: impl Fn(&[Span]) -> bool,
+    ) -> Vec<Span> {
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                // Register before looking, so an export between the two is not missed.
+                let arrived = self.arrived.notified();
+                if done(&self.spans()) {
+                    return;
+                }
+                arrived.await;
+            }
+        })
+        .await;
+        self.spans()
     }
 }
 
@@ -105,6 +127,7 @@ impl TraceService for Receiver {
             }
         }
         self.spans.lock().unwrap().extend(received);
+        self.arrived.notify_waiters();
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))

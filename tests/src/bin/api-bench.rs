@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use antidote_tests::otlp::Receiver;
 use antidote_tests::web::Web;
-use antidote_tests::{Process, Scheduler, example_curriculum, fan_out, workspace_bin};
+use antidote_tests::{Process, Scheduler, example_curriculum, lifecycles, workspace_bin};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use hyper::{Method, StatusCode};
@@ -138,69 +138,65 @@ async fn http_lifecycles(
     count: usize,
     concurrency: usize,
 ) -> anyhow::Result<(Duration, Duration)> {
-    let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let up = fan_out(count, concurrency, |_| {
-        let (web, base, ids) = (web.clone(), base.to_owned(), ids.clone());
-        async move {
-            let session = web.post(&format!("{base}/v1/sessions"), "").await?.json()?;
-            let session = session["id"].as_str().context("session id")?.to_owned();
-            let body = format!(r#"{{"sessionId":"{session}","lessonSlug":"{lesson}"}}"#);
-            let live = web.post(&format!("{base}/v1/live-lessons"), &body).await?;
-            if live.status != StatusCode::OK {
-                bail!("request: {} {}", live.status, live.body);
-            }
-            let id = live.json()?["id"].as_str().context("id")?.to_owned();
-            let mut events = web
-                .events(&format!("{base}/v1/live-lessons/{id}/watch"))
-                .await?;
-            let deadline = Instant::now() + PATIENCE;
-            loop {
-                let event = tokio::time::timeout_at(deadline.into(), events.next())
-                    .await
-                    .context("READY in time")??
-                    .context("stream ended before READY")?;
-                if event.data.contains("LIVE_LESSON_STATUS_READY") {
-                    break;
+    lifecycles(
+        count,
+        concurrency,
+        |_| {
+            let (web, base) = (web.clone(), base.to_owned());
+            async move {
+                let session = web.post(&format!("{base}/v1/sessions"), "").await?.json()?;
+                let session = session["id"].as_str().context("session id")?.to_owned();
+                let body = format!(r#"{{"sessionId":"{session}","lessonSlug":"{lesson}"}}"#);
+                let live = web.post(&format!("{base}/v1/live-lessons"), &body).await?;
+                if live.status != StatusCode::OK {
+                    bail!("request: {} {}", live.status, live.body);
                 }
-                if event.data.contains("LIVE_LESSON_STATUS_FAILED") {
-                    bail!("FAILED: {}", event.data);
+                let id = live.json()?["id"].as_str().context("id")?.to_owned();
+                let mut events = web
+                    .events(&format!("{base}/v1/live-lessons/{id}/watch"))
+                    .await?;
+                let deadline = Instant::now() + PATIENCE;
+                loop {
+                    let event = tokio::time::timeout_at(deadline.into(), events.next())
+                        .await
+                        .context("READY in time")??
+                        .context("stream ended before READY")?;
+                    if event.data.contains("LIVE_LESSON_STATUS_READY") {
+                        return Ok(id);
+                    }
+                    if event.data.contains("LIVE_LESSON_STATUS_FAILED") {
+                        bail!("FAILED: {}", event.data);
+                    }
                 }
             }
-            ids.lock().expect("not poisoned").push(id);
-            Ok(())
-        }
-    })
-    .await?;
-    let ids: std::sync::Arc<Vec<String>> =
-        std::sync::Arc::new(std::mem::take(&mut *ids.lock().expect("not poisoned")));
-    let down = fan_out(ids.len(), concurrency, |i| {
-        let (web, base, ids) = (web.clone(), base.to_owned(), ids.clone());
-        async move {
-            let id = &ids[i];
-            let mut events = web
-                .events(&format!("{base}/v1/live-lessons/{id}/watch"))
-                .await?;
-            let deleted = web
-                .send(
-                    Method::DELETE,
-                    &format!("{base}/v1/live-lessons/{id}"),
-                    &[],
-                    None,
-                )
-                .await?;
-            if deleted.status != StatusCode::OK {
-                bail!("delete: {} {}", deleted.status, deleted.body);
+        },
+        |id| {
+            let (web, base) = (web.clone(), base.to_owned());
+            async move {
+                let mut events = web
+                    .events(&format!("{base}/v1/live-lessons/{id}/watch"))
+                    .await?;
+                let deleted = web
+                    .send(
+                        Method::DELETE,
+                        &format!("{base}/v1/live-lessons/{id}"),
+                        &[],
+                        None,
+                    )
+                    .await?;
+                if deleted.status != StatusCode::OK {
+                    bail!("delete: {} {}", deleted.status, deleted.body);
+                }
+                // The stream ends when the live lesson is gone.
+                tokio::time::timeout(PATIENCE, async {
+                    while events.next().await?.is_some() {}
+                    Ok::<_, anyhow::Error>(())
+                })
+                .await
+                .context("gone in time")??;
+                Ok(())
             }
-            // The stream ends when the live lesson is gone.
-            tokio::time::timeout(PATIENCE, async {
-                while events.next().await?.is_some() {}
-                Ok::<_, anyhow::Error>(())
-            })
-            .await
-            .context("gone in time")??;
-            Ok(())
-        }
-    })
-    .await?;
-    Ok((up, down))
+        },
+    )
+    .await
 }
