@@ -104,6 +104,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// The code an agent answered a failed call with; `None` for errors of our own.
+    pub fn agent_code(&self) -> Option<Code> {
+        match self {
+            Error::Agent { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+
     /// The gRPC code for this error: the one place errors meet gRPC.
     pub fn code(&self) -> Code {
         match self {

@@ -23,7 +23,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::fleet::Fleet;
 use crate::model::Status;
 use crate::store::Counts;
 
@@ -201,8 +200,13 @@ impl Metrics {
             .inc_by(count);
     }
 
-    /// The exposition, with the store's counts and the fleet's state as of now.
-    pub fn render(&self, counts: &Counts, fleet: &Fleet) -> String {
+    /// The exposition, with the store's counts and each agent's readiness (name, ready) as of
+    /// now.
+    pub fn render<'a>(
+        &self,
+        counts: &Counts,
+        agents: impl IntoIterator<Item = (&'a str, bool)>,
+    ) -> String {
         for status in Status::ALL {
             let count = counts
                 .statuses
@@ -221,12 +225,12 @@ impl Metrics {
         self.sessions
             .get_or_create(&KindLabels { kind: "ephemeral" })
             .set(counts.sessions - counts.persistent_sessions);
-        for agent in fleet.agents() {
+        for (agent, ready) in agents {
             self.agent_ready
                 .get_or_create(&AgentLabels {
-                    agent: agent.name.clone(),
+                    agent: agent.to_owned(),
                 })
-                .set(i64::from(agent.is_ready()));
+                .set(i64::from(ready));
         }
         encode(&self.registry)
     }

@@ -83,6 +83,13 @@ impl Millis {
     }
 }
 
+/// When something idle since `last_active` expires under `ttl`: never when it is persistent (a
+/// persistent session and its live lessons). The rule's one statement; the reaper's SQL applies
+/// it through `store::reaper::EXPIRES`.
+pub fn expiry(persistent: bool, last_active: Millis, ttl: Duration) -> Option<Millis> {
+    (!persistent).then(|| last_active.plus(ttl))
+}
+
 /// The lifecycle of a live lesson (DESIGN.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {

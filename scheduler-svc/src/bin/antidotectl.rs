@@ -242,7 +242,7 @@ impl std::fmt::Display for Failure {
 
 impl From<tonic::Status> for Failure {
     fn from(status: tonic::Status) -> Self {
-        let code = scheduler_svc::http::code_name(status.code());
+        let code = scheduler_svc::api::http::code_name(status.code());
         if status.code() == tonic::Code::Unavailable {
             return Failure(format!(
                 "{code}: the scheduler is unreachable or shutting down ({})",
@@ -664,7 +664,7 @@ impl Printer {
 }
 
 fn json<T: prost::Message>(message: &T, name: &str) -> String {
-    scheduler_svc::http::encode(&scheduler_svc::http::message(name), message).to_string()
+    scheduler_svc::api::http::encode(&scheduler_svc::api::http::message(name), message).to_string()
 }
 
 fn table<const N: usize>(header: [&str; N], rows: impl Iterator<Item = Vec<String>>) -> String {

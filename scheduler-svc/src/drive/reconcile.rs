@@ -1,22 +1,26 @@
 //! The reconciler (DESIGN.md §3): drives agents toward the desired state the store records.
 //!
-//! Requests only write desired state and call [`Reconciler::enqueue`]. A bounded pool of
-//! workers takes live-lesson ids from a de-duplicating work queue; one id is never processed by
-//! two workers at once, and an id enqueued while it is being processed is marked dirty, its
-//! worker is told to stop waiting, and the id runs again right after. Each run reads the live
-//! lesson from the store and does one of:
-//! - removal: Deprovision (retried), wait for the objects to go, forget the live lesson;
-//! - provisioning: place it, Provision (idempotent on id + generation), then wait for READY or
-//!   FAILED from the agent's Watch stream, asking Get as the truth when the stream is quiet.
+//! Requests only write desired state and call [`Reconciler::changed`]. A bounded pool of
+//! workers takes live-lesson ids from a de-duplicating work queue ([`WorkQueue`]); one id is
+//! never processed by two workers at once, and an id enqueued while it is being processed is
+//! marked dirty, its worker is told to stop waiting, and the id runs again right after. Each run
+//! reads the live lesson from the store and does one of:
+//! - removal ([`Reconciler::terminate`]): Deprovision (retried), wait for the objects to go,
+//!   forget the live lesson;
+//! - provisioning ([`Reconciler::provision`]): place it on an agent, claim it there (placement
+//!   and BOOTING are one write), call Provision (idempotent on id + generation) or Recover, then
+//!   await READY or FAILED from the agent's Watch stream, asking Get as the truth when the
+//!   stream is quiet.
 //!
 //! Every agent call has a deadline; retryable codes back off exponentially; every generation
-//! ends in READY or FAILED within `provision_timeout`. After a restart, `resume` enqueues every
+//! ends in READY or FAILED within `provision_timeout`. After a restart, `start` enqueues every
 //! unsettled live lesson, and Provision's idempotency means nothing is created twice.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use antidote_proto::sdk::capabilities;
 use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -25,16 +29,16 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::catalog::Catalog;
+use super::hub::Hub;
+use super::placement;
+use super::queue::WorkQueue;
+use crate::agents::{Agent, Desired, Fleet, FleetEvent, Observed, Observer, Report};
+use crate::catalog::{Catalog, Lesson};
 use crate::error::{Error, is_retryable};
-use crate::fleet::{self, Agent, Fleet, FleetEvent, Observed};
-use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Status};
-use crate::placement;
 use crate::settings::ReconcilerConfig;
 use crate::store::{Observation, Store};
-use crate::wire;
 
 /// Shared handle to the reconciler.
 #[derive(Clone)]
@@ -112,8 +116,15 @@ impl Reconciler {
         }
     }
 
+    /// The desired state of `lesson` changed (it was just written to the store): watchers see
+    /// the new state and the live lesson is reconciled. Every writer of desired state calls this.
+    pub fn changed(&self, lesson: &LiveLesson) {
+        self.inner.hub.publish(lesson);
+        self.enqueue(lesson.id);
+    }
+
     /// Schedules a live lesson for reconciliation. The work joins the current span's trace.
-    pub fn enqueue(&self, id: LiveLessonId) {
+    fn enqueue(&self, id: LiveLessonId) {
         let context = tracing::Span::current().context();
         if context.span().span_context().is_valid() {
             lock(&self.inner.origins).insert(id, context);
@@ -129,11 +140,9 @@ impl Reconciler {
         shutdown: CancellationToken,
         mut fleet_events: mpsc::UnboundedReceiver<FleetEvent>,
     ) -> Result<(), Error> {
-        for (agent, load) in self.inner.store.agent_loads().await? {
-            if let Some(agent) = self.inner.fleet.get(&agent) {
-                agent.load.store(load, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
+        self.inner
+            .fleet
+            .set_loads(self.inner.store.agent_loads().await?);
         let unsettled = self.inner.store.unsettled().await?;
         if !unsettled.is_empty() {
             tracing::info!(count = unsettled.len(), "resuming unfinished live lessons");
@@ -179,9 +188,7 @@ impl Reconciler {
             FleetEvent::Restarted(agent) => match self.inner.store.on_agent(&agent).await {
                 Ok(ids) => {
                     tracing::info!(%agent, count = ids.len(), "agent restarted; recovering its live lessons");
-                    let mut recover = lock(&self.inner.recover);
-                    recover.extend(ids.iter().copied());
-                    drop(recover);
+                    lock(&self.inner.recover).extend(ids.iter().copied());
                     for id in ids {
                         self.enqueue(id);
                     }
@@ -190,21 +197,18 @@ impl Reconciler {
                     tracing::error!(%agent, error = %err, "cannot list the agent's live lessons")
                 }
             },
-            FleetEvent::Unsolicited(agent, state) => {
+            FleetEvent::Unsolicited(agent, report) => {
                 // A settled live lesson failed on the agent (e.g. its container died): record it
                 // so learners see it, unless the store moved on.
-                let Ok(id) = state.live_lesson_id.parse::<LiveLessonId>() else {
-                    return;
-                };
-                let Ok(Some(lesson)) = self.inner.store.find_live_lesson(id).await else {
+                let Ok(Some(lesson)) = self.inner.store.find_live_lesson(report.id).await else {
                     return;
                 };
                 if lesson.agent.as_deref() == Some(agent.as_str())
-                    && lesson.generation == state.generation
+                    && lesson.generation == report.generation
                     && lesson.status == Status::Ready
                 {
-                    let observation = wire::observation(&state, Status::Failed);
-                    self.record(&lesson, observation).await;
+                    self.record(&lesson, observation(&report, Status::Failed))
+                        .await;
                 }
             }
         }
@@ -251,7 +255,7 @@ impl Reconciler {
             return Ok(Next::Done);
         };
         if lesson.deleting {
-            return self.terminate(lesson, cancel).await;
+            return self.terminate(lesson).await;
         }
         let recovering = lock(&self.inner.recover).remove(&id);
         if !lesson.needs_work() && !recovering {
@@ -261,6 +265,8 @@ impl Reconciler {
         self.provision(lesson, recovering, cancel).await
     }
 
+    /// Takes the live lesson's current generation to READY or FAILED: place, claim, call,
+    /// await.
     #[tracing::instrument(skip_all, fields(generation = lesson.generation, stage = lesson.stage, lesson = %lesson.lesson_slug))]
     async fn provision(
         &self,
@@ -269,120 +275,132 @@ impl Reconciler {
         cancel: &Notify,
     ) -> Result<Next, Error> {
         let inner = &self.inner;
-        let attempt = self.attempt(&lesson);
-        let deadline = attempt.started + inner.config.provision_timeout;
+        let deadline = self.attempt(&lesson).started + inner.config.provision_timeout;
         let Some(definition) = inner.catalog.lesson(&lesson.lesson_slug) else {
-            return self
-                .fail(
-                    &lesson,
-                    format!(
-                        "lesson `{}` is no longer in the curriculum",
-                        lesson.lesson_slug
-                    ),
-                )
-                .await;
-        };
-
-        // Placement.
-        let agent = match &lesson.agent {
-            Some(name) => {
-                match inner.fleet.get(name) {
-                    Some(agent) => agent.clone(),
-                    None => {
-                        return self
-                        .fail(&lesson, format!("agent `{name}` holding this live lesson is no longer configured"))
-                        .await;
-                    }
-                }
-            }
-            None => match placement::choose(inner.fleet.agents(), &placement::needs(definition)) {
-                Ok(agent) => agent,
-                Err(why) => {
-                    let reason =
-                        format!("no agent can take lesson `{}`: {why}", lesson.lesson_slug);
-                    if Instant::now() >= deadline {
-                        return self.fail(&lesson, reason).await;
-                    }
-                    self.note(&lesson, Status::Pending, reason).await;
-                    return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
-                }
-            },
-        };
-        if !agent.is_ready() {
-            let status = agent.status();
             let reason = format!(
-                "agent `{}` is unavailable: {}",
-                agent.name, status.last_error
+                "lesson `{}` is no longer in the curriculum",
+                lesson.lesson_slug
             );
-            if Instant::now() >= deadline {
-                return self.fail(&lesson, reason).await;
-            }
-            self.note(&lesson, lesson.status, reason).await;
-            return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
-        }
-
-        let mut current = lesson.clone();
-        if current.status == Status::Pending || current.agent.is_none() {
-            // Placement and BOOTING are one write: the live lesson is on this agent from now on.
-            let observation = Observation {
-                agent: Some(agent.name.clone()),
-                ..Observation::status(Status::Booting, format!("placed on agent `{}`", agent.name))
-            };
-            let status = if current.status == Status::Pending {
-                Status::Booting
-            } else {
-                current.status
-            };
-            let observation = Observation {
-                status,
-                ..observation
-            };
-            match self.record(&current, observation).await {
-                Some(updated) => {
-                    if current.agent.is_none() {
-                        agent
-                            .load
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    current = updated;
-                }
-                None => return Ok(Next::Done),
-            }
-        }
-
-        let spec = wire::lesson_spec(&inner.instance_id, &current, definition, &inner.catalog);
-        let key = current.id.to_string();
-        let mut observed = agent.observe(&key);
-        let _unobserve = Unobserve(&agent, &key);
-
-        let first = if recovering && !current.handle.is_empty() && agent.has("recover") {
-            match agent
-                .recover(&key, current.handle.clone(), spec.clone())
-                .await
-            {
-                Err(Error::Agent { status, .. }) if status.code() == tonic::Code::NotFound => {
-                    tracing::info!("agent lost the live lesson; provisioning it again");
-                    agent.provision(spec).await
-                }
-                other => other,
-            }
-        } else {
-            agent.provision(spec).await
+            return self.fail(&lesson, reason).await;
         };
-        let mut state = match first {
-            Ok(state) => state,
+        let agent = match self.place(&lesson, definition) {
+            Ok(agent) => agent,
+            Err(Unplaced::Never(reason)) => return self.fail(&lesson, reason).await,
+            Err(Unplaced::Yet(reason)) => return self.wait(&lesson, reason, deadline).await,
+        };
+        let Some(current) = self.claim(lesson, &agent).await else {
+            return Ok(Next::Done);
+        };
+        let observer = agent.observe(current.id);
+        let report = match self.call(&agent, &current, definition, recovering).await {
+            Ok(report) => report,
             Err(err) => return self.agent_error(&current, err, deadline).await,
         };
+        self.await_settled(&agent, current, report, observer, deadline, cancel)
+            .await
+    }
+
+    /// The agent the live lesson is (or is to be) placed on, ready for calls.
+    fn place(&self, lesson: &LiveLesson, definition: &Lesson) -> Result<Arc<Agent>, Unplaced> {
+        let fleet = &self.inner.fleet;
+        let agent = match &lesson.agent {
+            Some(name) => fleet.get(name).cloned().ok_or_else(|| {
+                Unplaced::Never(format!(
+                    "agent `{name}` holding this live lesson is no longer configured"
+                ))
+            })?,
+            None => {
+                let snapshot = fleet.snapshot();
+                let name =
+                    placement::choose(&snapshot, &placement::needs(definition)).map_err(|why| {
+                        Unplaced::Yet(format!(
+                            "no agent can take lesson `{}`: {why}",
+                            lesson.lesson_slug
+                        ))
+                    })?;
+                // `choose` picks from the fleet's own snapshot, so the name is known.
+                fleet.get(name).cloned().ok_or_else(|| {
+                    Unplaced::Yet(format!("agent `{name}` left the fleet while placing"))
+                })?
+            }
+        };
+        if !agent.is_ready() {
+            return Err(Unplaced::Yet(format!(
+                "agent `{}` is unavailable: {}",
+                agent.name,
+                agent.status().last_error
+            )));
+        }
+        Ok(agent)
+    }
+
+    /// Records the placement with BOOTING in one write (the live lesson is on this agent from
+    /// now on) and counts it in the agent's load. `None` when the desired state moved on.
+    async fn claim(&self, lesson: LiveLesson, agent: &Agent) -> Option<LiveLesson> {
+        if lesson.status != Status::Pending && lesson.agent.is_some() {
+            return Some(lesson);
+        }
+        let status = if lesson.status == Status::Pending {
+            Status::Booting
+        } else {
+            lesson.status
+        };
+        let observation = Observation {
+            agent: Some(agent.name.clone()),
+            ..Observation::status(status, format!("placed on agent `{}`", agent.name))
+        };
+        let updated = self.record(&lesson, observation).await?;
+        if lesson.agent.is_none() {
+            agent.claim();
+        }
+        Some(updated)
+    }
+
+    /// Provision, or Recover after the agent restarted (Provision again if it lost the lesson).
+    async fn call(
+        &self,
+        agent: &Agent,
+        current: &LiveLesson,
+        definition: &Lesson,
+        recovering: bool,
+    ) -> Result<Report, Error> {
+        let desired = Desired {
+            instance_id: &self.inner.instance_id,
+            live: current,
+            lesson: definition,
+            catalog: &self.inner.catalog,
+        };
+        if !(recovering && !current.handle.is_empty() && agent.has(capabilities::RECOVER)) {
+            return agent.provision(&desired).await;
+        }
+        match agent.recover(&desired).await {
+            Err(err) if err.agent_code() == Some(tonic::Code::NotFound) => {
+                tracing::info!("agent lost the live lesson; provisioning it again");
+                agent.provision(&desired).await
+            }
+            other => other,
+        }
+    }
+
+    /// Follows the agent's reports until the generation settles, the deadline passes, or the
+    /// worker is told to stop (newer desired state).
+    async fn await_settled(
+        &self,
+        agent: &Agent,
+        mut current: LiveLesson,
+        mut report: Report,
+        mut observer: Observer<'_>,
+        deadline: Instant,
+        cancel: &Notify,
+    ) -> Result<Next, Error> {
+        let poll_interval = self.inner.config.poll_interval;
         let mut last_poll = Instant::now();
         loop {
-            if state.generation == current.generation
-                && let Some(status) = wire::phase_status(state.phase)
+            if report.generation == current.generation
+                && let Some(status) = report.status
             {
                 if status != current.status || status.is_settled() {
-                    match self
-                        .record(&current, wire::observation(&state, status))
-                        .await
-                    {
+                    match self.record(&current, observation(&report, status)).await {
                         Some(updated) => current = updated,
                         None => return Ok(Next::Done),
                     }
@@ -392,37 +410,31 @@ impl Reconciler {
                     return Ok(Next::Done);
                 }
             }
-            let poll_at = last_poll + inner.config.poll_interval;
             tokio::select! {
                 biased;
                 _ = cancel.notified() => return Ok(Next::Done),
                 _ = tokio::time::sleep_until(deadline) => {
                     let reason = format!(
                         "not READY within {} (last status {}: {})",
-                        humantime::format_duration(inner.config.provision_timeout),
+                        humantime::format_duration(self.inner.config.provision_timeout),
                         current.status,
-                        state.reason
+                        report.reason
                     );
                     return self.fail(&current, reason).await;
                 }
-                changed = observed.changed() => {
-                    if changed.is_err() {
-                        continue;
+                observed = observer.changed() => match observed {
+                    Some(Observed::Report(next)) => report = next,
+                    Some(Observed::Deleted) => {
+                        tracing::warn!("agent reports the live lesson deleted while provisioning; provisioning again");
+                        return Ok(Next::After(Duration::ZERO));
                     }
-                    match observed.borrow_and_update().clone() {
-                        Observed::State(next) => state = next,
-                        Observed::Deleted => {
-                            tracing::warn!("agent reports the live lesson deleted while provisioning; provisioning again");
-                            return Ok(Next::After(Duration::ZERO));
-                        }
-                        Observed::Nothing => {}
-                    }
-                }
-                _ = tokio::time::sleep_until(poll_at) => {
+                    Some(Observed::Nothing) | None => {}
+                },
+                _ = tokio::time::sleep_until(last_poll + poll_interval) => {
                     last_poll = Instant::now();
-                    match agent.get(&key).await {
-                        Ok(next) => state = next,
-                        Err(Error::Agent { status, .. }) if status.code() == tonic::Code::NotFound => {
+                    match agent.get(current.id).await {
+                        Ok(next) => report = next,
+                        Err(err) if err.agent_code() == Some(tonic::Code::NotFound) => {
                             tracing::warn!("agent does not know the live lesson; provisioning again");
                             return Ok(Next::After(Duration::ZERO));
                         }
@@ -433,21 +445,19 @@ impl Reconciler {
         }
     }
 
+    /// Removes the live lesson's objects from its agent (if it has one), then forgets it.
     #[tracing::instrument(skip_all)]
-    async fn terminate(&self, lesson: LiveLesson, cancel: &Notify) -> Result<Next, Error> {
+    async fn terminate(&self, lesson: LiveLesson) -> Result<Next, Error> {
         let inner = &self.inner;
-        let attempt = self.attempt(&lesson);
-        let deadline = attempt.started + inner.config.terminate_timeout;
+        let deadline = self.attempt(&lesson).started + inner.config.terminate_timeout;
         let agent = lesson
             .agent
             .as_deref()
             .and_then(|name| inner.fleet.get(name))
             .cloned();
         if let Some(agent) = &agent {
-            let key = lesson.id.to_string();
-            let mut observed = agent.observe(&key);
-            let _unobserve = Unobserve(agent, &key);
-            match agent.deprovision(&key, lesson.handle.clone()).await {
+            let mut observer = agent.observe(lesson.id);
+            match agent.deprovision(lesson.id, lesson.handle.clone()).await {
                 Ok(true) => {}
                 Ok(false) => {
                     // Wait for the objects to go: Watch says Deleted, or Get says NOT_FOUND.
@@ -459,22 +469,23 @@ impl Reconciler {
                                 tracing::warn!("removal still unfinished; leaving the rest to the orphan reaper");
                                 break;
                             }
-                            changed = observed.changed() => {
-                                if changed.is_ok() && matches!(*observed.borrow_and_update(), Observed::Deleted) {
+                            observed = observer.changed() => {
+                                if matches!(observed, Some(Observed::Deleted)) {
                                     break;
                                 }
                             }
-                            _ = tokio::time::sleep_until(poll_at) => match agent.get(&key).await {
-                                Err(Error::Agent { status, .. }) if status.code() == tonic::Code::NotFound => break,
-                                _ => {}
-                            },
+                            _ = tokio::time::sleep_until(poll_at) => {
+                                if let Err(err) = agent.get(lesson.id).await
+                                    && err.agent_code() == Some(tonic::Code::NotFound)
+                                {
+                                    break;
+                                }
+                            }
                         }
                     }
                 }
                 Err(err) => {
-                    let retryable =
-                        matches!(&err, Error::Agent { status, .. } if is_retryable(status.code()));
-                    if retryable && Instant::now() < deadline {
+                    if err.agent_code().is_some_and(is_retryable) && Instant::now() < deadline {
                         tracing::warn!(error = %err, "Deprovision failed; retrying");
                         return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
                     }
@@ -482,14 +493,33 @@ impl Reconciler {
                 }
             }
         }
-        let _ = cancel;
         inner.store.forget(lesson.id).await?;
         if let Some(agent) = &agent {
-            fleet::release(agent);
+            agent.release();
         }
         lock(&inner.attempts).remove(&lesson.id);
         inner.hub.gone(lesson.id);
         Ok(Next::Done)
+    }
+
+    /// No agent yet: note why and retry with backoff, or FAILED once the deadline passed.
+    async fn wait(
+        &self,
+        lesson: &LiveLesson,
+        reason: String,
+        deadline: Instant,
+    ) -> Result<Next, Error> {
+        if Instant::now() >= deadline {
+            return self.fail(lesson, reason).await;
+        }
+        // Unplaced lessons stay PENDING; a placed one keeps its status while its agent is away.
+        let status = if lesson.agent.is_none() {
+            Status::Pending
+        } else {
+            lesson.status
+        };
+        self.note(lesson, status, reason).await;
+        Ok(Next::After(self.backoff(lesson.id, Some(lesson))))
     }
 
     /// Handles a failed Provision/Recover call: back off on retryable codes until the deadline,
@@ -500,8 +530,7 @@ impl Reconciler {
         err: Error,
         deadline: Instant,
     ) -> Result<Next, Error> {
-        let retryable = matches!(&err, Error::Agent { status, .. } if is_retryable(status.code()));
-        if retryable && Instant::now() < deadline {
+        if err.agent_code().is_some_and(is_retryable) && Instant::now() < deadline {
             tracing::warn!(error = %err, "agent call failed; retrying");
             self.note(lesson, lesson.status, err.to_string()).await;
             return Ok(Next::After(self.backoff(lesson.id, Some(lesson))));
@@ -572,126 +601,73 @@ impl Reconciler {
 
     /// The attempt record for the live lesson's current generation.
     fn attempt(&self, lesson: &LiveLesson) -> Attempt {
-        let mut attempts = lock(&self.inner.attempts);
-        let entry = attempts.entry(lesson.id).or_insert(Attempt {
+        let fresh = Attempt {
             generation: lesson.generation,
             started: Instant::now(),
             failures: 0,
-        });
+        };
+        let mut attempts = lock(&self.inner.attempts);
+        let entry = attempts.entry(lesson.id).or_insert(fresh);
         if entry.generation != lesson.generation {
-            *entry = Attempt {
-                generation: lesson.generation,
-                started: Instant::now(),
-                failures: 0,
-            };
+            *entry = fresh;
         }
         *entry
     }
 
     /// The next retry delay: exponential from `backoff_initial` to `backoff_max`, with jitter.
     fn backoff(&self, id: LiveLessonId, lesson: Option<&LiveLesson>) -> Duration {
-        let config = &self.inner.config;
-        let mut attempts = lock(&self.inner.attempts);
-        let failures = match attempts.get_mut(&id) {
-            Some(attempt) => {
-                attempt.failures += 1;
-                attempt.failures
-            }
-            None => {
-                if let Some(lesson) = lesson {
-                    attempts.insert(
-                        id,
-                        Attempt {
-                            generation: lesson.generation,
-                            started: Instant::now(),
-                            failures: 1,
-                        },
-                    );
+        let failures = {
+            let mut attempts = lock(&self.inner.attempts);
+            match (attempts.get_mut(&id), lesson) {
+                (Some(attempt), _) => {
+                    attempt.failures += 1;
+                    attempt.failures
                 }
-                1
+                (None, Some(lesson)) => {
+                    let attempt = Attempt {
+                        generation: lesson.generation,
+                        started: Instant::now(),
+                        failures: 1,
+                    };
+                    attempts.insert(id, attempt);
+                    1
+                }
+                (None, None) => 1,
             }
         };
-        let exp = config
-            .backoff_initial
-            .saturating_mul(1u32 << failures.saturating_sub(1).min(16));
-        let capped = exp.min(config.backoff_max);
-        // Up to 20 % jitter spreads retries of many live lessons hitting one agent.
-        let jitter = capped.mul_f64(f64::from(id.0.as_u128() as u32 % 1000) / 5000.0);
-        capped + jitter
+        backoff(&self.inner.config, id, failures)
     }
 }
 
-/// Stops observing a live lesson on an agent when a run ends, however it ends.
-struct Unobserve<'a>(&'a Agent, &'a str);
+/// Why a live lesson has no agent to run on.
+enum Unplaced {
+    /// Not now (none ready, none with room): wait and try again.
+    Yet(String),
+    /// Never: its agent was removed from the configuration.
+    Never(String),
+}
 
-impl Drop for Unobserve<'_> {
-    fn drop(&mut self) {
-        self.0.unobserve(self.1);
+/// What to record for an agent's report, entering `status`.
+fn observation(report: &Report, status: Status) -> Observation {
+    Observation {
+        status,
+        reason: report.reason.clone(),
+        endpoints: Some(report.endpoints.clone()),
+        handle: (!report.handle.is_empty()).then(|| report.handle.clone()),
+        agent: None,
     }
 }
 
-/// A de-duplicating work queue in the style of client-go's: an id is queued at most once, never
-/// processed by two workers at once, and re-queued when it was added during processing.
-#[derive(Default)]
-struct WorkQueue {
-    state: Mutex<QueueState>,
-    /// Wakes an idle worker.
-    available: Notify,
-}
-
-#[derive(Default)]
-struct QueueState {
-    queue: VecDeque<LiveLessonId>,
-    queued: HashSet<LiveLessonId>,
-    /// Ids being processed, with the signal that tells their worker to stop waiting.
-    processing: HashMap<LiveLessonId, Arc<Notify>>,
-    /// Ids added while being processed.
-    dirty: HashSet<LiveLessonId>,
-}
-
-impl WorkQueue {
-    fn add(&self, id: LiveLessonId) {
-        let mut state = lock(&self.state);
-        if let Some(cancel) = state.processing.get(&id) {
-            cancel.notify_one();
-            state.dirty.insert(id);
-            return;
-        }
-        if state.queued.insert(id) {
-            state.queue.push_back(id);
-            drop(state);
-            self.available.notify_one();
-        }
-    }
-
-    async fn next(&self) -> (LiveLessonId, Arc<Notify>) {
-        loop {
-            {
-                let mut state = lock(&self.state);
-                if let Some(id) = state.queue.pop_front() {
-                    state.queued.remove(&id);
-                    let cancel = Arc::new(Notify::new());
-                    state.processing.insert(id, cancel.clone());
-                    if !state.queue.is_empty() {
-                        // Pass the wake-up on: more work is waiting.
-                        self.available.notify_one();
-                    }
-                    return (id, cancel);
-                }
-            }
-            self.available.notified().await;
-        }
-    }
-
-    fn done(&self, id: LiveLessonId) {
-        let mut state = lock(&self.state);
-        state.processing.remove(&id);
-        if state.dirty.remove(&id) && state.queued.insert(id) {
-            state.queue.push_back(id);
-            drop(state);
-            self.available.notify_one();
-        }
-    }
+/// The delay before retry number `failures`: exponential from `backoff_initial`, capped at
+/// `backoff_max`, plus up to 20 % jitter derived from the id, which spreads retries of many
+/// live lessons hitting one agent.
+fn backoff(config: &ReconcilerConfig, id: LiveLessonId, failures: u32) -> Duration {
+    let exp = config
+        .backoff_initial
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    let capped = exp.min(config.backoff_max);
+    let jitter = capped.mul_f64(f64::from(id.0.as_u128() as u32 % 1000) / 5000.0);
+    capped + jitter
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -699,34 +675,4 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn queue_deduplicates_and_requeues_dirty_ids() {
-        let queue = WorkQueue::default();
-        let a = LiveLessonId::new();
-        let b = LiveLessonId::new();
-        queue.add(a);
-        queue.add(a);
-        queue.add(b);
-        let (first, cancel) = queue.next().await;
-        assert_eq!(first, a);
-        // Added while processing: the worker is told, and `a` comes back after `done`.
-        queue.add(a);
-        tokio::time::timeout(Duration::from_secs(1), cancel.notified())
-            .await
-            .expect("the worker is told to stop waiting");
-        let (second, _) = queue.next().await;
-        assert_eq!(second, b);
-        queue.done(a);
-        let (third, _) = queue.next().await;
-        assert_eq!(third, a);
-        queue.done(a);
-        queue.done(b);
-        assert!(lock(&queue.state).queue.is_empty());
-    }
 }

@@ -5,7 +5,6 @@
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
 use api::admin_service_server::AdminService;
@@ -16,16 +15,15 @@ use futures::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use super::convert as wire;
+use crate::agents::{AgentState, Desired, Fleet};
 use crate::catalog::Catalog;
+use crate::drive::{Hub, Reconciler, placement};
 use crate::error::Error;
-use crate::fleet::{AgentState, Fleet};
-use crate::hub::Hub;
-use crate::model::{LiveLesson, LiveLessonId, Millis, SessionId};
-use crate::placement;
-use crate::reconcile::Reconciler;
+use crate::metrics::Metrics;
+use crate::model::{self, LiveLesson, LiveLessonId, Millis, SessionId, expiry};
 use crate::settings::Config;
 use crate::store::{LessonFilter, Requested, Store};
-use crate::wire;
 
 /// Longest lesson slug accepted, so a huge string cannot reach the store or the logs.
 const MAX_SLUG: usize = 128;
@@ -35,20 +33,20 @@ const MAX_SLUG: usize = 128;
 pub struct Api {
     /// Durable state.
     pub store: Store,
-    /// Lessons.
+    /// The lessons learners ask for.
     pub catalog: Arc<Catalog>,
     /// Where desired-state changes are handed over.
     pub reconciler: Reconciler,
-    /// Live-lesson watchers.
+    /// Live-lesson watchers subscribe here.
     pub hub: Arc<Hub>,
-    /// Agents (for listing and Plan).
+    /// Agents, for listing and Plan.
     pub fleet: Arc<Fleet>,
     /// TTLs, limits, instance id.
     pub config: Arc<Config>,
     /// Ends Watch streams at shutdown.
     pub shutdown: CancellationToken,
     /// What `/metrics` renders.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<Metrics>,
 }
 
 type Result<T> = std::result::Result<Response<T>, Status>;
@@ -83,12 +81,8 @@ impl Api {
             })
     }
 
-    fn lesson_ttl(&self, persistent: bool) -> Option<Duration> {
-        (!persistent).then_some(self.config.ttl.live_lesson)
-    }
-
     fn api_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
-        wire::live_lesson(lesson, self.lesson_ttl(lesson.persistent))
+        wire::live_lesson(lesson, self.config.ttl.live_lesson)
     }
 
     fn check_lesson(&self, slug: &str, stage: u32) -> std::result::Result<(), Error> {
@@ -116,8 +110,7 @@ impl Api {
     async fn delete(&self, raw_id: &str, detail: &str) -> std::result::Result<(), Error> {
         let id: LiveLessonId = raw_id.parse()?;
         let lesson = self.store.mark_deleting(id, detail, Millis::now()).await?;
-        self.hub.publish(&lesson);
-        self.reconciler.enqueue(id);
+        self.reconciler.changed(&lesson);
         Ok(())
     }
 }
@@ -298,8 +291,7 @@ impl LiveLessonService for Api {
             .await?;
         tracing::Span::current().record("live_lesson.id", tracing::field::display(lesson.id));
         if outcome != Requested::Touched {
-            self.hub.publish(&lesson);
-            self.reconciler.enqueue(lesson.id);
+            self.reconciler.changed(&lesson);
         }
         Ok(Response::new(self.api_lesson(&lesson)))
     }
@@ -322,14 +314,14 @@ impl LiveLessonService for Api {
             .session_id
             .parse()
             .map_err(Error::from)?;
-        let session = self.store.session(id).await?;
-        let ttl = self.lesson_ttl(session.persistent);
+        // The session must exist (and be live), even when it holds no live lesson.
+        self.store.session(id).await?;
         let live_lessons = self
             .store
             .session_live_lessons(id)
             .await?
             .iter()
-            .map(|l| wire::live_lesson(l, ttl))
+            .map(|l| self.api_lesson(l))
             .collect();
         Ok(Response::new(api::ListLiveLessonsResponse { live_lessons }))
     }
@@ -353,15 +345,10 @@ impl LiveLessonService for Api {
             }
         };
         let ttl = self.config.ttl.live_lesson;
-        let expiry = move |lesson: &LiveLesson| (!lesson.persistent).then_some(ttl);
         let shutdown = self.shutdown.clone();
         let stream = async_stream(move |tx| async move {
             let mut last = first.clone();
-            if tx
-                .send(Ok(wire::live_lesson(&first, expiry(&first))))
-                .await
-                .is_err()
-            {
+            if tx.send(Ok(wire::live_lesson(&first, ttl))).await.is_err() {
                 return;
             }
             loop {
@@ -387,11 +374,7 @@ impl LiveLessonService for Api {
                     continue;
                 }
                 last = lesson.clone();
-                if tx
-                    .send(Ok(wire::live_lesson(&lesson, expiry(&lesson))))
-                    .await
-                    .is_err()
-                {
+                if tx.send(Ok(wire::live_lesson(&lesson, ttl))).await.is_err() {
                     return;
                 }
             }
@@ -406,9 +389,12 @@ impl LiveLessonService for Api {
         let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
         let lesson = self.store.heartbeat(id, Millis::now()).await?;
         Ok(Response::new(api::HeartbeatResponse {
-            expires_at: self
-                .lesson_ttl(lesson.persistent)
-                .map(|ttl| wire::timestamp(lesson.last_active.plus(ttl))),
+            expires_at: expiry(
+                lesson.persistent,
+                lesson.last_active,
+                self.config.ttl.live_lesson,
+            )
+            .map(wire::timestamp),
         }))
     }
 
@@ -421,8 +407,7 @@ impl LiveLessonService for Api {
         self.check_lesson(&current.lesson_slug, stage)?;
         let (lesson, outcome) = self.store.set_stage(id, stage, Millis::now()).await?;
         if outcome != Requested::Touched {
-            self.hub.publish(&lesson);
-            self.reconciler.enqueue(id);
+            self.reconciler.changed(&lesson);
         }
         Ok(Response::new(self.api_lesson(&lesson)))
     }
@@ -509,14 +494,14 @@ impl AdminService for Api {
     ) -> Result<api::ListAgentsResponse> {
         let agents = self
             .fleet
-            .agents()
-            .iter()
+            .snapshot()
+            .into_iter()
             .map(|agent| {
-                let status = agent.status();
-                let handshake = status.handshake.clone().unwrap_or_default();
+                let status = agent.status;
+                let handshake = status.handshake.unwrap_or_default();
                 api::Agent {
-                    name: agent.name.clone(),
-                    address: agent.address.clone(),
+                    name: agent.name,
+                    address: agent.address,
                     state: match status.state {
                         AgentState::Connecting => api::AgentState::Connecting,
                         AgentState::Ready => api::AgentState::Ready,
@@ -524,12 +509,12 @@ impl AdminService for Api {
                         AgentState::Incompatible => api::AgentState::Incompatible,
                     } as i32,
                     major: handshake.major,
-                    kind: handshake.agent_name,
+                    kind: handshake.kind,
                     build_version: handshake.build_version,
                     instance_id: handshake.instance_id,
-                    capabilities: handshake.capabilities,
-                    max_live_lessons: handshake.capacity.map_or(0, |c| c.max_live_lessons),
-                    live_lessons: agent.load.load(std::sync::atomic::Ordering::Relaxed),
+                    capabilities: handshake.capabilities.into_iter().collect(),
+                    max_live_lessons: handshake.max_live_lessons,
+                    live_lessons: agent.load,
                     last_error: status.last_error,
                     connected_at: status.connected_at.map(wire::timestamp),
                 }
@@ -546,12 +531,17 @@ impl AdminService for Api {
             .catalog
             .lesson(&lesson_slug)
             .ok_or_else(|| Error::LessonNotFound(lesson_slug.clone()))?;
-        let agent = placement::choose(self.fleet.agents(), &placement::needs(definition)).map_err(
-            |why| Error::NoAgent {
+        let snapshot = self.fleet.snapshot();
+        let name = placement::choose(&snapshot, &placement::needs(definition)).map_err(|why| {
+            Error::NoAgent {
                 lesson: lesson_slug.clone(),
                 why,
-            },
-        )?;
+            }
+        })?;
+        let agent = self.fleet.get(name).ok_or_else(|| Error::NoAgent {
+            lesson: lesson_slug.clone(),
+            why: format!("agent `{name}` left the fleet"),
+        })?;
         // A throwaway live lesson: Plan has no side effects, so its ids are never used again.
         let probe = LiveLesson {
             id: LiveLessonId::new(),
@@ -560,7 +550,7 @@ impl AdminService for Api {
             stage,
             generation: 1,
             observed_generation: 0,
-            status: crate::model::Status::Pending,
+            status: model::Status::Pending,
             reason: String::new(),
             deleting: false,
             agent: Some(agent.name.clone()),
@@ -570,8 +560,14 @@ impl AdminService for Api {
             created_at: Millis::now(),
             last_active: Millis::now(),
         };
-        let spec = wire::lesson_spec(&self.config.instance_id, &probe, definition, &self.catalog);
-        let plan = agent.plan(spec).await?;
+        let plan = agent
+            .plan(&Desired {
+                instance_id: &self.config.instance_id,
+                live: &probe,
+                lesson: definition,
+                catalog: &self.catalog,
+            })
+            .await?;
         Ok(Response::new(api::PlanResponse {
             agent: agent.name.clone(),
             objects: plan
@@ -584,18 +580,7 @@ impl AdminService for Api {
                     detail: o.detail,
                 })
                 .collect(),
-            diagnostics: plan
-                .diagnostics
-                .into_iter()
-                .map(|d| {
-                    let severity = match d.severity {
-                        2 => "error",
-                        1 => "warning",
-                        _ => "note",
-                    };
-                    format!("{severity} {}: {}", d.field, d.message)
-                })
-                .collect(),
+            diagnostics: plan.diagnostics,
         }))
     }
 

@@ -1,7 +1,7 @@
 //! The public API as JSON over HTTP, for web front ends, beside the gRPC API.
 //!
 //! Every route in [`ROUTES`] transcodes to the same `antidote.api.v1` method the gRPC server
-//! runs (the handlers of [`crate::server::Api`], so validation, limits and errors are the same):
+//! runs (the handlers of [`crate::api::Api`], so validation, limits and errors are the same):
 //! path parameters, query parameters and the JSON body fill the request message by the proto3
 //! JSON mapping (through the descriptor set, `prost-reflect`), and the answer is the response
 //! message in that mapping (lowerCamelCase names, enums by name, 64-bit integers as strings,
@@ -45,7 +45,7 @@ use tonic::transport::server::TcpConnectInfo;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument as _;
 
-use crate::server::Api;
+use crate::api::Api;
 use crate::settings::HttpConfig;
 
 /// Largest JSON body accepted: every request is a few ids and slugs.
@@ -359,7 +359,13 @@ async fn metrics(State(api): State<Api>) -> Response {
                 header::CONTENT_TYPE,
                 antidote_proto::sdk::metrics::CONTENT_TYPE,
             )],
-            api.metrics.render(&counts, &api.fleet),
+            api.metrics.render(
+                &counts,
+                api.fleet
+                    .agents()
+                    .iter()
+                    .map(|a| (a.name.as_str(), a.is_ready())),
+            ),
         )
             .into_response(),
         Err(err) => error(

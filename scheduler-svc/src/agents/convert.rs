@@ -1,0 +1,378 @@
+//! Every conversion between the scheduler's domain and `antidote.agent.v1`, in one place: the
+//! spec sent to agents (with the labels they must put on their objects), and what comes back
+//! (states, handshakes, plans) as domain values. No other module of the scheduler names an
+//! agent.v1 type.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use antidote_proto::agent::v1 as agent;
+use antidote_proto::sdk::labels;
+
+use super::{Desired, Handshake, Plan, PlannedObject, Report};
+use crate::catalog::{ConfigurationType, Flavor, PresentationKind};
+use crate::model::{EndpointInfo, LiveLessonId, PresentationInfo, Status};
+
+/// Ports as the wire carries them.
+fn ports(ports: &[std::num::NonZeroU16]) -> Vec<u32> {
+    ports.iter().map(|p| u32::from(p.get())).collect()
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// Everything an agent needs to realise `live` at its desired stage.
+pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
+    let Desired {
+        instance_id,
+        live,
+        lesson,
+        catalog,
+    } = *desired;
+    let stage = lesson.stages.get(live.stage as usize);
+    let endpoints = lesson
+        .endpoints
+        .iter()
+        .map(|e| {
+            let image = catalog.image(&e.image);
+            agent::Endpoint {
+                name: e.name.clone(),
+                image: image.map(|i| agent::Image {
+                    slug: i.slug.clone(),
+                    flavor: match i.flavor {
+                        Flavor::Trusted => agent::Flavor::Trusted,
+                        Flavor::Untrusted => agent::Flavor::Untrusted,
+                        Flavor::Legacy => agent::Flavor::Legacy,
+                    } as i32,
+                    ssh_user: i.ssh_user.clone().unwrap_or_default(),
+                    ssh_password: i.ssh_password.clone().unwrap_or_default(),
+                    config_user: i.config_user.clone().unwrap_or_default(),
+                    config_password: i.config_password.clone().unwrap_or_default(),
+                    enable_forwarding: i.enable_forwarding,
+                    network_interfaces: i.network_interfaces.clone(),
+                }),
+                additional_ports: ports(&e.additional_ports),
+                presentations: e
+                    .presentations
+                    .iter()
+                    .map(|p| agent::Presentation {
+                        name: p.name.clone(),
+                        r#type: match p.kind {
+                            PresentationKind::Ssh => agent::PresentationType::Ssh,
+                            PresentationKind::Http => agent::PresentationType::Http,
+                        } as i32,
+                        port: u32::from(p.port.get()),
+                    })
+                    .collect(),
+                configuration: e.configuration_type.and_then(|kind| {
+                    let config = stage?.configs.get(&e.name)?;
+                    Some(agent::StageConfiguration {
+                        r#type: match kind {
+                            ConfigurationType::Python => agent::ConfigurationType::Python,
+                            ConfigurationType::Ansible => agent::ConfigurationType::Ansible,
+                            ConfigurationType::Napalm => agent::ConfigurationType::Napalm,
+                            ConfigurationType::Shell => agent::ConfigurationType::Shell,
+                        } as i32,
+                        file_name: config
+                            .path
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                        contents: config.contents.clone().into_bytes(),
+                        driver: config.driver.clone().unwrap_or_default(),
+                    })
+                }),
+            }
+        })
+        .collect();
+    agent::LessonSpec {
+        live_lesson_id: live.id.to_string(),
+        session_id: live.session_id.to_string(),
+        lesson_slug: live.lesson_slug.clone(),
+        generation: live.generation,
+        stage: live.stage,
+        endpoints,
+        connections: lesson
+            .connections
+            .iter()
+            .map(|c| agent::Connection {
+                a: c.a.clone(),
+                b: c.b.clone(),
+                subnet: c.subnet.map(|s| s.to_string()).unwrap_or_default(),
+            })
+            .collect(),
+        ready_delay: Some(duration(lesson.ready_delay)),
+        labels: HashMap::from([
+            (labels::INSTANCE.to_owned(), instance_id.to_owned()),
+            (labels::LIVE_LESSON.to_owned(), live.id.to_string()),
+            (labels::SESSION.to_owned(), live.session_id.to_string()),
+            (labels::GENERATION.to_owned(), live.generation.to_string()),
+            (labels::LESSON.to_owned(), live.lesson_slug.clone()),
+        ]),
+    }
+}
+
+/// The scheduler status an agent phase maps to while provisioning; `None` for phases that say
+/// nothing about provisioning progress.
+fn phase_status(phase: i32) -> Option<Status> {
+    match agent::Phase::try_from(phase).ok()? {
+        agent::Phase::Pending | agent::Phase::Booting => Some(Status::Booting),
+        agent::Phase::Configuring => Some(Status::Configuring),
+        agent::Phase::Ready => Some(Status::Ready),
+        agent::Phase::Failed => Some(Status::Failed),
+        agent::Phase::Terminating | agent::Phase::Unspecified => None,
+    }
+}
+
+/// An agent's state of one live lesson as a report; `None` when its id is not one of ours (we
+/// only ever hand out UUIDs, so such an object was not created for this scheduler).
+pub fn report(state: agent::LiveLessonState) -> Option<Report> {
+    let agent::LiveLessonState {
+        live_lesson_id,
+        generation,
+        phase,
+        reason,
+        endpoints,
+        handle,
+        // Conditions and the stage are the agent's detail; the reason carries what learners see.
+        ..
+    } = state;
+    let id = live_lesson_id.parse::<LiveLessonId>().ok()?;
+    Some(Report {
+        id,
+        generation,
+        status: phase_status(phase),
+        reason,
+        endpoints: endpoints
+            .into_iter()
+            .map(|e| EndpointInfo {
+                name: e.name,
+                presentations: e
+                    .presentations
+                    .into_iter()
+                    .map(|p| PresentationInfo {
+                        name: p.name,
+                        kind: match agent::PresentationType::try_from(p.r#type) {
+                            Ok(agent::PresentationType::Ssh) => "ssh",
+                            Ok(agent::PresentationType::Http) => "http",
+                            _ => "unknown",
+                        }
+                        .into(),
+                        address: p.address,
+                        url: p.url,
+                    })
+                    .collect(),
+                healthy: e.healthy,
+                total: e.total,
+            })
+            .collect(),
+        handle: handle.to_vec(),
+    })
+}
+
+/// What a handshake established.
+pub fn handshake(response: agent::HandshakeResponse) -> Handshake {
+    let agent::HandshakeResponse {
+        major,
+        agent_name,
+        build_version,
+        instance_id,
+        capabilities,
+        capacity,
+        labels,
+    } = response;
+    Handshake {
+        major,
+        kind: agent_name,
+        build_version,
+        instance_id,
+        capabilities: capabilities.into_iter().collect(),
+        max_live_lessons: capacity.map_or(0, |c| c.max_live_lessons),
+        labels: labels.into_iter().collect(),
+    }
+}
+
+/// A plan as the admin API shows it: objects, and diagnostics as `severity field: message`.
+pub fn plan(response: agent::PlanResponse) -> Plan {
+    Plan {
+        objects: response
+            .objects
+            .into_iter()
+            .map(|o| PlannedObject {
+                kind: o.kind,
+                name: o.name,
+                ports: o.ports,
+                detail: o.detail,
+            })
+            .collect(),
+        diagnostics: response
+            .diagnostics
+            .into_iter()
+            .map(|d| {
+                let severity = match agent::Severity::try_from(d.severity) {
+                    Ok(agent::Severity::Error) => "error",
+                    Ok(agent::Severity::Warning) => "warning",
+                    _ => "note",
+                };
+                format!("{severity} {}: {}", d.field, d.message)
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(id: &str, phase: agent::Phase) -> agent::LiveLessonState {
+        agent::LiveLessonState {
+            live_lesson_id: id.into(),
+            generation: 3,
+            stage: 1,
+            phase: phase as i32,
+            reason: "probing".into(),
+            endpoints: vec![agent::EndpointState {
+                name: "web".into(),
+                presentations: vec![
+                    agent::PresentationState {
+                        name: "page".into(),
+                        r#type: agent::PresentationType::Http as i32,
+                        address: "127.0.0.1:8080".into(),
+                        url: "http://127.0.0.1:8080/".into(),
+                    },
+                    agent::PresentationState {
+                        name: "cli".into(),
+                        r#type: agent::PresentationType::Ssh as i32,
+                        address: "127.0.0.1:2222".into(),
+                        url: String::new(),
+                    },
+                    agent::PresentationState {
+                        name: "odd".into(),
+                        r#type: 42,
+                        address: "127.0.0.1:1".into(),
+                        url: String::new(),
+                    },
+                ],
+                healthy: 1,
+                total: 2,
+                internal_address: "10.0.0.2".into(),
+            }],
+            handle: b"h-1".to_vec().into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_state_becomes_a_report() {
+        let id = LiveLessonId::new();
+        let report = report(state(&id.to_string(), agent::Phase::Configuring)).unwrap();
+        let presentation = |name: &str, kind: &str, address: &str, url: &str| PresentationInfo {
+            name: name.into(),
+            kind: kind.into(),
+            address: address.into(),
+            url: url.into(),
+        };
+        assert_eq!(
+            report,
+            Report {
+                id,
+                generation: 3,
+                status: Some(Status::Configuring),
+                reason: "probing".into(),
+                endpoints: vec![EndpointInfo {
+                    name: "web".into(),
+                    presentations: vec![
+                        presentation("page", "http", "127.0.0.1:8080", "http://127.0.0.1:8080/"),
+                        presentation("cli", "ssh", "127.0.0.1:2222", ""),
+                        presentation("odd", "unknown", "127.0.0.1:1", ""),
+                    ],
+                    healthy: 1,
+                    total: 2,
+                }],
+                handle: b"h-1".to_vec(),
+            }
+        );
+    }
+
+    #[test]
+    fn phases_map_to_statuses() {
+        let id = LiveLessonId::new().to_string();
+        for (phase, status) in [
+            (agent::Phase::Pending, Some(Status::Booting)),
+            (agent::Phase::Booting, Some(Status::Booting)),
+            (agent::Phase::Configuring, Some(Status::Configuring)),
+            (agent::Phase::Ready, Some(Status::Ready)),
+            (agent::Phase::Failed, Some(Status::Failed)),
+            (agent::Phase::Terminating, None),
+            (agent::Phase::Unspecified, None),
+        ] {
+            assert_eq!(report(state(&id, phase)).unwrap().status, status, "{phase:?}");
+        }
+        let mut unknown = state(&id, agent::Phase::Ready);
+        unknown.phase = 99;
+        assert_eq!(report(unknown).unwrap().status, None);
+    }
+
+    #[test]
+    fn ids_that_are_not_ours_are_refused_and_upper_case_uuids_accepted() {
+        assert!(report(state("not-a-uuid", agent::Phase::Ready)).is_none());
+        assert!(report(state("", agent::Phase::Ready)).is_none());
+        let id = LiveLessonId::new();
+        let upper = id.to_string().to_uppercase();
+        assert_eq!(report(state(&upper, agent::Phase::Ready)).unwrap().id, id);
+    }
+
+    #[test]
+    fn handshakes_and_plans_keep_what_operators_see() {
+        let handshake = handshake(agent::HandshakeResponse {
+            major: 1,
+            agent_name: "agent-docker".into(),
+            build_version: "0.1.0".into(),
+            instance_id: "i-1".into(),
+            capabilities: vec!["watch".into(), "plan".into(), "watch".into()],
+            capacity: Some(agent::Capacity {
+                max_live_lessons: 7,
+                live_lessons: 2,
+            }),
+            labels: HashMap::from([("region".into(), "eu".into())]),
+        });
+        assert_eq!(
+            handshake.capabilities.iter().collect::<Vec<_>>(),
+            ["plan", "watch"]
+        );
+        assert_eq!(handshake.max_live_lessons, 7);
+        assert_eq!(handshake.labels["region"], "eu");
+        let plan = plan(agent::PlanResponse {
+            objects: vec![agent::PlannedObject {
+                kind: "container".into(),
+                name: "antidote-1-web".into(),
+                ports: vec![8080],
+                detail: String::new(),
+            }],
+            diagnostics: vec![
+                agent::Diagnostic {
+                    severity: agent::Severity::Error as i32,
+                    field: "endpoints[0].image".into(),
+                    message: "no such image".into(),
+                },
+                agent::Diagnostic {
+                    severity: agent::Severity::Warning as i32,
+                    field: "ready_delay".into(),
+                    message: "ignored".into(),
+                },
+            ],
+        });
+        assert_eq!(plan.objects[0].name, "antidote-1-web");
+        assert_eq!(
+            plan.diagnostics,
+            [
+                "error endpoints[0].image: no such image",
+                "warning ready_delay: ignored"
+            ]
+        );
+    }
+}

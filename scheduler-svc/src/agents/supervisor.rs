@@ -1,0 +1,238 @@
+//! One supervisor task per agent: handshake (retrying with backoff), then follow the agent's
+//! Watch stream; when the stream breaks, mark the agent unavailable and start over. A handshake
+//! reporting a new instance id means the agent restarted: the supervisor tells the reconciler,
+//! which recovers the agent's live lessons.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use antidote_proto::agent::v1 as proto;
+use antidote_proto::sdk::{capabilities, labels};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request};
+
+use super::{Agent, AgentState, FleetEvent, Observed, convert};
+use crate::error::Error;
+use crate::model::{LiveLessonId, Millis, Status};
+use crate::store::Store;
+
+/// The capabilities this scheduler understands, sent in the handshake.
+pub const SCHEDULER_CAPABILITIES: &[&str] = &[
+    capabilities::PRESENTATION_SSH,
+    capabilities::PRESENTATION_HTTP,
+    capabilities::STAGE_CONFIGURATION,
+    capabilities::NETWORK_ISOLATION,
+    capabilities::PLAN,
+    capabilities::WATCH,
+    capabilities::RECOVER,
+];
+
+/// The heartbeat interval asked of agents' Watch streams.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// A Watch stream quiet for this long is taken as broken (four missed heartbeats).
+const QUIET_LIMIT: Duration = Duration::from_secs(20);
+
+/// Without Watch, how long the supervisor waits before handshaking again to notice restarts
+/// (waiting workers poll with Get meanwhile).
+const REHANDSHAKE: Duration = Duration::from_secs(10);
+
+/// What supervisors need.
+#[derive(Clone)]
+pub struct SupervisorContext {
+    /// Where agents' instance ids are kept, to notice restarts across our own restarts.
+    pub store: Store,
+    /// This scheduler's instance id, sent in handshakes and selected on in Watch.
+    pub instance_id: String,
+    /// Where restarts and unsolicited states are reported.
+    pub events: mpsc::UnboundedSender<FleetEvent>,
+    /// Stops the supervisor.
+    pub shutdown: CancellationToken,
+    /// Backoff bounds between reconnections.
+    pub backoff: (Duration, Duration),
+}
+
+// Debug level: it lasts as long as the process, so as a trace it would never end.
+#[tracing::instrument(skip_all, level = "debug", fields(agent = %agent.name))]
+pub(super) async fn supervise(agent: Arc<Agent>, ctx: SupervisorContext) {
+    let (initial, max) = ctx.backoff;
+    let mut delay = initial;
+    loop {
+        let outcome = tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            outcome = connect_and_follow(&agent, &ctx) => outcome,
+        };
+        match outcome {
+            Ok(()) => delay = initial,
+            Err(Failure::Unavailable(reason)) => {
+                tracing::warn!(%reason, "agent unavailable");
+                agent.set_status(|s| {
+                    s.state = AgentState::Unavailable;
+                    s.last_error = reason;
+                });
+            }
+            Err(Failure::Incompatible(reason)) => {
+                tracing::error!(%reason, "agent incompatible");
+                agent.set_status(|s| {
+                    s.state = AgentState::Incompatible;
+                    s.last_error = reason;
+                });
+                // An incompatible agent will not change until it is upgraded: ask rarely.
+                delay = max;
+            }
+        }
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(max);
+    }
+}
+
+enum Failure {
+    Unavailable(String),
+    Incompatible(String),
+}
+
+/// Handshakes, then follows the Watch stream until it ends. Returns `Ok` when a healthy stream
+/// ended (so the backoff restarts from its initial value).
+async fn connect_and_follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
+    let request = proto::HandshakeRequest {
+        supported_majors: vec![proto::MAJOR],
+        scheduler_instance_id: ctx.instance_id.clone(),
+        scheduler_version: env!("CARGO_PKG_VERSION").to_owned(),
+        capabilities: SCHEDULER_CAPABILITIES
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect(),
+    };
+    let handshake = match agent.handshake(request).await {
+        Ok(handshake) => handshake,
+        Err(Error::Agent { status, .. }) => {
+            return Err(match status.code() {
+                Code::Unimplemented => Failure::Incompatible(format!(
+                    "agent does not serve {} (it may speak another major version): {}",
+                    proto::SERVICE_NAME,
+                    status.message()
+                )),
+                Code::FailedPrecondition | Code::InvalidArgument => {
+                    Failure::Incompatible(format!("handshake refused: {}", status.message()))
+                }
+                _ => Failure::Unavailable(format!("handshake failed: {status}")),
+            });
+        }
+        Err(err) => return Err(Failure::Unavailable(err.to_string())),
+    };
+    if handshake.major != proto::MAJOR {
+        return Err(Failure::Incompatible(format!(
+            "agent chose major version {} but this scheduler speaks only {}",
+            handshake.major,
+            proto::MAJOR
+        )));
+    }
+    if handshake.instance_id.is_empty() {
+        return Err(Failure::Incompatible(
+            "handshake carries no instance_id".into(),
+        ));
+    }
+    let previous = ctx.store.agent_instance(&agent.name).await.ok().flatten();
+    if previous.as_deref() != Some(handshake.instance_id.as_str())
+        && let Err(err) = ctx
+            .store
+            .set_agent_instance(&agent.name, &handshake.instance_id, Millis::now())
+            .await
+    {
+        return Err(Failure::Unavailable(format!(
+            "cannot record instance id: {err}"
+        )));
+    }
+    tracing::info!(
+        kind = %handshake.kind,
+        version = %handshake.build_version,
+        instance = %handshake.instance_id,
+        capabilities = ?handshake.capabilities,
+        "agent ready"
+    );
+    let restarted = previous
+        .as_deref()
+        .is_some_and(|previous| previous != handshake.instance_id);
+    let watch = handshake.capabilities.contains(capabilities::WATCH);
+    agent.connected(handshake);
+    if restarted {
+        let _ = ctx.events.send(FleetEvent::Restarted(agent.name.clone()));
+    }
+    if !watch {
+        tokio::time::sleep(REHANDSHAKE).await;
+        return Ok(());
+    }
+    follow(agent, ctx).await
+}
+
+async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
+    let request = proto::WatchRequest {
+        label_selector: HashMap::from([(labels::INSTANCE.to_owned(), ctx.instance_id.clone())]),
+        heartbeat_interval: Some(prost_types::Duration {
+            seconds: HEARTBEAT.as_secs() as i64,
+            nanos: 0,
+        }),
+    };
+    // No deadline on the stream itself: heartbeats prove it is alive.
+    let mut stream = agent
+        .client
+        .clone()
+        .watch({
+            let mut request = Request::new(request);
+            antidote_proto::sdk::trace::inject(request.metadata_mut());
+            request
+        })
+        .await
+        .map_err(|status| Failure::Unavailable(format!("Watch failed: {status}")))?
+        .into_inner();
+    loop {
+        let next = tokio::time::timeout(QUIET_LIMIT, stream.next()).await;
+        let event = match next {
+            Err(_) => {
+                return Err(Failure::Unavailable(format!(
+                    "no Watch message for {QUIET_LIMIT:?}"
+                )));
+            }
+            Ok(None) => return Ok(()),
+            Ok(Some(Err(status))) => {
+                return Err(Failure::Unavailable(format!("Watch broke: {status}")));
+            }
+            Ok(Some(Ok(event))) => event,
+        };
+        use proto::watch_event::Event;
+        match event.event {
+            Some(Event::Snapshot(snapshot)) => {
+                for state in snapshot.items {
+                    route(agent, ctx, state);
+                }
+            }
+            Some(Event::Changed(state)) => route(agent, ctx, state),
+            Some(Event::Deleted(deleted)) => {
+                if let Ok(id) = deleted.live_lesson_id.parse::<LiveLessonId>() {
+                    agent.deliver(id, Observed::Deleted);
+                }
+            }
+            Some(Event::Heartbeat(_)) | Some(Event::Resync(_)) | None => {}
+        }
+    }
+}
+
+/// Hands a state to the worker waiting for it; a failure nobody waits for (a READY lesson whose
+/// container died) goes to the reconciler.
+fn route(agent: &Agent, ctx: &SupervisorContext, state: proto::LiveLessonState) {
+    let Some(report) = convert::report(state) else {
+        return;
+    };
+    let failed = report.status == Some(Status::Failed);
+    if !agent.deliver(report.id, Observed::Report(report.clone())) && failed {
+        let _ = ctx
+            .events
+            .send(FleetEvent::Unsolicited(agent.name.clone(), report));
+    }
+}

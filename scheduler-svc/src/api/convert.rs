@@ -1,0 +1,196 @@
+//! Conversions from domain types to the public API's messages (`antidote.api.v1`), in one
+//! place. (The agent protocol's are in `crate::agents`.)
+
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+
+use crate::catalog::{Catalog, Collection, ConfigurationType, Lesson};
+use crate::model::{LiveLesson, Millis, Session, Status, expiry};
+
+/// Ports as the wire carries them.
+fn ports(ports: &[std::num::NonZeroU16]) -> Vec<u32> {
+    ports.iter().map(|p| u32::from(p.get())).collect()
+}
+
+/// A timestamp for the API.
+pub fn timestamp(at: Millis) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: at.0.div_euclid(1000),
+        nanos: (at.0.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+/// The API's status enum.
+pub fn status(status: Status) -> api::LiveLessonStatus {
+    match status {
+        Status::Pending => api::LiveLessonStatus::Pending,
+        Status::Booting => api::LiveLessonStatus::Booting,
+        Status::Configuring => api::LiveLessonStatus::Configuring,
+        Status::Ready => api::LiveLessonStatus::Ready,
+        Status::Failed => api::LiveLessonStatus::Failed,
+        Status::Terminating => api::LiveLessonStatus::Terminating,
+    }
+}
+
+/// The domain status for an API filter; `None` for UNSPECIFIED.
+pub fn status_filter(value: i32) -> Result<Option<Status>, String> {
+    match api::LiveLessonStatus::try_from(value) {
+        Ok(api::LiveLessonStatus::Unspecified) => Ok(None),
+        Ok(api::LiveLessonStatus::Pending) => Ok(Some(Status::Pending)),
+        Ok(api::LiveLessonStatus::Booting) => Ok(Some(Status::Booting)),
+        Ok(api::LiveLessonStatus::Configuring) => Ok(Some(Status::Configuring)),
+        Ok(api::LiveLessonStatus::Ready) => Ok(Some(Status::Ready)),
+        Ok(api::LiveLessonStatus::Failed) => Ok(Some(Status::Failed)),
+        Ok(api::LiveLessonStatus::Terminating) => Ok(Some(Status::Terminating)),
+        Err(_) => Err(format!("unknown status {value}")),
+    }
+}
+
+/// A live lesson for the API; `ttl` is the live-lesson TTL.
+pub fn live_lesson(lesson: &LiveLesson, ttl: Duration) -> api::LiveLesson {
+    let (healthy, total) = lesson
+        .endpoints
+        .iter()
+        .fold((0, 0), |(h, t), e| (h + e.healthy, t + e.total));
+    api::LiveLesson {
+        id: lesson.id.to_string(),
+        session_id: lesson.session_id.to_string(),
+        lesson_slug: lesson.lesson_slug.clone(),
+        stage: lesson.stage,
+        status: status(lesson.status) as i32,
+        failure_reason: if lesson.status == Status::Failed {
+            lesson.reason.clone()
+        } else {
+            String::new()
+        },
+        endpoints: lesson
+            .endpoints
+            .iter()
+            .map(|e| api::LiveEndpoint {
+                name: e.name.clone(),
+                presentations: e
+                    .presentations
+                    .iter()
+                    .map(|p| api::LivePresentation {
+                        name: p.name.clone(),
+                        r#type: p.kind.clone(),
+                        address: p.address.clone(),
+                        url: p.url.clone(),
+                    })
+                    .collect(),
+                healthy: e.healthy,
+                total: e.total,
+            })
+            .collect(),
+        healthy,
+        total,
+        created_at: Some(timestamp(lesson.created_at)),
+        last_active: Some(timestamp(lesson.last_active)),
+        agent: lesson.agent.clone().unwrap_or_default(),
+        generation: lesson.generation,
+        expires_at: expiry(lesson.persistent, lesson.last_active, ttl).map(timestamp),
+    }
+}
+
+/// A session for the API.
+pub fn session(session: &Session, ttl: Duration) -> api::Session {
+    api::Session {
+        id: session.id.to_string(),
+        source_ip: session.source_ip.to_string(),
+        persistent: session.persistent,
+        created_at: Some(timestamp(session.created_at)),
+        last_active: Some(timestamp(session.last_active)),
+        expires_at: expiry(session.persistent, session.last_active, ttl).map(timestamp),
+    }
+}
+
+/// A lesson for the API. `guides` holds each stage's guide text (empty for listings).
+pub fn lesson(lesson: &Lesson, guides: &[String]) -> api::Lesson {
+    api::Lesson {
+        slug: lesson.slug.clone(),
+        name: lesson.name.clone(),
+        category: lesson.category.as_str().into(),
+        tier: lesson.tier.to_string(),
+        prereqs: lesson.prereqs.clone(),
+        description: lesson.description.clone(),
+        short_description: lesson.short_description.clone(),
+        tags: lesson.tags.clone(),
+        authors: lesson
+            .authors
+            .iter()
+            .map(|a| api::Author {
+                name: a.name.clone(),
+                link: a.link.clone().unwrap_or_default(),
+            })
+            .collect(),
+        collection: lesson.collection.clone().unwrap_or_default(),
+        diagram: lesson.diagram.clone().unwrap_or_default(),
+        video: lesson.video.clone().unwrap_or_default(),
+        stages: lesson
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| api::Stage {
+                index: s.index,
+                description: s.description.clone(),
+                guide_type: s.guide_type.as_str().into(),
+                guide: guides.get(i).cloned().unwrap_or_default(),
+                video: s.stage_video.clone().unwrap_or_default(),
+            })
+            .collect(),
+        endpoints: lesson
+            .endpoints
+            .iter()
+            .map(|e| api::LessonEndpoint {
+                name: e.name.clone(),
+                image: e.image.clone(),
+                configuration_type: e
+                    .configuration_type
+                    .map(ConfigurationType::as_str)
+                    .unwrap_or_default()
+                    .into(),
+                additional_ports: ports(&e.additional_ports),
+                presentations: e
+                    .presentations
+                    .iter()
+                    .map(|p| api::LessonPresentation {
+                        name: p.name.clone(),
+                        r#type: p.kind.as_str().into(),
+                        port: u32::from(p.port.get()),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        connections: lesson
+            .connections
+            .iter()
+            .map(|c| api::LessonConnection {
+                a: c.a.clone(),
+                b: c.b.clone(),
+                subnet: c.subnet.map(|s| s.to_string()).unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
+/// A collection for the API.
+pub fn collection(collection: &Collection, catalog: &Catalog) -> api::Collection {
+    api::Collection {
+        slug: collection.slug.clone(),
+        title: collection.title.clone(),
+        image: collection.image.clone().unwrap_or_default(),
+        website: collection.website.clone().unwrap_or_default(),
+        contact_email: collection.contact_email.clone().unwrap_or_default(),
+        brief_description: collection.brief_description.clone(),
+        long_description: collection.long_description.clone(),
+        r#type: collection.kind.as_str().into(),
+        tier: collection.tier.to_string(),
+        lessons: catalog
+            .lessons
+            .values()
+            .filter(|l| l.collection.as_deref() == Some(collection.slug.as_str()))
+            .map(|l| l.slug.clone())
+            .collect(),
+    }
+}

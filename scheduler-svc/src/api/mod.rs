@@ -1,0 +1,77 @@
+//! The API layer: `antidote.api.v1` as gRPC ([`grpc`]: the four services, validation at the
+//! edge) and as JSON over HTTP ([`http`]), with the public API's conversions ([`convert`]).
+//! Handlers write desired state to [`crate::store`] and hand changes to
+//! [`crate::drive::Reconciler`]; only Plan reaches an agent.
+
+mod convert;
+mod grpc;
+pub mod http;
+
+use std::time::Duration;
+
+use antidote_proto::api::v1::admin_service_server::AdminServiceServer;
+use antidote_proto::api::v1::curriculum_service_server::CurriculumServiceServer;
+use antidote_proto::api::v1::live_lesson_service_server::LiveLessonServiceServer;
+use antidote_proto::api::v1::session_service_server::SessionServiceServer;
+pub use grpc::Api;
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// Largest request the public API decodes: every request is a few ids and slugs.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// The gRPC services whose health is reported (the empty name is the server as a whole).
+const SERVICES: [&str; 5] = [
+    "antidote.api.v1.CurriculumService",
+    "antidote.api.v1.SessionService",
+    "antidote.api.v1.LiveLessonService",
+    "antidote.api.v1.AdminService",
+    "",
+];
+
+/// Serves the gRPC API (with grpc.health.v1 and reflection) on `listener` until the API's
+/// shutdown token is cancelled.
+pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for service in SERVICES {
+        health
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(antidote_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    tracing::info!(address = %listener.local_addr()?, "serving antidote.api.v1");
+    // Every small API message must leave at once: without TCP_NODELAY, Nagle's algorithm and
+    // delayed ACKs hold streamed updates back by ~40 ms. (`Server::tcp_nodelay` only applies to
+    // listeners tonic binds itself.)
+    let incoming = TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        stream.set_nodelay(true)?;
+        Ok::<_, std::io::Error>(stream)
+    });
+    let shutdown = api.shutdown.clone();
+    tonic::transport::Server::builder()
+        // A span per call, child of the caller's W3C trace context.
+        .trace_fn(antidote_proto::sdk::trace::span)
+        // Serve the API's streams and the many small calls of many learners on few connections.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            CurriculumServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            SessionServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(
+            LiveLessonServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
+        .add_service(AdminServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES))
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}

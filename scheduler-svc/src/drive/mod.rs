@@ -1,0 +1,15 @@
+//! The drive layer: what moves live lessons toward their desired state. [`Reconciler`] (the
+//! work queue and its workers), [`placement`] (which agent takes a lesson), the [`reaper`] (TTL
+//! expiry and orphans) and the [`hub`] (changes fanned out to API watchers). It calls agents
+//! through [`crate::agents`] and records what it observes in [`crate::store`]; it never sees an
+//! agent.v1 message.
+
+pub mod hub;
+pub mod placement;
+mod queue;
+pub mod reaper;
+mod reconcile;
+
+pub use hub::Hub;
+pub use reaper::Reaper;
+pub use reconcile::Reconciler;

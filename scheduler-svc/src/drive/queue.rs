@@ -1,0 +1,116 @@
+//! A de-duplicating work queue in the style of client-go's: an id is queued at most once, never
+//! processed by two workers at once, and re-queued when it was added during processing (its
+//! worker is told to stop waiting through the signal [`WorkQueue::next`] hands out).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::model::LiveLessonId;
+
+/// A de-duplicating work queue in the style of client-go's: an id is queued at most once, never
+/// processed by two workers at once, and re-queued when it was added during processing.
+#[derive(Default)]
+pub struct WorkQueue {
+    state: Mutex<QueueState>,
+    /// Wakes an idle worker.
+    available: Notify,
+}
+
+#[derive(Default)]
+struct QueueState {
+    queue: VecDeque<LiveLessonId>,
+    queued: HashSet<LiveLessonId>,
+    /// Ids being processed, with the signal that tells their worker to stop waiting.
+    processing: HashMap<LiveLessonId, Arc<Notify>>,
+    /// Ids added while being processed.
+    dirty: HashSet<LiveLessonId>,
+}
+
+impl WorkQueue {
+    /// Queues `id`, or marks it dirty (and tells its worker) while it is being processed.
+    pub fn add(&self, id: LiveLessonId) {
+        let mut state = lock(&self.state);
+        if let Some(cancel) = state.processing.get(&id) {
+            cancel.notify_one();
+            state.dirty.insert(id);
+            return;
+        }
+        if state.queued.insert(id) {
+            state.queue.push_back(id);
+            drop(state);
+            self.available.notify_one();
+        }
+    }
+
+    /// The next id to process, with the signal that tells its worker to stop waiting.
+    pub async fn next(&self) -> (LiveLessonId, Arc<Notify>) {
+        loop {
+            {
+                let mut state = lock(&self.state);
+                if let Some(id) = state.queue.pop_front() {
+                    state.queued.remove(&id);
+                    let cancel = Arc::new(Notify::new());
+                    state.processing.insert(id, cancel.clone());
+                    if !state.queue.is_empty() {
+                        // Pass the wake-up on: more work is waiting.
+                        self.available.notify_one();
+                    }
+                    return (id, cancel);
+                }
+            }
+            self.available.notified().await;
+        }
+    }
+
+    /// Ends processing of `id`; a dirty id is queued again.
+    pub fn done(&self, id: LiveLessonId) {
+        let mut state = lock(&self.state);
+        state.processing.remove(&id);
+        if state.dirty.remove(&id) && state.queued.insert(id) {
+            state.queue.push_back(id);
+            drop(state);
+            self.available.notify_one();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Critical sections are single collection operations; a poisoned lock is still consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn queue_deduplicates_and_requeues_dirty_ids() {
+        let queue = WorkQueue::default();
+        let a = LiveLessonId::new();
+        let b = LiveLessonId::new();
+        queue.add(a);
+        queue.add(a);
+        queue.add(b);
+        let (first, cancel) = queue.next().await;
+        assert_eq!(first, a);
+        // Added while processing: the worker is told, and `a` comes back after `done`.
+        queue.add(a);
+        tokio::time::timeout(Duration::from_secs(1), cancel.notified())
+            .await
+            .expect("the worker is told to stop waiting");
+        let (second, _) = queue.next().await;
+        assert_eq!(second, b);
+        queue.done(a);
+        let (third, _) = queue.next().await;
+        assert_eq!(third, a);
+        queue.done(a);
+        queue.done(b);
+        assert!(lock(&queue.state).queue.is_empty());
+    }
+}

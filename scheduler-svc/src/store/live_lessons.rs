@@ -1,0 +1,389 @@
+//! Live lessons: requests (create, touch, change stage, retry), heartbeats, deletion, the
+//! reads of the API and the reconciler, and the reconciler's observations.
+
+use super::{
+    Counts, LESSON_COLUMNS, Result, Store, lesson_from_row, mark_for_deletion, parse_lesson_id,
+};
+use crate::error::Error;
+use crate::model::{EndpointInfo, LiveLesson, LiveLessonId, Millis, SessionId, Status};
+
+/// What a request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requested {
+    /// A new live lesson was recorded.
+    Created,
+    /// The existing live lesson already matched; it was only touched.
+    Touched,
+    /// The existing live lesson got a new generation (stage change or retry after FAILED).
+    Changed,
+}
+
+/// What the reconciler observed, to record on a live lesson.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// The status to enter.
+    pub status: Status,
+    /// Reason or progress detail.
+    pub reason: String,
+    /// Observed endpoints, if the agent reported them.
+    pub endpoints: Option<Vec<EndpointInfo>>,
+    /// The agent's handle, if it returned one.
+    pub handle: Option<Vec<u8>>,
+    /// The agent this places the live lesson on, if any (an existing placement never changes).
+    pub agent: Option<String>,
+}
+
+impl Observation {
+    /// An observation of a status and reason only.
+    pub fn status(status: Status, reason: impl Into<String>) -> Observation {
+        Observation {
+            status,
+            reason: reason.into(),
+            endpoints: None,
+            handle: None,
+            agent: None,
+        }
+    }
+}
+
+/// Filters for the admin listing.
+#[derive(Debug, Clone, Default)]
+pub struct LessonFilter {
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only this lesson.
+    pub lesson_slug: Option<String>,
+    /// Only this agent.
+    pub agent: Option<String>,
+}
+
+impl Store {
+    /// Asks for `lesson` at `stage` in `session`: creates the live lesson, or touches it, or
+    /// gives it a new generation (stage change, retry after FAILED).
+    ///
+    /// The common cases (create, ask again) are one statement: an insert that also checks the
+    /// session and the limit, and on the unique key's conflict only touches the existing row.
+    pub async fn request_live_lesson(
+        &self,
+        session: SessionId,
+        lesson: &str,
+        stage: u32,
+        limit: u32,
+        now: Millis,
+    ) -> Result<(LiveLesson, Requested)> {
+        let id = LiveLessonId::new();
+        let lesson = lesson.to_owned();
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move { sqlx::query(&format!(
+            "INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
+             reason, persistent, created_at, last_active, updated_at) \
+             SELECT ?1, s.id, ?3, ?4, 1, 'PENDING', 'requested', s.persistent, ?5, ?5, ?5 \
+             FROM sessions s WHERE s.id = ?2 AND s.expired = 0 AND (?6 = 0 \
+               OR (SELECT COUNT(*) FROM live_lessons WHERE session_id = ?2) < ?6 \
+               OR EXISTS (SELECT 1 FROM live_lessons WHERE session_id = ?2 AND lesson_slug = ?3)) \
+             ON CONFLICT (session_id, lesson_slug) DO UPDATE SET last_active = excluded.last_active \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(id.to_string())
+        .bind(session.to_string())
+        .bind(lesson.to_owned())
+        .bind(stage)
+        .bind(now.0)
+        .bind(limit)
+        .fetch_optional(&mut *conn)
+        .await.map_err(Error::from) })
+            })
+            .await?;
+        let Some(row) = row else {
+            // Nothing inserted or touched: say which check refused it.
+            self.session(session).await?;
+            return Err(Error::TooManyLiveLessons { session, limit });
+        };
+        let current = lesson_from_row(&row)?;
+        if current.id == id {
+            return Ok((current, Requested::Created));
+        }
+        self.change_stage(current, stage, now).await
+    }
+
+    /// Moves a live lesson to another stage (same rules as asking again with a stage).
+    pub async fn set_stage(
+        &self,
+        id: LiveLessonId,
+        stage: u32,
+        now: Millis,
+    ) -> Result<(LiveLesson, Requested)> {
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND \
+             session_id IN (SELECT id FROM sessions WHERE expired = 0) \
+             RETURNING {LESSON_COLUMNS}"
+                    ))
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?
+            .ok_or(Error::LiveLessonNotFound(id))?;
+        self.change_stage(lesson_from_row(&row)?, stage, now).await
+    }
+
+    /// Applies a request for `stage` to an existing (already touched) live lesson.
+    async fn change_stage(
+        &self,
+        current: LiveLesson,
+        stage: u32,
+        now: Millis,
+    ) -> Result<(LiveLesson, Requested)> {
+        if current.deleting {
+            return Err(Error::StillTerminating(current.id));
+        }
+        let failed = current.status == Status::Failed;
+        if current.stage == stage && !failed {
+            return Ok((current, Requested::Touched));
+        }
+        if !current.status.is_settled() {
+            return Err(Error::Busy {
+                id: current.id,
+                status: current.status,
+            });
+        }
+        // A stage change keeps the endpoints: READY → CONFIGURING → READY. A retry after FAILED
+        // starts over from PENDING.
+        let (status, detail) = if current.stage != stage && current.status == Status::Ready {
+            (Status::Configuring, format!("stage change to {stage}"))
+        } else {
+            (Status::Pending, "retry after failure".to_owned())
+        };
+        // Conditional on the generation read above, so a concurrent change cannot be lost.
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+            "UPDATE live_lessons SET stage = ?1, generation = generation + 1, status = ?2, \
+             reason = ?3, updated_at = ?4 WHERE id = ?5 AND generation = ?6 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+        ))
+        .bind(stage)
+        .bind(status.as_str())
+        .bind(detail.to_owned())
+        .bind(now.0)
+        .bind(current.id.to_string())
+        .bind(current.generation as i64)
+        .fetch_optional(&mut *conn)
+        .await.map_err(Error::from)
+                })
+            })
+            .await?;
+        match row {
+            Some(row) => Ok((lesson_from_row(&row)?, Requested::Changed)),
+            None => Err(Error::Busy {
+                id: current.id,
+                status: current.status,
+            }),
+        }
+    }
+
+    /// Records activity on a live lesson (and, through a trigger, on its session).
+    pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<LiveLesson> {
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+                    ))
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?
+            .ok_or(Error::LiveLessonNotFound(id))?;
+        lesson_from_row(&row)
+    }
+
+    /// Marks a live lesson for removal (desired state: absent) with a new generation.
+    /// `detail` says why ("deleted", "killed by an operator"). Deleting twice is not an error.
+    pub async fn mark_deleting(
+        &self,
+        id: LiveLessonId,
+        detail: &str,
+        now: Millis,
+    ) -> Result<LiveLesson> {
+        let detail = detail.to_owned();
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&mark_for_deletion("id = ?3"))
+                        .bind(detail)
+                        .bind(now.0)
+                        .bind(id.to_string())
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(Error::from)
+                })
+            })
+            .await?;
+        match row {
+            Some(row) => lesson_from_row(&row),
+            None => self.live_lesson(id).await,
+        }
+    }
+
+    /// One live lesson.
+    pub async fn live_lesson(&self, id: LiveLessonId) -> Result<LiveLesson> {
+        self.find_live_lesson(id)
+            .await?
+            .ok_or(Error::LiveLessonNotFound(id))
+    }
+
+    /// The live lesson if it still exists.
+    pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
+        let row = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ?"
+        ))
+        .bind(id.to_string())
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|row| lesson_from_row(&row)).transpose()
+    }
+
+    /// A session's live lessons, oldest first.
+    pub async fn session_live_lessons(&self, session: SessionId) -> Result<Vec<LiveLesson>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE session_id = ? \
+             ORDER BY created_at, id"
+        ))
+        .bind(session.to_string())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(lesson_from_row).collect()
+    }
+
+    /// Every live lesson matching the filter, oldest first.
+    pub async fn live_lessons(&self, filter: &LessonFilter) -> Result<Vec<LiveLesson>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LESSON_COLUMNS} FROM live_lessons \
+             WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR lesson_slug = ?2) \
+             AND (?3 IS NULL OR agent = ?3) ORDER BY created_at, id"
+        ))
+        .bind(filter.status.map(Status::as_str))
+        .bind(filter.lesson_slug.as_deref())
+        .bind(filter.agent.as_deref())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(lesson_from_row).collect()
+    }
+
+    /// How many live lessons there are per status, and how many live (not expired) sessions,
+    /// persistent ones apart: what the metrics report at each scrape.
+    pub async fn counts(&self) -> Result<Counts> {
+        let statuses: Vec<(String, i64)> =
+            sqlx::query_as("SELECT status, COUNT(*) FROM live_lessons GROUP BY status")
+                .fetch_all(&self.reader)
+                .await?;
+        let (sessions, persistent): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), COALESCE(SUM(persistent), 0) FROM sessions WHERE expired = 0",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(Counts {
+            statuses,
+            sessions,
+            persistent_sessions: persistent,
+        })
+    }
+
+    /// Ids of every live lesson the reconciler still has work on (used at start-up to resume).
+    pub async fn unsettled(&self) -> Result<Vec<LiveLessonId>> {
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM live_lessons WHERE deleting = 1 OR observed_generation != generation \
+             OR status NOT IN ('READY', 'FAILED') ORDER BY created_at",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(|id| parse_lesson_id(id)).collect()
+    }
+
+    /// Ids of the live lessons placed on `agent`.
+    pub async fn on_agent(&self, agent: &str) -> Result<Vec<LiveLessonId>> {
+        let rows: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM live_lessons WHERE agent = ? ORDER BY created_at")
+                .bind(agent)
+                .fetch_all(&self.reader)
+                .await?;
+        rows.iter().map(|id| parse_lesson_id(id)).collect()
+    }
+
+    /// Records what the reconciler observed for `generation` (placing the live lesson if the
+    /// observation names an agent). Returns `None`, changing nothing, when the live lesson is
+    /// gone or its desired state moved on to a newer generation: a stale worker can never
+    /// overwrite newer intent. A trigger records an event when the status changes.
+    pub async fn observe(
+        &self,
+        id: LiveLessonId,
+        generation: u64,
+        observation: Observation,
+        now: Millis,
+    ) -> Result<Option<LiveLesson>> {
+        let endpoints = match &observation.endpoints {
+            Some(endpoints) => Some(
+                serde_json::to_string(endpoints)
+                    .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
+            ),
+            None => None,
+        };
+        let row = self
+            .write(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(&format!(
+                        "UPDATE live_lessons SET status = ?1, reason = ?2, \
+             endpoints = COALESCE(?3, endpoints), handle = COALESCE(?4, handle), \
+             agent = COALESCE(agent, ?5), \
+             observed_generation = CASE WHEN ?6 THEN generation ELSE observed_generation END, \
+             updated_at = ?7 WHERE id = ?8 AND generation = ?9 AND deleting = 0 \
+             RETURNING {LESSON_COLUMNS}"
+                    ))
+                    .bind(observation.status.as_str())
+                    .bind(observation.reason)
+                    .bind(endpoints)
+                    .bind(observation.handle)
+                    .bind(observation.agent)
+                    .bind(observation.status.is_settled())
+                    .bind(now.0)
+                    .bind(id.to_string())
+                    .bind(generation as i64)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+                })
+            })
+            .await?;
+        row.map(|row| lesson_from_row(&row)).transpose()
+    }
+
+    /// Forgets a live lesson whose objects are gone; triggers record the final event and delete
+    /// its session when the session expired and this was its last live lesson.
+    pub async fn forget(&self, id: LiveLessonId) -> Result<()> {
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM live_lessons WHERE id = ?")
+                    .bind(id.to_string())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::from)
+            })
+        })
+        .await?;
+        Ok(())
+    }
+}
