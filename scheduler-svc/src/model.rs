@@ -103,7 +103,7 @@ pub enum Status {
     Ready,
     /// Provisioning failed; terminal until asked again.
     Failed,
-    /// Being removed.
+    /// Being removed; gone once its objects are.
     Terminating,
 }
 
@@ -220,7 +220,7 @@ pub struct LiveLesson {
     pub agent: Option<String>,
     /// The agent's opaque handle, passed back in Deprovision and Recover.
     pub handle: Vec<u8>,
-    /// Observed endpoints.
+    /// Where learners reach each endpoint, as the agent last reported.
     pub endpoints: Vec<EndpointInfo>,
     /// Its session is persistent: exempt from idle expiry.
     pub persistent: bool,
@@ -244,7 +244,7 @@ pub struct Event {
     pub seq: i64,
     /// The live lesson.
     pub live_lesson_id: LiveLessonId,
-    /// When.
+    /// When it happened.
     pub at: Millis,
     /// The status entered.
     pub status: Status,

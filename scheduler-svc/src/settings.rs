@@ -32,9 +32,9 @@ pub struct Config {
     pub tier: Tier,
     /// The SQLite database file (created if missing).
     pub database: PathBuf,
-    /// Idle expiry.
+    /// How long idle live lessons and sessions live.
     pub ttl: TtlConfig,
-    /// Admission limits.
+    /// How much one address and one session may hold.
     pub limits: Limits,
     /// The reaper's schedule.
     pub reaper: ReaperConfig,
@@ -48,7 +48,7 @@ pub struct Config {
     pub trust_forwarded_for: bool,
     /// The JSON/HTTP API, server-sent events, the OpenAPI document and `/metrics`.
     pub http: HttpConfig,
-    /// Span export.
+    /// Where spans are exported (OTLP), if anywhere.
     pub telemetry: TelemetryConfig,
 }
 

@@ -30,7 +30,7 @@ const LIST_PAGE: u32 = 500;
 pub struct Agent {
     /// Its configured name.
     pub name: String,
-    /// Its address.
+    /// Its address, for operators (the client holds the connection).
     pub address: String,
     /// The gRPC client; cloning it is cheap and shares the connection.
     pub(super) client: BackendClient<Channel>,

@@ -24,9 +24,9 @@ use crate::settings::{AgentConfig, ReconcilerConfig};
 pub enum AgentState {
     /// Not yet reached.
     Connecting,
-    /// Handshake done.
+    /// Handshake done; placement may choose it.
     Ready,
-    /// Unreachable.
+    /// Unreachable; retried with backoff.
     Unavailable,
     /// Reached, but no common major version or a broken handshake.
     Incompatible,
@@ -54,7 +54,6 @@ pub struct Handshake {
 /// What the scheduler knows about an agent's connection right now.
 #[derive(Debug, Clone)]
 pub struct AgentStatus {
-    /// Connection state.
     pub state: AgentState,
     /// The last successful handshake.
     pub handshake: Option<Handshake>,
@@ -69,9 +68,9 @@ pub struct AgentStatus {
 pub struct Snapshot {
     /// Its configured name.
     pub name: String,
-    /// Its address.
+    /// Its address, for operators.
     pub address: String,
-    /// Its connection.
+    /// Whether it is reachable and what its handshake offered.
     pub status: AgentStatus,
     /// Live lessons placed on it.
     pub load: u32,
@@ -98,7 +97,7 @@ pub struct Report {
 /// What Provision would create.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
-    /// The objects.
+    /// The objects Provision would create, in order.
     pub objects: Vec<PlannedObject>,
     /// Problems found, as `severity field: message`.
     pub diagnostics: Vec<String>,
@@ -109,7 +108,7 @@ pub struct Plan {
 pub struct PlannedObject {
     /// Its kind in the backend ("container", "Pod").
     pub kind: String,
-    /// Its name.
+    /// Its name in the backend, derived from the live lesson id.
     pub name: String,
     /// Ports it exposes.
     pub ports: Vec<u32>,
@@ -120,7 +119,7 @@ pub struct PlannedObject {
 /// What a worker waiting on a live lesson learns from the agent's Watch stream.
 #[derive(Debug, Clone)]
 pub enum Observed {
-    /// Nothing yet.
+    /// Nothing since the worker began to observe.
     Nothing,
     /// The live lesson's latest state.
     Report(Report),

@@ -31,7 +31,7 @@ const MAX_SLUG: usize = 128;
 /// The state every handler shares.
 #[derive(Clone)]
 pub struct Api {
-    /// Durable state.
+    /// Desired state is written here; reads answer from here.
     pub store: Store,
     /// The lessons learners ask for.
     pub catalog: Arc<Catalog>,

@@ -21,15 +21,15 @@ use crate::store::Store;
 
 /// What the reaper needs.
 pub struct Reaper {
-    /// Desired state.
+    /// Where expiry marks live lessons and orphans are checked.
     pub store: Store,
     /// Where removals are driven (and watchers told about TERMINATING).
     pub reconciler: Reconciler,
     /// The agents to list for orphans.
     pub fleet: Arc<Fleet>,
-    /// TTLs.
+    /// How long idle live lessons and sessions live.
     pub ttl: TtlConfig,
-    /// Schedule.
+    /// How often each duty runs, the orphan grace, event retention.
     pub config: ReaperConfig,
     /// Our instance label value.
     pub instance_id: String,

@@ -51,7 +51,7 @@ struct Inner {
     store: Store,
     /// The lesson definitions specs are built from.
     catalog: Arc<Catalog>,
-    /// The agents.
+    /// Where live lessons are placed and driven.
     fleet: Arc<Fleet>,
     /// Watchers of the public API.
     hub: Arc<Hub>,
@@ -69,7 +69,7 @@ struct Inner {
     /// Per live lesson: the trace context of whoever asked for the work (an API call, the
     /// reaper), so the work and its agent calls belong to that trace.
     origins: Mutex<HashMap<LiveLessonId, opentelemetry::Context>>,
-    /// Provisioning times.
+    /// Where provisioning times are counted.
     metrics: Arc<Metrics>,
 }
 
