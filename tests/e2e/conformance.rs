@@ -1,23 +1,31 @@
 //! The conformance suite (`antidote-conformance`) run as a process against real agents: the
 //! loopback test agent, agent-docker on the real engine, and the Python agent (a third-party
 //! agent written from the proto files and the guide alone), which also runs a lesson end to end
-//! through the scheduler.
+//! through the scheduler. Its flags are tested here too: `--list`, `--check` and an unknown
+//! check name.
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
 use antidote_tests::{Process, Scheduler, fetch, presentation, workspace_bin};
 
-/// Runs the suite against `agent`; panics with its report unless every check passed.
-async fn conformance(agent: &Process, extra: &[&str]) -> String {
-    let output = tokio::process::Command::new(workspace_bin("antidote-conformance"))
-        .arg("--agent")
-        .arg(agent.url())
-        .args(extra)
+/// Runs `antidote-conformance` with `args`.
+async fn run_suite(args: &[&str]) -> Output {
+    tokio::process::Command::new(workspace_bin("antidote-conformance"))
+        .args(args)
         .output()
         .await
-        .expect("antidote-conformance runs");
+        .expect("antidote-conformance runs")
+}
+
+/// Runs the suite against `agent`; panics with its report unless every check passed.
+async fn conformance(agent: &Process, extra: &[&str]) -> String {
+    let url = agent.url();
+    let mut args = vec!["--agent", url.as_str()];
+    args.extend_from_slice(extra);
+    let output = run_suite(&args).await;
     let report = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success() && report.contains(" 0 failed"),
@@ -27,6 +35,30 @@ async fn conformance(agent: &Process, extra: &[&str]) -> String {
         agent.log_text()
     );
     report
+}
+
+/// The names of the checks a report has a line for, in report order.
+fn reported_checks(report: &str) -> Vec<&str> {
+    report
+        .lines()
+        .filter_map(|line| {
+            ["  PASS  ", "  FAIL  ", "  SKIP  "]
+                .iter()
+                .find_map(|tag| line.strip_prefix(tag))
+        })
+        .map(|rest| rest.split(':').next().unwrap_or_default())
+        .collect()
+}
+
+/// Starts the loopback test agent in `dir`.
+async fn test_agent(dir: &Path) -> Process {
+    Process::spawn(
+        &workspace_bin("test-agent"),
+        &["--listen".into(), "127.0.0.1:0".into()],
+        dir.join("test-agent.log"),
+    )
+    .await
+    .expect("test-agent starts")
 }
 
 fn repo() -> PathBuf {
@@ -39,17 +71,79 @@ fn repo() -> PathBuf {
 #[tokio::test]
 async fn the_test_agent_conforms() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = Process::spawn(
-        &workspace_bin("test-agent"),
-        &["--listen".into(), "127.0.0.1:0".into()],
-        dir.path().join("test-agent.log"),
-    )
-    .await
-    .expect("test-agent starts");
+    let agent = test_agent(dir.path()).await;
     let report = conformance(&agent, &[]).await;
     assert!(
-        report.contains("PASS  the live lesson becomes READY"),
+        report.contains("PASS  provision-ready: the live lesson becomes READY"),
         "{report}"
+    );
+}
+
+#[tokio::test]
+async fn the_suite_lists_its_checks_with_their_needs() {
+    let output = run_suite(&["--list"]).await;
+    let list = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}\n{list}", output.status);
+    let line = |name: &str| {
+        list.lines()
+            .find(|line| line.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("`{name}` is not listed:\n{list}"))
+            .to_owned()
+    };
+    for name in ["health", "handshake", "bad-spec-codes", "deprovision"] {
+        line(name);
+    }
+    assert!(
+        line("provision-ready").contains("the live lesson becomes READY (needs handshake)"),
+        "{list}"
+    );
+    assert!(
+        line("recover-held").contains("needs provision-ready, capability recover"),
+        "{list}"
+    );
+    assert!(!line("health").contains("needs"), "{list}");
+
+    // With --check, only what would run.
+    let output = run_suite(&["--list", "--check", "stage-change"]).await;
+    let list = String::from_utf8_lossy(&output.stdout);
+    let names: Vec<_> = list
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        names,
+        ["handshake", "provision-ready", "stage-change"],
+        "{list}"
+    );
+}
+
+#[tokio::test]
+async fn one_check_runs_after_what_it_needs_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = test_agent(dir.path()).await;
+    let report = conformance(&agent, &["--check", "idempotent-provision"]).await;
+    assert_eq!(
+        reported_checks(&report),
+        ["handshake", "provision-ready", "idempotent-provision"],
+        "{report}"
+    );
+    assert!(report.contains("3 passed, 0 failed, 0 skipped"), "{report}");
+}
+
+#[tokio::test]
+async fn an_unknown_check_is_a_usage_error_naming_the_valid_ones() {
+    // Nothing listens on port 1: the name is refused before any connection.
+    let output = run_suite(&["--agent", "http://127.0.0.1:1", "--check", "no-such-check"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no-such-check"), "{stderr}");
+    for valid in ["handshake", "provision-ready", "watch-deletions"] {
+        assert!(stderr.contains(valid), "`{valid}` is not named:\n{stderr}");
+    }
+    assert!(
+        output.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
     );
 }
 

@@ -1,0 +1,85 @@
+//! Health and the handshake.
+
+use antidote_proto::agent::v1 as proto;
+use anyhow::{anyhow, ensure};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use super::expect_code;
+use crate::report::{Verdict, describe, pass};
+use crate::suite::Suite;
+
+/// `health`: grpc.health.v1 says the Backend service is SERVING.
+pub async fn health(suite: &mut Suite) -> Verdict {
+    let status = HealthClient::new(suite.channel.clone())
+        .check(HealthCheckRequest {
+            service: proto::SERVICE_NAME.into(),
+        })
+        .await
+        .map_err(|s| anyhow!("grpc.health.v1 Check: {}", describe(&s)))?
+        .into_inner()
+        .status;
+    ensure!(
+        status == ServingStatus::Serving as i32,
+        "status {status}, expected SERVING (1)"
+    );
+    pass("")
+}
+
+/// `handshake`: two handshakes answer major 1, a name, a version, capacity and the same
+/// instance id; the capabilities are kept for the other checks.
+pub async fn handshake(suite: &mut Suite) -> Verdict {
+    let request = suite.handshake_request();
+    let first = suite
+        .client
+        .handshake(request.clone())
+        .await
+        .map_err(|s| anyhow!("Handshake: {}", describe(&s)))?
+        .into_inner();
+    let second = suite
+        .client
+        .handshake(request)
+        .await
+        .map_err(|s| anyhow!("second Handshake: {}", describe(&s)))?
+        .into_inner();
+    ensure!(
+        first.major == proto::MAJOR,
+        "major {}, expected 1",
+        first.major
+    );
+    ensure!(!first.agent_name.is_empty(), "agent_name is empty");
+    ensure!(!first.build_version.is_empty(), "build_version is empty");
+    ensure!(!first.instance_id.is_empty(), "instance_id is empty");
+    ensure!(
+        first.instance_id == second.instance_id,
+        "instance_id changed between two handshakes ({} → {}) without a restart",
+        first.instance_id,
+        second.instance_id
+    );
+    ensure!(first.capacity.is_some(), "capacity is missing");
+    suite.capabilities = first.capabilities.clone();
+    pass(format!(
+        "{} {}, major 1, capabilities [{}]",
+        first.agent_name,
+        first.build_version,
+        first.capabilities.join(", ")
+    ))
+}
+
+/// `no-common-major`: a scheduler speaking only major 99 is refused, and told why.
+pub async fn no_common_major(suite: &mut Suite) -> Verdict {
+    let request = proto::HandshakeRequest {
+        supported_majors: vec![99],
+        ..suite.handshake_request()
+    };
+    let message = expect_code(
+        suite.client.handshake(request).await,
+        Code::FailedPrecondition,
+    )?;
+    ensure!(
+        message.contains("99"),
+        "the message does not name the scheduler's majors: {message:?}"
+    );
+    pass(message)
+}

@@ -1,0 +1,421 @@
+//! The checks: the table that drives a run ([`CHECKS`]), the selection `--check` makes, and
+//! the runner that skips a check whose needs are not met. The bodies live in one module per
+//! topic: `handshake` (health and handshake), `codes` (error codes for bad specs and unknown
+//! ids), `lifecycle` (a live lesson from Provision to Deprovision) and `watch` (the Watch
+//! stream).
+
+mod codes;
+mod handshake;
+mod lifecycle;
+mod watch;
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use antidote_proto::sdk::capabilities;
+use anyhow::bail;
+use futures::future::LocalBoxFuture;
+use tonic::Code;
+
+use crate::report::{Outcome, Report, Verdict, describe};
+use crate::suite::Suite;
+
+/// A check's body: it works on the suite's shared state and says what it found.
+pub type Body = for<'a> fn(&'a mut Suite) -> LocalBoxFuture<'a, Verdict>;
+
+/// One named check.
+pub struct Check {
+    /// A short kebab-case id, for `--check` and the report.
+    pub name: &'static str,
+    /// What it checks, in one line (the report line says it after the name).
+    pub what: &'static str,
+    /// What must hold before it runs; every needed check comes earlier in [`CHECKS`].
+    pub needs: &'static [Need],
+    /// The body.
+    pub run: Body,
+}
+
+/// Something a check needs before it runs.
+#[derive(Clone, Copy)]
+pub enum Need {
+    /// This check passed earlier in the run (and left the state this one works on).
+    Check(&'static str),
+    /// The agent offers this capability in its handshake.
+    Capability(&'static str),
+}
+
+impl fmt::Display for Need {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Need::Check(name) => write!(f, "{name}"),
+            Need::Capability(capability) => write!(f, "capability {capability}"),
+        }
+    }
+}
+
+const HANDSHAKE: Need = Need::Check("handshake");
+const PROVISION_READY: Need = Need::Check("provision-ready");
+const WATCH_SNAPSHOT: Need = Need::Check("watch-snapshot");
+const DEPROVISION: Need = Need::Check("deprovision");
+const WATCH: Need = Need::Capability(capabilities::WATCH);
+
+/// Every check, in run order.
+pub const CHECKS: &[Check] = &[
+    Check {
+        name: "health",
+        what: "grpc.health.v1 says antidote.agent.v1.Backend is SERVING",
+        needs: &[],
+        run: |suite| Box::pin(handshake::health(suite)),
+    },
+    Check {
+        name: "handshake",
+        what: "Handshake answers major 1, name, version, capacity and a stable instance id",
+        needs: &[],
+        run: |suite| Box::pin(handshake::handshake(suite)),
+    },
+    Check {
+        name: "no-common-major",
+        what: "Handshake with no common major is FAILED_PRECONDITION",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(handshake::no_common_major(suite)),
+    },
+    Check {
+        name: "bad-spec-codes",
+        what: "bad specs are INVALID_ARGUMENT naming their field, and create nothing",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(codes::bad_spec_codes(suite)),
+    },
+    Check {
+        name: "get-unknown",
+        what: "Get of an unknown id is NOT_FOUND",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(codes::get_unknown(suite)),
+    },
+    Check {
+        name: "deprovision-unknown",
+        what: "Deprovision of an unknown id is OK",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(codes::deprovision_unknown(suite)),
+    },
+    Check {
+        name: "recover-unknown",
+        what: "Recover of an unknown id is NOT_FOUND",
+        needs: &[HANDSHAKE, Need::Capability(capabilities::RECOVER)],
+        run: |suite| Box::pin(codes::recover_unknown(suite)),
+    },
+    Check {
+        name: "watch-snapshot",
+        what: "Watch starts with a snapshot",
+        needs: &[HANDSHAKE, WATCH],
+        run: |suite| Box::pin(watch::snapshot(suite)),
+    },
+    Check {
+        name: "provision-ready",
+        what: "the live lesson becomes READY",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(lifecycle::provision_ready(suite)),
+    },
+    Check {
+        name: "idempotent-provision",
+        what: "Provision again with the same spec changes nothing",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::idempotent_provision(suite)),
+    },
+    Check {
+        name: "conflicting-spec",
+        what: "Provision with another spec at the same generation is ALREADY_EXISTS",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::conflicting_spec(suite)),
+    },
+    Check {
+        name: "get-agrees",
+        what: "Get agrees with Watch",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::get_agrees(suite)),
+    },
+    Check {
+        name: "stage-change",
+        what: "a newer generation changes the stage in place",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::stage_change(suite)),
+    },
+    Check {
+        name: "older-generation",
+        what: "an older generation is FAILED_PRECONDITION",
+        needs: &[Need::Check("stage-change")],
+        run: |suite| Box::pin(lifecycle::older_generation(suite)),
+    },
+    Check {
+        name: "recover-held",
+        what: "Recover of a held live lesson returns its state",
+        needs: &[PROVISION_READY, Need::Capability(capabilities::RECOVER)],
+        run: |suite| Box::pin(lifecycle::recover_held(suite)),
+    },
+    Check {
+        name: "list-pages",
+        what: "List pages are complete and stable",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::list_pages(suite)),
+    },
+    Check {
+        name: "plan-no-side-effects",
+        what: "Plan has no side effects",
+        needs: &[HANDSHAKE, Need::Capability(capabilities::PLAN)],
+        run: |suite| Box::pin(lifecycle::plan_no_side_effects(suite)),
+    },
+    Check {
+        name: "watch-heartbeat",
+        what: "Watch heartbeats",
+        needs: &[WATCH_SNAPSHOT, WATCH],
+        run: |suite| Box::pin(watch::heartbeat(suite)),
+    },
+    Check {
+        name: "deprovision",
+        what: "Deprovision removes everything",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::deprovision(suite)),
+    },
+    Check {
+        name: "watch-deletions",
+        what: "Watch reports deletions",
+        needs: &[WATCH_SNAPSHOT, DEPROVISION, WATCH],
+        run: |suite| Box::pin(watch::deletions(suite)),
+    },
+    Check {
+        name: "watch-selector",
+        what: "Watch filters by label selector",
+        needs: &[Need::Check("list-pages"), DEPROVISION, WATCH],
+        run: |suite| Box::pin(watch::selector(suite)),
+    },
+    Check {
+        name: "watch-resync",
+        what: "Watch resync",
+        needs: &[HANDSHAKE, WATCH],
+        run: |suite| Box::pin(watch::resync(suite)),
+    },
+];
+
+/// The checks to run for `--check names` (every check when there are none): the named ones
+/// and everything they need, transitively, in table order. The names are valid (clap checks
+/// them against [`CHECKS`]).
+pub fn select(names: &[String]) -> Vec<&'static Check> {
+    if names.is_empty() {
+        return CHECKS.iter().collect();
+    }
+    let mut wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    // Needs come earlier in the table, so one pass from the end reaches every need of a need.
+    for check in CHECKS.iter().rev() {
+        if wanted.contains(check.name) {
+            for need in check.needs {
+                if let Need::Check(name) = need {
+                    wanted.insert(*name);
+                }
+            }
+        }
+    }
+    CHECKS
+        .iter()
+        .filter(|check| wanted.contains(check.name))
+        .collect()
+}
+
+/// Prints `checks`, one line each: name, what it checks, what it needs.
+pub fn print_list(checks: &[&Check]) {
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for check in checks {
+        let needs = check
+            .needs
+            .iter()
+            .map(Need::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if needs.is_empty() {
+            println!("{:width$}  {}", check.name, check.what);
+        } else {
+            println!("{:width$}  {} (needs {needs})", check.name, check.what);
+        }
+    }
+}
+
+/// Runs `checks` in order, printing each line as it ends; a check whose needs are not met is
+/// skipped, saying which.
+pub async fn run(suite: &mut Suite, checks: &[&Check]) -> Report {
+    let mut report = Report::default();
+    for check in checks {
+        let missing = missing(check, suite, &report);
+        let outcome = if missing.is_empty() {
+            match (check.run)(suite).await {
+                Ok(outcome) => outcome,
+                Err(err) => Outcome::Fail(format!("{err:#}")),
+            }
+        } else {
+            Outcome::Skip(format!("needs {}", missing.join("; ")))
+        };
+        report.record(check, outcome);
+    }
+    report
+}
+
+/// What `check` needs that is not there: checks that did not pass or, when they all did,
+/// capabilities the agent does not offer (the capabilities are only known after `handshake`).
+fn missing(check: &Check, suite: &Suite, report: &Report) -> Vec<String> {
+    let checks: Vec<String> = check
+        .needs
+        .iter()
+        .filter_map(|need| match need {
+            Need::Check(name) => match report.outcome(name) {
+                Some(Outcome::Pass(_)) => None,
+                Some(Outcome::Fail(_)) => Some(format!("`{name}`, which failed")),
+                Some(Outcome::Skip(_)) => Some(format!("`{name}`, which was skipped")),
+                None => Some(format!("`{name}`, which did not run")),
+            },
+            Need::Capability(_) => None,
+        })
+        .collect();
+    if !checks.is_empty() {
+        return checks;
+    }
+    check
+        .needs
+        .iter()
+        .filter_map(|need| match need {
+            Need::Capability(capability) if !suite.offers(capability) => {
+                Some(format!("the agent to offer `{capability}`"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Expects `result` to be an error with `code`; returns its message.
+fn expect_code<T: fmt::Debug>(
+    result: Result<tonic::Response<T>, tonic::Status>,
+    code: Code,
+) -> anyhow::Result<String> {
+    match result {
+        Ok(response) => bail!("expected {code:?}, got OK: {:?}", response.into_inner()),
+        Err(status) if status.code() == code => Ok(status.message().to_owned()),
+        Err(status) => bail!("expected {code:?}, got {}", describe(&status)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn position(name: &str) -> Option<usize> {
+        CHECKS.iter().position(|c| c.name == name)
+    }
+
+    #[test]
+    fn names_are_unique_kebab_case_ids() {
+        let mut seen = BTreeSet::new();
+        for check in CHECKS {
+            assert!(seen.insert(check.name), "`{}` twice", check.name);
+            assert!(
+                !check.name.is_empty()
+                    && !check.name.starts_with('-')
+                    && !check.name.ends_with('-')
+                    && check
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "`{}` is not kebab-case",
+                check.name
+            );
+        }
+    }
+
+    #[test]
+    fn needed_checks_exist_and_run_earlier() {
+        for (at, check) in CHECKS.iter().enumerate() {
+            for need in check.needs {
+                if let Need::Check(name) = need {
+                    let needed = position(name)
+                        .unwrap_or_else(|| panic!("`{}` needs unknown `{name}`", check.name));
+                    assert!(needed < at, "`{}` runs before `{name}`", check.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_check_but_the_first_two_comes_after_the_handshake() {
+        for check in CHECKS {
+            let needed = run_order(&[check.name]);
+            if !["health", "handshake"].contains(&check.name) {
+                assert!(
+                    needed.contains(&"handshake"),
+                    "`{}`: {needed:?}",
+                    check.name
+                );
+            }
+        }
+    }
+
+    /// The names `--check names` runs.
+    fn run_order(names: &[&str]) -> Vec<&'static str> {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        select(&names).iter().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn a_selection_brings_its_needs_in_table_order() {
+        assert_eq!(
+            run_order(&["idempotent-provision"]),
+            ["handshake", "provision-ready", "idempotent-provision"]
+        );
+        assert_eq!(
+            run_order(&["watch-deletions", "health"]),
+            [
+                "health",
+                "handshake",
+                "watch-snapshot",
+                "provision-ready",
+                "deprovision",
+                "watch-deletions"
+            ]
+        );
+        assert_eq!(
+            run_order(&["older-generation"]),
+            [
+                "handshake",
+                "provision-ready",
+                "stage-change",
+                "older-generation"
+            ]
+        );
+        assert_eq!(run_order(&[]).len(), CHECKS.len());
+    }
+
+    #[test]
+    fn the_module_doc_describes_every_check_and_its_needs() {
+        let doc = include_str!("../main.rs");
+        for check in CHECKS {
+            let row = format!("//! | `{}` | ", check.name);
+            let line = doc
+                .lines()
+                .find(|line| line.starts_with(&row))
+                .unwrap_or_else(|| panic!("the module doc's table lacks `{}`", check.name));
+            let needs = check
+                .needs
+                .iter()
+                .map(|need| match need {
+                    Need::Check(name) => format!("`{name}`"),
+                    Need::Capability(capability) => format!("`{capability}` offered"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let cell = if needs.is_empty() {
+                "|".to_owned()
+            } else {
+                format!("{needs} |")
+            };
+            assert!(
+                line[row.len()..].starts_with(&cell),
+                "the module doc says `{}` needs something else than {needs}: {line}",
+                check.name
+            );
+        }
+    }
+}
