@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "antidote/api/v1/sessions.proto",
         "antidote/api/v1/live_lessons.proto",
         "antidote/api/v1/admin.proto",
+        "antidote/api/v1/errors.proto",
         "antidote/agent/v1/agent.proto",
     ];
     for file in files {

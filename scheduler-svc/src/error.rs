@@ -1,6 +1,8 @@
 //! The scheduler's error type. Every variant knows its gRPC code; the mapping to
 //! `tonic::Status` lives in one function, [`Error::code`].
 
+use antidote_proto::api::v1::ErrorReason;
+use antidote_proto::sdk::errors;
 use tonic::Code;
 
 use crate::model::{BadId, LiveLessonId, SessionId, Status};
@@ -137,15 +139,99 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The ErrorInfo reason of this error and the metadata it documents
+    /// (`proto/antidote/api/v1/errors.proto`).
+    pub fn reason(&self) -> (ErrorReason, Vec<(&'static str, String)>) {
+        use ErrorReason as R;
+        match self {
+            Error::BadId(bad) => (
+                R::MalformedId,
+                vec![
+                    ("field", bad.what.replace(' ', "_")),
+                    ("value", bad.given.clone()),
+                ],
+            ),
+            Error::InvalidArgument { field, .. } => {
+                (R::InvalidField, vec![("field", (*field).into())])
+            }
+            Error::SessionNotFound(id) => {
+                (R::SessionNotFound, vec![("session_id", id.to_string())])
+            }
+            Error::LiveLessonNotFound(id) => (
+                R::LiveLessonNotFound,
+                vec![("live_lesson_id", id.to_string())],
+            ),
+            Error::LessonNotFound(slug) => (R::LessonNotFound, vec![("lesson", slug.clone())]),
+            Error::CollectionNotFound(slug) => {
+                (R::CollectionNotFound, vec![("collection", slug.clone())])
+            }
+            Error::StageOutOfRange {
+                lesson,
+                stage,
+                last,
+            } => (
+                R::StageOutOfRange,
+                vec![
+                    ("lesson", lesson.clone()),
+                    ("stage", stage.to_string()),
+                    ("last_stage", last.to_string()),
+                ],
+            ),
+            Error::TooManySessions { ip, limit } => (
+                R::TooManySessions,
+                vec![("source_ip", ip.to_string()), ("limit", limit.to_string())],
+            ),
+            Error::TooManyLiveLessons { session, limit } => (
+                R::TooManyLiveLessons,
+                vec![
+                    ("session_id", session.to_string()),
+                    ("limit", limit.to_string()),
+                ],
+            ),
+            Error::Busy { id, status } => (
+                R::LiveLessonBusy,
+                vec![
+                    ("live_lesson_id", id.to_string()),
+                    ("status", status.to_string()),
+                ],
+            ),
+            Error::StillTerminating(id) => (
+                R::StillTerminating,
+                vec![("live_lesson_id", id.to_string())],
+            ),
+            Error::NoAgent { lesson, .. } => (R::NoAgent, vec![("lesson", lesson.clone())]),
+            Error::Agent {
+                agent,
+                call,
+                status,
+            } => {
+                let mut metadata = vec![("agent", agent.clone()), ("rpc", (*call).to_owned())];
+                if let Some((reason, _)) = errors::reason(status) {
+                    metadata.push(("agent_reason", reason));
+                }
+                (R::AgentError, metadata)
+            }
+            Error::WriterStopped => (R::ShuttingDown, vec![]),
+            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) | Error::Commit(_) => {
+                (R::InternalError, vec![])
+            }
+        }
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
         let code = err.code();
-        if code == Code::Internal {
+        let (reason, metadata) = err.reason();
+        let message = if code == Code::Internal {
             // Internal details go to the log, where operators look; callers get a stable text.
             tracing::error!(error = %err, "internal error");
-            return tonic::Status::internal("internal error; the scheduler's log has the details");
-        }
-        tonic::Status::new(code, err.to_string())
+            "internal error; the scheduler's log has the details".to_owned()
+        } else {
+            err.to_string()
+        };
+        errors::status(code, reason.as_str_name(), message, metadata)
     }
 }
 
@@ -161,4 +247,88 @@ pub fn is_retryable(code: Code) -> bool {
             | Code::DeadlineExceeded
             | Code::Cancelled
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic_types::StatusExt as _;
+
+    use super::*;
+
+    /// The status a caller gets for `err`: (code, reason, metadata as `key=value`, sorted).
+    fn wire(err: Error) -> (Code, String, Vec<String>) {
+        let status = tonic::Status::from(err);
+        let info = status.get_details_error_info().expect("an ErrorInfo");
+        assert_eq!(info.domain, "antidote.io");
+        let mut metadata: Vec<_> = info
+            .metadata
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        metadata.sort();
+        (status.code(), info.reason, metadata)
+    }
+
+    #[test]
+    fn every_error_carries_its_reason_and_metadata() {
+        let id = LiveLessonId::new();
+        assert_eq!(
+            wire(Error::LiveLessonNotFound(id)),
+            (
+                Code::NotFound,
+                "LIVE_LESSON_NOT_FOUND".into(),
+                vec![format!("live_lesson_id={id}")]
+            )
+        );
+        assert_eq!(
+            wire(Error::StageOutOfRange {
+                lesson: "intro".into(),
+                stage: 4,
+                last: 1
+            }),
+            (
+                Code::InvalidArgument,
+                "STAGE_OUT_OF_RANGE".into(),
+                vec![
+                    "last_stage=1".into(),
+                    "lesson=intro".into(),
+                    "stage=4".into()
+                ]
+            )
+        );
+        let bad = "nope".parse::<SessionId>().unwrap_err();
+        assert_eq!(
+            wire(Error::from(bad)),
+            (
+                Code::InvalidArgument,
+                "MALFORMED_ID".into(),
+                vec!["field=session_id".into(), "value=nope".into()]
+            )
+        );
+        let agent = Error::Agent {
+            agent: "docker".into(),
+            call: "Plan",
+            status: errors::status(
+                Code::InvalidArgument,
+                "INVALID_SPEC",
+                "spec.endpoints: must not be empty",
+                [("field", "spec.endpoints".to_owned())],
+            ),
+        };
+        assert_eq!(
+            wire(agent),
+            (
+                Code::InvalidArgument,
+                "AGENT_ERROR".into(),
+                vec![
+                    "agent=docker".into(),
+                    "agent_reason=INVALID_SPEC".into(),
+                    "rpc=Plan".into()
+                ]
+            )
+        );
+        // Internal faults keep their detail in the log, not in the answer.
+        let (code, reason, _) = wire(Error::Corrupt("row 7".into()));
+        assert_eq!((code, reason.as_str()), (Code::Internal, "INTERNAL_ERROR"));
+    }
 }

@@ -3,6 +3,7 @@
 use antidote_proto::api::v1 as api;
 use antidote_tests::workspace_bin;
 use tonic::Code;
+use tonic_types::StatusExt as _;
 
 use crate::{Env, Knobs};
 
@@ -34,16 +35,26 @@ async fn snapshot(env: &Env) -> (Vec<String>, Vec<(String, i32, u64)>) {
     )
 }
 
-/// Runs one bad call and checks code, message and that the store did not change.
+/// The ErrorInfo reason of a status (domain antidote.io), or a panic saying it has none.
+fn reason(status: &tonic::Status) -> String {
+    let info = status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
+    assert_eq!(info.domain, "antidote.io", "{info:?}");
+    info.reason
+}
+
+/// Runs one bad call and checks code, typed reason, message and that the store did not change.
 async fn check<T: std::fmt::Debug>(
     env: &Env,
     call: impl std::future::Future<Output = Result<T, tonic::Status>>,
-    code: Code,
+    (code, why): (Code, &str),
     names: &[&str],
 ) {
     let before = snapshot(env).await;
     let status = call.await.expect_err("the call is refused");
     assert_eq!(status.code(), code, "{status:?}");
+    assert_eq!(reason(&status), why, "{status:?}");
     for name in names {
         assert!(
             status.message().contains(name),
@@ -78,42 +89,42 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     check(
         &env,
         c.request(&session, "no-such-lesson", 0),
-        Code::NotFound,
+        (Code::NotFound, "LESSON_NOT_FOUND"),
         &["no-such-lesson"],
     )
     .await;
     check(
         &env,
         c.request(&session, "", 0),
-        Code::InvalidArgument,
+        (Code::InvalidArgument, "INVALID_FIELD"),
         &["lesson_slug"],
     )
     .await;
     check(
         &env,
         c.request(&session, &"x".repeat(5000), 0),
-        Code::InvalidArgument,
+        (Code::InvalidArgument, "INVALID_FIELD"),
         &["lesson_slug"],
     )
     .await;
     check(
         &env,
         c.request("not-a-uuid", "hello-web", 0),
-        Code::InvalidArgument,
+        (Code::InvalidArgument, "MALFORMED_ID"),
         &["not-a-uuid", "session id"],
     )
     .await;
     check(
         &env,
         c.request(&unknown, "hello-web", 0),
-        Code::NotFound,
+        (Code::NotFound, "SESSION_NOT_FOUND"),
         &[&unknown],
     )
     .await;
     check(
         &env,
         c.request(&session, "routing-basics", 7),
-        Code::InvalidArgument,
+        (Code::InvalidArgument, "STAGE_OUT_OF_RANGE"),
         &["stage 7", "routing-basics"],
     )
     .await;
@@ -121,7 +132,7 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     check(
         &env,
         c.request(&session, "routing-basics", 0),
-        Code::ResourceExhausted,
+        (Code::ResourceExhausted, "TOO_MANY_LIVE_LESSONS"),
         &[&session, "1 live lessons"],
     )
     .await;
@@ -139,18 +150,18 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     check(
         &env,
         set(&existing.id, 3),
-        Code::InvalidArgument,
+        (Code::InvalidArgument, "STAGE_OUT_OF_RANGE"),
         &["stage 3", "hello-web"],
     )
     .await;
     check(
         &env,
         set("garbage", 0),
-        Code::InvalidArgument,
+        (Code::InvalidArgument, "MALFORMED_ID"),
         &["garbage", "live lesson id"],
     )
     .await;
-    check(&env, set(&unknown, 0), Code::NotFound, &[&unknown]).await;
+    check(&env, set(&unknown, 0), (Code::NotFound, "LIVE_LESSON_NOT_FOUND"), &[&unknown]).await;
     let get = |id: String| {
         let mut lessons = c.lessons.clone();
         async move {
@@ -160,8 +171,8 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
                 .map(|r| r.into_inner())
         }
     };
-    check(&env, get(unknown.clone()), Code::NotFound, &[&unknown]).await;
-    check(&env, get("1234".into()), Code::InvalidArgument, &["1234"]).await;
+    check(&env, get(unknown.clone()), (Code::NotFound, "LIVE_LESSON_NOT_FOUND"), &[&unknown]).await;
+    check(&env, get("1234".into()), (Code::InvalidArgument, "MALFORMED_ID"), &["1234"]).await;
     let delete = |id: String| {
         let mut lessons = c.lessons.clone();
         async move {
@@ -171,7 +182,7 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
                 .map(|r| r.into_inner())
         }
     };
-    check(&env, delete(unknown.clone()), Code::NotFound, &[&unknown]).await;
+    check(&env, delete(unknown.clone()), (Code::NotFound, "LIVE_LESSON_NOT_FOUND"), &[&unknown]).await;
     let heartbeat = |id: String| {
         let mut lessons = c.lessons.clone();
         async move {
@@ -184,7 +195,7 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     check(
         &env,
         heartbeat(unknown.clone()),
-        Code::NotFound,
+        (Code::NotFound, "LIVE_LESSON_NOT_FOUND"),
         &[&unknown],
     )
     .await;
@@ -203,7 +214,7 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     check(
         &env,
         create(),
-        Code::ResourceExhausted,
+        (Code::ResourceExhausted, "TOO_MANY_SESSIONS"),
         &["127.0.0.1", "2 sessions"],
     )
     .await;
@@ -217,10 +228,8 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     let mut lessons = c.lessons.clone();
     let before = snapshot(&env).await;
     let status = lessons.request_live_lesson(huge).await.unwrap_err();
-    assert!(
-        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
-        "{status:?}"
-    );
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(reason(&status), "REQUEST_TOO_LARGE");
     assert!(
         status.message().contains("too large") || status.message().contains("limit"),
         "{status:?}"
@@ -237,6 +246,11 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(reason(&status), "LESSON_NOT_FOUND");
+    assert_eq!(
+        status.get_details_error_info().unwrap().metadata["lesson"],
+        "nope"
+    );
     assert!(status.message().contains("`nope`"), "{status:?}");
 }
 

@@ -285,14 +285,19 @@ async fn health_reflection_agents_and_a_clean_sigterm() {
     assert_eq!(plan.agent, "loopback");
     assert_eq!(plan.objects.len(), 4, "{plan:?}");
 
-    // Reflection lists our services.
-    let services = reflected_services(&c.channel).await;
-    assert!(
-        services
-            .iter()
-            .any(|s| s == "antidote.api.v1.LiveLessonService"),
-        "{services:?}"
-    );
+    // Reflection lists our services, in both versions (grpcio-reflection and older grpcurl
+    // know only v1alpha).
+    for services in [
+        reflected_services(&c.channel).await,
+        reflected_services_v1alpha(&c.channel).await,
+    ] {
+        assert!(
+            services
+                .iter()
+                .any(|s| s == "antidote.api.v1.LiveLessonService"),
+            "{services:?}"
+        );
+    }
 
     // SIGTERM: a graceful stop with exit status 0; the live lesson stays in the store.
     let status = env.scheduler.process.terminate().await.unwrap();
@@ -305,6 +310,30 @@ async fn reflected_services(channel: &tonic::transport::Channel) -> Vec<String> 
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = stream.message().await.unwrap().expect("one response");
+    match response.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
+}
+
+/// The service names server reflection v1alpha lists.
+async fn reflected_services_v1alpha(channel: &tonic::transport::Channel) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
     let request = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),

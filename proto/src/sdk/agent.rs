@@ -10,11 +10,11 @@ use tracing::Instrument as _;
 
 use crate::agent::v1 as proto;
 use crate::agent::v1::backend_server::Backend as BackendRpc;
-use proto::Phase;
+use proto::{ErrorReason, Phase};
 
 use super::book::{StateBook, WatchStream};
 use super::metrics::AgentMetrics;
-use super::{labels, spec};
+use super::{errors, labels, spec};
 
 /// Who an agent is, for the handshake.
 #[derive(Debug, Clone)]
@@ -98,7 +98,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// What Provision would create, with no side effects.
     async fn plan(&self, _spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
-        Err(Status::unimplemented("this agent does not implement Plan"))
+        Err(errors::agent(
+            ErrorReason::NotImplemented,
+            "this agent does not implement Plan",
+            [("rpc", "Plan".to_owned())],
+        ))
     }
 }
 
@@ -236,7 +240,7 @@ impl<B: Backend> Agent<B> {
     }
 
     fn check(&self, spec: Option<proto::LessonSpec>) -> Result<proto::LessonSpec, Status> {
-        let spec = spec.ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        let spec = spec.ok_or_else(|| errors::invalid("spec", "missing"))?;
         spec::check(&spec, &self.description.capabilities)?;
         self.backend.check(&spec)?;
         Ok(spec)
@@ -307,17 +311,32 @@ impl<B: Backend> Agent<B> {
             && let Some(current) = self.book.get(&id)
         {
             if spec.generation < held.generation {
-                return Err(Status::failed_precondition(format!(
-                    "generation {} of live lesson {id} is older than generation {} held here",
-                    spec.generation, held.generation
-                )));
+                return Err(errors::agent(
+                    ErrorReason::GenerationOutdated,
+                    format!(
+                        "generation {} of live lesson {id} is older than generation {} held here",
+                        spec.generation, held.generation
+                    ),
+                    [
+                        ("live_lesson_id", id.clone()),
+                        ("generation", spec.generation.to_string()),
+                        ("held_generation", held.generation.to_string()),
+                    ],
+                ));
             }
             if spec.generation == held.generation {
                 if spec != held {
-                    return Err(Status::already_exists(format!(
-                        "live lesson {id} generation {} was provisioned with another spec",
-                        spec.generation
-                    )));
+                    return Err(errors::agent(
+                        ErrorReason::SpecConflict,
+                        format!(
+                            "live lesson {id} generation {} was provisioned with another spec",
+                            spec.generation
+                        ),
+                        [
+                            ("live_lesson_id", id.clone()),
+                            ("generation", spec.generation.to_string()),
+                        ],
+                    ));
                 }
                 return Ok(current);
             }
@@ -344,10 +363,14 @@ impl<B: Backend> Agent<B> {
         }
         let max = self.description.max_live_lessons;
         if max > 0 && self.work().len() as u32 >= max {
-            return Err(Status::resource_exhausted(format!(
-                "{} holds {max} live lessons, its limit",
-                self.description.name
-            )));
+            return Err(errors::agent(
+                ErrorReason::CapacityExhausted,
+                format!(
+                    "{} holds {max} live lessons, its limit",
+                    self.description.name
+                ),
+                [("max_live_lessons", max.to_string())],
+            ));
         }
         // Unknown here but present in the backend (this agent restarted): adopt, never duplicate.
         let (start, phase, reason) = if self.exists(&id).await? {
@@ -422,16 +445,21 @@ impl<B: Backend> Agent<B> {
         }
         if !self.exists(&id).await? {
             self.book.remove(&id);
-            return Err(Status::not_found(format!(
-                "live lesson {id} has no objects in this backend"
-            )));
+            return Err(errors::agent(
+                ErrorReason::LiveLessonNotFound,
+                format!("live lesson {id} has no objects in this backend"),
+                [("live_lesson_id", id.clone())],
+            ));
         }
         let spec = self.check(request.spec)?;
         if spec.live_lesson_id != id {
-            return Err(Status::invalid_argument(format!(
-                "spec.live_lesson_id: `{}` is not the recovered live lesson {id}",
-                spec.live_lesson_id
-            )));
+            return Err(errors::invalid(
+                "spec.live_lesson_id",
+                format!(
+                    "`{}` is not the recovered live lesson {id}",
+                    spec.live_lesson_id
+                ),
+            ));
         }
         let state = self.book.put(spec::initial_state(
             &spec,
@@ -472,10 +500,24 @@ impl<B: Backend> BackendRpc for AgentService<B> {
                     .filter(|m| request.supported_majors.contains(m))
                     .max()
                 else {
-                    return Err(Status::failed_precondition(format!(
-                        "no common major version: the scheduler speaks {:?}, {} speaks {:?}",
-                        request.supported_majors, d.name, d.majors
-                    )));
+                    let list = |majors: &[u32]| {
+                        majors
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    };
+                    return Err(errors::agent(
+                        ErrorReason::NoCommonMajor,
+                        format!(
+                            "no common major version: the scheduler speaks {:?}, {} speaks {:?}",
+                            request.supported_majors, d.name, d.majors
+                        ),
+                        [
+                            ("scheduler_majors", list(&request.supported_majors)),
+                            ("agent_majors", list(&d.majors)),
+                        ],
+                    ));
                 };
                 Ok(Response::new(proto::HandshakeResponse {
                     major,
@@ -554,7 +596,11 @@ impl<B: Backend> BackendRpc for AgentService<B> {
             .rpc("Get", async move {
                 let id = request.into_inner().live_lesson_id;
                 let state = agent.book.get(&id).ok_or_else(|| {
-                    Status::not_found(format!("live lesson `{id}` is not held by this agent"))
+                    errors::agent(
+                        ErrorReason::LiveLessonNotFound,
+                        format!("live lesson `{id}` is not held by this agent"),
+                        [("live_lesson_id", id.clone())],
+                    )
                 })?;
                 Ok(Response::new(proto::GetResponse { state: Some(state) }))
             })

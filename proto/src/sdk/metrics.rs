@@ -110,7 +110,9 @@ impl Default for AgentMetrics {
 }
 
 impl AgentMetrics {
-    /// Times one RPC and records its code (`Cancelled` when the caller went away first).
+    /// Times one RPC and records its code (`Cancelled` when the caller went away first). Every
+    /// RPC passes here, so this is also where an error without an ErrorInfo gets one
+    /// ([`super::errors::typed`]): no agent on the SDK answers an untyped error.
     pub async fn rpc<T>(
         &self,
         rpc: &'static str,
@@ -122,7 +124,7 @@ impl AgentMetrics {
             started: Instant::now(),
             code: tonic::Code::Cancelled,
         };
-        let result = call.await;
+        let result = call.await.map_err(super::errors::typed);
         outcome.code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),

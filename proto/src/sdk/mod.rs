@@ -19,13 +19,14 @@
 //! caller's W3C trace context, and graceful shutdown (Watch streams end, health turns
 //! NOT_SERVING).
 //!
-//! Modules: [`book`] (the state book behind Get/List/Watch), [`spec`] (generic spec checks and
-//! states), [`probe`] (readiness probes), [`trace`] (logging, OTLP span export, W3C trace
+//! Modules: [`book`] (the state book behind Get/List/Watch), [`errors`] (typed errors: ErrorInfo
+//! details, reasons, the oversized-request layer), [`spec`] (generic spec checks and states), [`probe`] (readiness probes), [`trace`] (logging, OTLP span export, W3C trace
 //! context), [`metrics`] (Prometheus `/metrics`), `agent` (the trait and the runtime), `server`
 //! (serving).
 
 mod agent;
 pub mod book;
+pub mod errors;
 pub mod metrics;
 pub mod probe;
 mod server;

@@ -19,7 +19,7 @@ pub const GRACE: Duration = Duration::from_secs(10);
 /// Serves `agent` on `listener` until `shutdown` completes, then drains for at most [`GRACE`].
 ///
 /// Besides `antidote.agent.v1.Backend` it serves `grpc.health.v1` (SERVING, NOT_SERVING once
-/// shutdown begins) and server reflection. Every accepted connection gets TCP_NODELAY: the
+/// shutdown begins) and server reflection (v1 and v1alpha). Every accepted connection gets TCP_NODELAY: the
 /// protocol's small replies and Watch events must leave at once. W3C trace context in request
 /// metadata is recorded on each call's span (see [`super::trace`]).
 pub async fn serve<B: Backend>(
@@ -29,9 +29,13 @@ pub async fn serve<B: Backend>(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BackendServer<AgentService<B>>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let (reflection, reflection_v1alpha) =
+        (reflection().build_v1()?, reflection().build_v1alpha()?);
     let incoming = TcpListenerStream::new(listener).map(|stream| {
         let stream = stream?;
         // tonic's own tcp_nodelay does not apply to incoming streams we hand it.
@@ -55,8 +59,14 @@ pub async fn serve<B: Backend>(
     };
     let server = tonic::transport::Server::builder()
         .trace_fn(super::trace::span)
+        // Oversized requests are RESOURCE_EXHAUSTED (tonic says OUT_OF_RANGE).
+        .layer(super::errors::RequestTooLarge {
+            reason: crate::agent::v1::ErrorReason::RequestTooLarge.as_str_name(),
+        })
         .add_service(health_service)
+        // Both reflection versions: grpcio-reflection and older grpcurl know only v1alpha.
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(BackendServer::new(agent.service()))
         .serve_with_incoming_shutdown(incoming, on_shutdown);
     tokio::select! {

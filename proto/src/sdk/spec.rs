@@ -13,11 +13,11 @@ use crate::agent::v1::{
     PresentationType,
 };
 
-use super::{capabilities, labels};
+use super::{capabilities, errors, labels};
 
 /// Checks `spec` against the protocol's rules and what the agent offers.
 pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
-    let bad = |field: String, why: String| Err(Status::invalid_argument(format!("{field}: {why}")));
+    let bad = |field: String, why: String| Err(errors::invalid(field, why));
     let offers = |capability: &str| offered.iter().any(|c| c == capability);
     if !is_uuid(&spec.live_lesson_id) {
         return bad(

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
-use antidote_proto::sdk::labels;
+use antidote_proto::sdk::{errors, labels};
 
 use super::{Desired, Handshake, Plan, PlannedObject, Report};
 use crate::catalog::{ConfigurationType, Flavor, PresentationKind};
+use crate::error::Error;
 use crate::model::{EndpointInfo, LiveLessonId, PresentationInfo, Status};
 
 /// Ports as the wire carries them.
@@ -174,6 +175,18 @@ pub fn report(state: agent::LiveLessonState) -> Option<Report> {
     })
 }
 
+/// Whether an agent's error says it holds nothing of the live lesson: the reason
+/// LIVE_LESSON_NOT_FOUND, or NOT_FOUND from an agent that sends no reason.
+pub fn lost_it(err: &Error) -> bool {
+    let Error::Agent { status, .. } = err else {
+        return false;
+    };
+    match errors::reason(status) {
+        Some((reason, _)) => reason == agent::ErrorReason::LiveLessonNotFound.as_str_name(),
+        None => status.code() == tonic::Code::NotFound,
+    }
+}
+
 /// What a handshake established.
 pub fn handshake(response: agent::HandshakeResponse) -> Handshake {
     let agent::HandshakeResponse {
@@ -310,7 +323,11 @@ mod tests {
             (agent::Phase::Terminating, None),
             (agent::Phase::Unspecified, None),
         ] {
-            assert_eq!(report(state(&id, phase)).unwrap().status, status, "{phase:?}");
+            assert_eq!(
+                report(state(&id, phase)).unwrap().status,
+                status,
+                "{phase:?}"
+            );
         }
         let mut unknown = state(&id, agent::Phase::Ready);
         unknown.phase = 99;

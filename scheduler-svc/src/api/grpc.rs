@@ -7,6 +7,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use antidote_proto::api::v1 as api;
+use antidote_proto::api::v1::ErrorReason;
+use antidote_proto::sdk::errors;
 use api::admin_service_server::AdminService;
 use api::curriculum_service_server::CurriculumService;
 use api::live_lesson_service_server::LiveLessonService;
@@ -165,10 +167,12 @@ impl CurriculumService for Api {
             let text = tokio::fs::read_to_string(&stage.guide)
                 .await
                 .map_err(|err| {
-                    Status::internal(format!(
-                        "cannot read guide {}: {err}",
-                        stage.guide.display()
-                    ))
+                    errors::status(
+                        tonic::Code::Internal,
+                        ErrorReason::InternalError.as_str_name(),
+                        format!("cannot read guide {}: {err}", stage.guide.display()),
+                        [],
+                    )
                 })?;
             guides.push(text);
         }
@@ -356,7 +360,12 @@ impl LiveLessonService for Api {
                     // The client went away: stop following.
                     _ = tx.closed() => return,
                     _ = shutdown.cancelled() => {
-                        let _ = tx.send(Err(Status::unavailable("the scheduler is shutting down; watch again"))).await;
+                        let _ = tx.send(Err(errors::status(
+                            tonic::Code::Unavailable,
+                            ErrorReason::ShuttingDown.as_str_name(),
+                            "the scheduler is shutting down; watch again",
+                            [],
+                        ))).await;
                         return;
                     }
                     changed = updates.changed() => {

@@ -9,10 +9,12 @@ pub mod http;
 
 use std::time::Duration;
 
+use antidote_proto::api::v1::ErrorReason;
 use antidote_proto::api::v1::admin_service_server::AdminServiceServer;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumServiceServer;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonServiceServer;
 use antidote_proto::api::v1::session_service_server::SessionServiceServer;
+use antidote_proto::sdk::errors::RequestTooLarge;
 pub use grpc::Api;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt as _;
@@ -30,7 +32,7 @@ const SERVICES: [&str; 5] = [
     "",
 ];
 
-/// Serves the gRPC API (with grpc.health.v1 and reflection) on `listener` until the API's
+/// Serves the gRPC API (with grpc.health.v1 and reflection v1 and v1alpha) on `listener` until the API's
 /// shutdown token is cancelled.
 pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -39,10 +41,13 @@ pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
             .set_service_status(service, tonic_health::ServingStatus::Serving)
             .await;
     }
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(antidote_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(antidote_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let (reflection, reflection_v1alpha) =
+        (reflection().build_v1()?, reflection().build_v1alpha()?);
 
     tracing::info!(address = %listener.local_addr()?, "serving antidote.api.v1");
     // Every small API message must leave at once: without TCP_NODELAY, Nagle's algorithm and
@@ -59,8 +64,15 @@ pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
         .trace_fn(antidote_proto::sdk::trace::span)
         // Serve the API's streams and the many small calls of many learners on few connections.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        // Oversized requests are RESOURCE_EXHAUSTED with reason REQUEST_TOO_LARGE (tonic says
+        // OUT_OF_RANGE).
+        .layer(RequestTooLarge {
+            reason: ErrorReason::RequestTooLarge.as_str_name(),
+        })
         .add_service(health_service)
+        // Both reflection versions: grpcio-reflection and older grpcurl know only v1alpha.
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(
             CurriculumServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
         )

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use antidote_proto::sdk::capabilities;
+use antidote_proto::sdk::{capabilities, errors};
 use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -32,7 +32,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use super::hub::Hub;
 use super::placement;
 use super::queue::WorkQueue;
-use crate::agents::{Agent, Desired, Fleet, FleetEvent, Observed, Observer, Report};
+use crate::agents::{self, Agent, Desired, Fleet, FleetEvent, Observed, Observer, Report};
 use crate::catalog::{Catalog, Lesson};
 use crate::error::{Error, is_retryable};
 use crate::metrics::Metrics;
@@ -374,7 +374,7 @@ impl Reconciler {
             return agent.provision(&desired).await;
         }
         match agent.recover(&desired).await {
-            Err(err) if err.agent_code() == Some(tonic::Code::NotFound) => {
+            Err(err) if agents::lost_it(&err) => {
                 tracing::info!("agent lost the live lesson; provisioning it again");
                 agent.provision(&desired).await
             }
@@ -434,7 +434,7 @@ impl Reconciler {
                     last_poll = Instant::now();
                     match agent.get(current.id).await {
                         Ok(next) => report = next,
-                        Err(err) if err.agent_code() == Some(tonic::Code::NotFound) => {
+                        Err(err) if agents::lost_it(&err) => {
                             tracing::warn!("agent does not know the live lesson; provisioning again");
                             return Ok(Next::After(Duration::ZERO));
                         }
@@ -476,7 +476,7 @@ impl Reconciler {
                             }
                             _ = tokio::time::sleep_until(poll_at) => {
                                 if let Err(err) = agent.get(lesson.id).await
-                                    && err.agent_code() == Some(tonic::Code::NotFound)
+                                    && agents::lost_it(&err)
                                 {
                                     break;
                                 }
@@ -540,13 +540,18 @@ impl Reconciler {
                 agent,
                 call,
                 status,
-            } => {
-                format!(
+            } => match errors::reason(&status) {
+                Some((reason, _)) => format!(
+                    "agent `{agent}` {call}: {} ({:?}, {reason})",
+                    status.message(),
+                    status.code()
+                ),
+                None => format!(
                     "agent `{agent}` {call}: {} ({:?})",
                     status.message(),
                     status.code()
-                )
-            }
+                ),
+            },
             other => other.to_string(),
         };
         self.fail(lesson, reason).await
