@@ -18,15 +18,14 @@ pub mod openapi;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_proto::api::v1::admin_service_server::AdminService as _;
+use antidote_proto::api::v1::admin_service_server::AdminService;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
-use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService as _;
+use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService;
 use antidote_proto::api::v1::session_service_server::SessionService as _;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
@@ -35,6 +34,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt as _};
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor, SerializeOptions};
@@ -57,7 +57,7 @@ pub static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
         .expect("the build embeds a valid descriptor set")
 });
 
-/// One JSON route: an HTTP method and path template for one RPC.
+/// One JSON route: an HTTP method and path template for one RPC, and what runs it.
 #[derive(Debug, Clone, Copy)]
 pub struct Route {
     /// GET, POST, PUT or DELETE.
@@ -75,7 +75,19 @@ pub struct Route {
     pub body: bool,
     /// Whether the answer is a server-sent event stream.
     pub stream: bool,
+    /// Runs the RPC on the gRPC handlers, so each RPC is named once, here, beside its path.
+    run: Handler,
 }
+
+/// What a route runs once the HTTP layer has checked the request and gathered its fields.
+type Handler = fn(Api, Call) -> BoxFuture<'static, Response>;
+
+/// A unary gRPC handler of [`Api`] (a closure around the `async_trait` method, which a fn
+/// pointer cannot name directly), as [`unary`] runs it.
+type Rpc<Req, Resp> = for<'a> fn(
+    &'a Api,
+    tonic::Request<Req>,
+) -> BoxFuture<'a, Result<tonic::Response<Resp>, tonic::Status>>;
 
 const fn route(
     method: &'static str,
@@ -83,6 +95,7 @@ const fn route(
     rpc: &'static str,
     input: &'static str,
     output: &'static str,
+    run: Handler,
 ) -> Route {
     Route {
         method,
@@ -92,10 +105,13 @@ const fn route(
         output,
         body: matches!(method.as_bytes(), b"POST" | b"PUT"),
         stream: false,
+        run,
     }
 }
 
-/// Every JSON route; the router and the OpenAPI document are both made from this list.
+/// Every JSON route; the router and the OpenAPI document are both made from this list. Each
+/// entry runs its RPC through [`unary`] (or [`watch`], the one stream); a unit test checks the
+/// messages and streaming against the RPC's descriptor.
 pub const ROUTES: &[Route] = &[
     route(
         "GET",
@@ -103,6 +119,7 @@ pub const ROUTES: &[Route] = &[
         "CurriculumService.GetCurriculum",
         "GetCurriculumRequest",
         "Curriculum",
+        |api, call| unary(api, call, |api, request| api.get_curriculum(request)),
     ),
     route(
         "GET",
@@ -110,6 +127,7 @@ pub const ROUTES: &[Route] = &[
         "CurriculumService.ListLessons",
         "ListLessonsRequest",
         "ListLessonsResponse",
+        |api, call| unary(api, call, |api, request| api.list_lessons(request)),
     ),
     route(
         "GET",
@@ -117,6 +135,7 @@ pub const ROUTES: &[Route] = &[
         "CurriculumService.GetLesson",
         "GetLessonRequest",
         "Lesson",
+        |api, call| unary(api, call, |api, request| api.get_lesson(request)),
     ),
     route(
         "GET",
@@ -124,6 +143,7 @@ pub const ROUTES: &[Route] = &[
         "CurriculumService.GetLessonPrereqs",
         "GetLessonPrereqsRequest",
         "GetLessonPrereqsResponse",
+        |api, call| unary(api, call, |api, request| api.get_lesson_prereqs(request)),
     ),
     route(
         "GET",
@@ -131,6 +151,7 @@ pub const ROUTES: &[Route] = &[
         "CurriculumService.ListCollections",
         "ListCollectionsRequest",
         "ListCollectionsResponse",
+        |api, call| unary(api, call, |api, request| api.list_collections(request)),
     ),
     route(
         "GET",
@@ -138,6 +159,7 @@ pub const ROUTES: &[Route] = &[
         "CurriculumService.GetCollection",
         "GetCollectionRequest",
         "Collection",
+        |api, call| unary(api, call, |api, request| api.get_collection(request)),
     ),
     route(
         "POST",
@@ -145,6 +167,7 @@ pub const ROUTES: &[Route] = &[
         "SessionService.CreateSession",
         "CreateSessionRequest",
         "Session",
+        |api, call| unary(api, call, |api, request| api.create_session(request)),
     ),
     route(
         "GET",
@@ -152,6 +175,7 @@ pub const ROUTES: &[Route] = &[
         "SessionService.GetSession",
         "GetSessionRequest",
         "Session",
+        |api, call| unary(api, call, |api, request| api.get_session(request)),
     ),
     route(
         "POST",
@@ -159,6 +183,7 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.RequestLiveLesson",
         "RequestLiveLessonRequest",
         "LiveLesson",
+        |api, call| unary(api, call, |api, request| api.request_live_lesson(request)),
     ),
     route(
         "GET",
@@ -166,6 +191,11 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.ListLiveLessons",
         "ListLiveLessonsRequest",
         "ListLiveLessonsResponse",
+        |api, call| {
+            unary(api, call, |api, request| {
+                LiveLessonService::list_live_lessons(api, request)
+            })
+        },
     ),
     route(
         "GET",
@@ -173,6 +203,7 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.GetLiveLesson",
         "GetLiveLessonRequest",
         "LiveLesson",
+        |api, call| unary(api, call, |api, request| api.get_live_lesson(request)),
     ),
     Route {
         stream: true,
@@ -182,6 +213,7 @@ pub const ROUTES: &[Route] = &[
             "LiveLessonService.WatchLiveLesson",
             "WatchLiveLessonRequest",
             "LiveLesson",
+            |api, call| Box::pin(watch(api, call)),
         )
     },
     route(
@@ -190,6 +222,7 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.Heartbeat",
         "HeartbeatRequest",
         "HeartbeatResponse",
+        |api, call| unary(api, call, |api, request| api.heartbeat(request)),
     ),
     route(
         "PUT",
@@ -197,6 +230,7 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.SetStage",
         "SetStageRequest",
         "LiveLesson",
+        |api, call| unary(api, call, |api, request| api.set_stage(request)),
     ),
     route(
         "DELETE",
@@ -204,6 +238,7 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.DeleteLiveLesson",
         "DeleteLiveLessonRequest",
         "DeleteLiveLessonResponse",
+        |api, call| unary(api, call, |api, request| api.delete_live_lesson(request)),
     ),
     route(
         "GET",
@@ -211,6 +246,11 @@ pub const ROUTES: &[Route] = &[
         "AdminService.ListLiveLessons",
         "AdminListLiveLessonsRequest",
         "AdminListLiveLessonsResponse",
+        |api, call| {
+            unary(api, call, |api, request| {
+                AdminService::list_live_lessons(api, request)
+            })
+        },
     ),
     route(
         "DELETE",
@@ -218,6 +258,7 @@ pub const ROUTES: &[Route] = &[
         "AdminService.KillLiveLesson",
         "KillLiveLessonRequest",
         "KillLiveLessonResponse",
+        |api, call| unary(api, call, |api, request| api.kill_live_lesson(request)),
     ),
     route(
         "GET",
@@ -225,6 +266,7 @@ pub const ROUTES: &[Route] = &[
         "AdminService.ListEvents",
         "ListEventsRequest",
         "ListEventsResponse",
+        |api, call| unary(api, call, |api, request| api.list_events(request)),
     ),
     route(
         "GET",
@@ -232,6 +274,7 @@ pub const ROUTES: &[Route] = &[
         "AdminService.ListSessions",
         "ListSessionsRequest",
         "ListSessionsResponse",
+        |api, call| unary(api, call, |api, request| api.list_sessions(request)),
     ),
     route(
         "PUT",
@@ -239,6 +282,7 @@ pub const ROUTES: &[Route] = &[
         "AdminService.PersistSession",
         "PersistSessionRequest",
         "Session",
+        |api, call| unary(api, call, |api, request| api.persist_session(request)),
     ),
     route(
         "GET",
@@ -246,6 +290,7 @@ pub const ROUTES: &[Route] = &[
         "AdminService.ListAgents",
         "ListAgentsRequest",
         "ListAgentsResponse",
+        |api, call| unary(api, call, |api, request| api.list_agents(request)),
     ),
     route(
         "POST",
@@ -253,6 +298,7 @@ pub const ROUTES: &[Route] = &[
         "AdminService.Plan",
         "PlanRequest",
         "PlanResponse",
+        |api, call| unary(api, call, |api, request| api.plan(request)),
     ),
 ];
 
@@ -375,10 +421,16 @@ async fn metrics(State(api): State<Api>) -> Response {
     }
 }
 
-/// What every handler gets: the route's fields as JSON, the caller's address and headers.
+/// What every handler gets: its route, the route's fields as JSON, the caller's address and
+/// headers.
 struct Call {
+    /// Names the request and response messages for transcoding.
+    route: &'static Route,
+    /// The request message's fields, from the path, the query or the body.
     fields: serde_json::Map<String, serde_json::Value>,
+    /// The caller, for per-IP limits (what tonic would see).
     peer: SocketAddr,
+    /// For `x-forwarded-for`.
     headers: HeaderMap,
 }
 
@@ -414,10 +466,10 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
                 Ok(fields) => fields,
                 Err(message) => return error(Code::InvalidArgument, message),
             };
-            dispatch(
+            (route.run)(
                 api,
-                route,
                 Call {
+                    route,
                     fields,
                     peer,
                     headers,
@@ -571,55 +623,6 @@ pub fn encode<T: prost::Message>(output: &MessageDescriptor, message: &T) -> ser
     }
 }
 
-/// Runs the route's RPC on the gRPC handlers.
-async fn dispatch(api: Api, route: &'static Route, call: Call) -> Response {
-    macro_rules! unary {
-        ($method:ident) => {
-            unary(
-                route,
-                call,
-                |request| async move { api.$method(request).await },
-            )
-            .await
-        };
-    }
-    match route.rpc {
-        "CurriculumService.GetCurriculum" => unary!(get_curriculum),
-        "CurriculumService.ListLessons" => unary!(list_lessons),
-        "CurriculumService.GetLesson" => unary!(get_lesson),
-        "CurriculumService.GetLessonPrereqs" => unary!(get_lesson_prereqs),
-        "CurriculumService.ListCollections" => unary!(list_collections),
-        "CurriculumService.GetCollection" => unary!(get_collection),
-        "SessionService.CreateSession" => unary!(create_session),
-        "SessionService.GetSession" => unary!(get_session),
-        "LiveLessonService.RequestLiveLesson" => unary!(request_live_lesson),
-        "LiveLessonService.ListLiveLessons" => {
-            unary(route, call, |request| async move {
-                antidote_proto::api::v1::live_lesson_service_server::LiveLessonService::list_live_lessons(&api, request).await
-            })
-            .await
-        }
-        "LiveLessonService.GetLiveLesson" => unary!(get_live_lesson),
-        "LiveLessonService.WatchLiveLesson" => watch(api, route, call).await,
-        "LiveLessonService.Heartbeat" => unary!(heartbeat),
-        "LiveLessonService.SetStage" => unary!(set_stage),
-        "LiveLessonService.DeleteLiveLesson" => unary!(delete_live_lesson),
-        "AdminService.ListLiveLessons" => {
-            unary(route, call, |request| async move {
-                antidote_proto::api::v1::admin_service_server::AdminService::list_live_lessons(&api, request).await
-            })
-            .await
-        }
-        "AdminService.KillLiveLesson" => unary!(kill_live_lesson),
-        "AdminService.ListEvents" => unary!(list_events),
-        "AdminService.ListSessions" => unary!(list_sessions),
-        "AdminService.PersistSession" => unary!(persist_session),
-        "AdminService.ListAgents" => unary!(list_agents),
-        "AdminService.Plan" => unary!(plan),
-        other => error(Code::Unimplemented, format!("{other} has no JSON handler")),
-    }
-}
-
 /// The tonic request a gRPC client would have sent: the message, the caller's address (for
 /// per-IP limits), `x-forwarded-for` when present.
 fn request<T>(message: T, call: &Call) -> tonic::Request<T> {
@@ -637,27 +640,30 @@ fn request<T>(message: T, call: &Call) -> tonic::Request<T> {
     request
 }
 
-async fn unary<Req, Resp, F, Fut>(route: &Route, call: Call, run: F) -> Response
+/// Runs a unary RPC: decodes the request, calls the handler, answers its response as JSON.
+fn unary<Req, Resp>(api: Api, mut call: Call, rpc: Rpc<Req, Resp>) -> BoxFuture<'static, Response>
 where
-    Req: prost::Message + Default,
-    Resp: prost::Message,
-    F: FnOnce(tonic::Request<Req>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    Req: prost::Message + Default + 'static,
+    Resp: prost::Message + 'static,
 {
-    let decoded = match decode::<Req>(route, call.fields.clone()) {
-        Ok(decoded) => decoded,
-        Err(status) => return status_response(&status),
-    };
-    match run(request(decoded, &call)).await {
-        Ok(response) => {
-            axum::Json(encode(&message(route.output), response.get_ref())).into_response()
+    Box::pin(async move {
+        let decoded = match decode::<Req>(call.route, std::mem::take(&mut call.fields)) {
+            Ok(decoded) => decoded,
+            Err(status) => return status_response(&status),
+        };
+        match rpc(&api, request(decoded, &call)).await {
+            Ok(response) => {
+                axum::Json(encode(&message(call.route.output), response.get_ref())).into_response()
+            }
+            Err(status) => status_response(&status),
         }
-        Err(status) => status_response(&status),
-    }
+    })
 }
 
-async fn watch(api: Api, route: &'static Route, call: Call) -> Response {
-    let decoded = match decode::<api::WatchLiveLessonRequest>(route, call.fields.clone()) {
+/// Runs `WatchLiveLesson`: decodes the request, answers server-sent events.
+async fn watch(api: Api, mut call: Call) -> Response {
+    let fields = std::mem::take(&mut call.fields);
+    let decoded = match decode::<api::WatchLiveLessonRequest>(call.route, fields) {
         Ok(decoded) => decoded,
         Err(status) => return status_response(&status),
     };
@@ -665,7 +671,7 @@ async fn watch(api: Api, route: &'static Route, call: Call) -> Response {
         Ok(response) => response.into_inner(),
         Err(status) => return status_response(&status),
     };
-    Sse::new(events(stream, message(route.output)))
+    Sse::new(events(stream, message(call.route.output)))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
@@ -772,6 +778,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_route_agrees_with_its_rpc_descriptor() {
+        let mut rpcs = std::collections::HashSet::new();
+        for route in ROUTES {
+            assert!(rpcs.insert(route.rpc), "{} has two routes", route.rpc);
+            let (service, method) = route.rpc.split_once('.').unwrap();
+            let service = POOL
+                .get_service_by_name(&format!("antidote.api.v1.{service}"))
+                .unwrap_or_else(|| panic!("{}: no such service", route.rpc));
+            let method = service
+                .methods()
+                .find(|m| m.name() == method)
+                .unwrap_or_else(|| panic!("{}: no such method", route.rpc));
+            assert_eq!(method.input(), message(route.input), "{}", route.rpc);
+            assert_eq!(method.output(), message(route.output), "{}", route.rpc);
+            assert_eq!(method.is_server_streaming(), route.stream, "{}", route.rpc);
+        }
+        let methods: usize = POOL
+            .services()
+            .filter(|s| s.package_name() == "antidote.api.v1")
+            .map(|s| s.methods().len())
+            .sum();
+        assert_eq!(
+            rpcs.len(),
+            methods,
+            "every RPC of antidote.api.v1 has a route"
+        );
     }
 
     #[test]

@@ -1,0 +1,318 @@
+//! One function per subcommand: build the request, make the call, hand the answer to
+//! `render`. A live lesson that ends FAILED is a `Failure`, like a failed call.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use antidote_proto::api::v1 as api;
+use scheduler_svc::catalog::Tier;
+use tokio_stream::StreamExt as _;
+
+use crate::client::{Clients, Failure, Result};
+use crate::render::{self, Printer};
+
+/// `validate DIR`: loads the catalog offline; the summary on stdout, or every problem on stderr.
+pub fn validate(dir: &Path, tier: Tier) -> ExitCode {
+    match scheduler_svc::catalog::validate(dir, tier) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub async fn lessons_list(
+    c: &Clients,
+    out: &Printer,
+    category: String,
+    collection: String,
+    tag: String,
+) -> Result<()> {
+    let answer = c
+        .curriculum
+        .clone()
+        .list_lessons(c.request(api::ListLessonsRequest {
+            category,
+            collection,
+            tag,
+        }))
+        .await?
+        .into_inner();
+    out.print(&answer, "ListLessonsResponse", || {
+        render::lessons_table(&answer.lessons)
+    });
+    Ok(())
+}
+
+pub async fn lessons_show(c: &Clients, out: &Printer, slug: String) -> Result<()> {
+    let lesson = c
+        .curriculum
+        .clone()
+        .get_lesson(c.request(api::GetLessonRequest { slug }))
+        .await?
+        .into_inner();
+    out.print(&lesson, "Lesson", || render::lesson(&lesson));
+    Ok(())
+}
+
+pub async fn session_create(c: &Clients, out: &Printer) -> Result<()> {
+    let session = c
+        .sessions
+        .clone()
+        .create_session(c.request(api::CreateSessionRequest {}))
+        .await?
+        .into_inner();
+    out.print(&session, "Session", || session.id.clone());
+    Ok(())
+}
+
+pub async fn session_show(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    let session = c
+        .sessions
+        .clone()
+        .get_session(c.request(api::GetSessionRequest { id }))
+        .await?
+        .into_inner();
+    out.print(&session, "Session", || {
+        render::sessions_table(std::slice::from_ref(&session))
+    });
+    Ok(())
+}
+
+pub async fn request(
+    c: &Clients,
+    out: &Printer,
+    lesson: String,
+    session: String,
+    stage: u32,
+    no_follow: bool,
+) -> Result<()> {
+    let live = c
+        .lessons
+        .clone()
+        .request_live_lesson(c.request(api::RequestLiveLessonRequest {
+            session_id: session,
+            lesson_slug: lesson,
+            stage,
+        }))
+        .await?
+        .into_inner();
+    settle(c, out, live, no_follow).await
+}
+
+pub async fn watch(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    follow(c, out, &id, 0).await
+}
+
+pub async fn get(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    let live = c
+        .lessons
+        .clone()
+        .get_live_lesson(c.request(api::GetLiveLessonRequest { id }))
+        .await?
+        .into_inner();
+    out.print(&live, "LiveLesson", || render::live_lesson(&live));
+    Ok(())
+}
+
+pub async fn stage(
+    c: &Clients,
+    out: &Printer,
+    id: String,
+    stage: u32,
+    no_follow: bool,
+) -> Result<()> {
+    let live = c
+        .lessons
+        .clone()
+        .set_stage(c.request(api::SetStageRequest { id, stage }))
+        .await?
+        .into_inner();
+    settle(c, out, live, no_follow).await
+}
+
+pub async fn delete(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    c.lessons
+        .clone()
+        .delete_live_lesson(c.request(api::DeleteLiveLessonRequest { id: id.clone() }))
+        .await?;
+    out.done(&format!("live lesson {id} is being removed"));
+    Ok(())
+}
+
+pub async fn plan(c: &Clients, out: &Printer, lesson: String, stage: u32) -> Result<()> {
+    let plan = c
+        .admin
+        .clone()
+        .plan(c.request(api::PlanRequest {
+            lesson_slug: lesson,
+            stage,
+        }))
+        .await?
+        .into_inner();
+    out.print(&plan, "PlanResponse", || render::plan(&plan));
+    Ok(())
+}
+
+pub async fn admin_list(
+    c: &Clients,
+    out: &Printer,
+    status: Option<String>,
+    lesson: String,
+    agent: String,
+) -> Result<()> {
+    let status = match status {
+        None => 0,
+        Some(name) => parse_status(&name)?,
+    };
+    let answer = c
+        .admin
+        .clone()
+        .list_live_lessons(c.request(api::AdminListLiveLessonsRequest {
+            status,
+            lesson_slug: lesson,
+            agent,
+        }))
+        .await?
+        .into_inner();
+    out.print(&answer, "AdminListLiveLessonsResponse", || {
+        render::live_lessons_table(&answer.live_lessons)
+    });
+    Ok(())
+}
+
+pub async fn admin_kill(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    c.admin
+        .clone()
+        .kill_live_lesson(c.request(api::KillLiveLessonRequest { id: id.clone() }))
+        .await?;
+    out.done(&format!("live lesson {id} is being removed"));
+    Ok(())
+}
+
+pub async fn admin_persist(c: &Clients, out: &Printer, session: String, off: bool) -> Result<()> {
+    let session = c
+        .admin
+        .clone()
+        .persist_session(c.request(api::PersistSessionRequest {
+            id: session,
+            persistent: !off,
+        }))
+        .await?
+        .into_inner();
+    out.print(&session, "Session", || {
+        render::sessions_table(std::slice::from_ref(&session))
+    });
+    Ok(())
+}
+
+pub async fn admin_sessions(c: &Clients, out: &Printer) -> Result<()> {
+    let answer = c
+        .admin
+        .clone()
+        .list_sessions(c.request(api::ListSessionsRequest {}))
+        .await?
+        .into_inner();
+    out.print(&answer, "ListSessionsResponse", || {
+        render::sessions_table(&answer.sessions)
+    });
+    Ok(())
+}
+
+pub async fn admin_events(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    let answer = c
+        .admin
+        .clone()
+        .list_events(c.request(api::ListEventsRequest { live_lesson_id: id }))
+        .await?
+        .into_inner();
+    out.print(&answer, "ListEventsResponse", || {
+        render::events_table(&answer.events)
+    });
+    Ok(())
+}
+
+pub async fn agents_list(c: &Clients, out: &Printer) -> Result<()> {
+    let answer = c
+        .admin
+        .clone()
+        .list_agents(c.request(api::ListAgentsRequest {}))
+        .await?
+        .into_inner();
+    out.print(&answer, "ListAgentsResponse", || {
+        render::agents_table(&answer.agents)
+    });
+    Ok(())
+}
+
+/// Prints `live` as answered, or follows it to READY or FAILED.
+async fn settle(c: &Clients, out: &Printer, live: api::LiveLesson, no_follow: bool) -> Result<()> {
+    if no_follow {
+        out.print(&live, "LiveLesson", || render::live_lesson(&live));
+        Ok(())
+    } else {
+        follow(c, out, &live.id, live.generation).await
+    }
+}
+
+/// Follows a live lesson until READY or FAILED (of `generation` or newer, when given): a
+/// progress bar on a terminal, then the live lesson; each state as a JSON line with `--output
+/// json`. FAILED is an error.
+async fn follow(c: &Clients, out: &Printer, id: &str, generation: u64) -> Result<()> {
+    let mut stream = c
+        .lessons
+        .clone()
+        .watch_live_lesson(api::WatchLiveLessonRequest { id: id.to_owned() })
+        .await?
+        .into_inner();
+    let progress = out.progress();
+    let mut last = None;
+    while let Some(item) = stream.next().await {
+        let live = item?;
+        progress.update(&live);
+        let settled = matches!(
+            live.status(),
+            api::LiveLessonStatus::Ready | api::LiveLessonStatus::Failed
+        ) && live.generation >= generation;
+        last = Some(live);
+        if settled {
+            break;
+        }
+    }
+    progress.finish();
+    let Some(live) = last else {
+        return Err(Failure(format!("live lesson {id} is gone")));
+    };
+    out.settled(&live);
+    match live.status() {
+        api::LiveLessonStatus::Ready => Ok(()),
+        api::LiveLessonStatus::Failed => Err(Failure(format!(
+            "live lesson {id} FAILED: {}",
+            live.failure_reason
+        ))),
+        _ => Err(Failure(format!(
+            "live lesson {id} went away while {}",
+            render::status_name(live.status)
+        ))),
+    }
+}
+
+/// `--status READY` (in any case, or the upper-case enum name) as the enum's number.
+fn parse_status(name: &str) -> Result<i32> {
+    let full = format!(
+        "LIVE_LESSON_STATUS_{}",
+        name.trim_start_matches("LIVE_LESSON_STATUS_")
+            .to_uppercase()
+    );
+    api::LiveLessonStatus::from_str_name(&full)
+        .map(|s| s as i32)
+        .ok_or_else(|| {
+            Failure(format!(
+                "--status `{name}`: one of PENDING, BOOTING, CONFIGURING, READY, FAILED, TERMINATING"
+            ))
+        })
+}

@@ -1,0 +1,264 @@
+//! `antidotectl`: the command line of Antidote, a client of the scheduler's gRPC API.
+//!
+//! `--server` (or `ANTIDOTE_SERVER`, default `http://127.0.0.1:7070`) names the scheduler;
+//! `--output json` prints messages in the proto3 JSON mapping (one per line when following),
+//! `--output table` (the default) prints tables. Errors go to stderr as `error: CODE: message`
+//! and the exit status is 1; a live lesson that ends FAILED is an error too.
+//!
+//! This file only parses flags and dispatches. `client` connects (and defines `Failure`, the
+//! one-line error), `commands` has one function per subcommand, `render` does all the printing
+//! (tables, JSON, the progress bar).
+
+mod client;
+mod commands;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use scheduler_svc::catalog::Tier;
+
+use client::{Clients, Result};
+use render::Printer;
+
+#[derive(Parser)]
+#[command(name = "antidotectl", version, about = "Antidote's command line")]
+struct Cli {
+    /// The scheduler's gRPC address.
+    #[arg(
+        long,
+        global = true,
+        env = "ANTIDOTE_SERVER",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    server: String,
+    /// How to print results.
+    #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Deadline of each call (following a live lesson has none).
+    #[arg(long, global = true, default_value = "15s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The lesson catalog.
+    #[command(subcommand)]
+    Lessons(Lessons),
+    /// Check a curriculum directory offline and print every problem found.
+    Validate {
+        /// The curriculum directory.
+        dir: PathBuf,
+        /// The lowest tier to load (prod, ptr or local).
+        #[arg(long, default_value = "local")]
+        tier: Tier,
+    },
+    /// Learner sessions.
+    #[command(subcommand)]
+    Session(Session),
+    /// Ask for a live lesson and follow it until READY or FAILED.
+    Request {
+        /// The lesson slug.
+        lesson: String,
+        /// The session (see `session create`).
+        #[arg(long)]
+        session: String,
+        /// The stage to start at.
+        #[arg(long, default_value_t = 0)]
+        stage: u32,
+        /// Print the answer and return at once instead of following.
+        #[arg(long)]
+        no_follow: bool,
+    },
+    /// Follow a live lesson until READY or FAILED.
+    Watch {
+        /// The live lesson id.
+        id: String,
+    },
+    /// Show a live lesson.
+    Get {
+        /// The live lesson id.
+        id: String,
+    },
+    /// Change a live lesson's stage and follow it until READY or FAILED.
+    Stage {
+        /// The live lesson id.
+        id: String,
+        /// The stage.
+        stage: u32,
+        /// Return at once instead of following.
+        #[arg(long)]
+        no_follow: bool,
+    },
+    /// Delete a live lesson.
+    Delete {
+        /// The live lesson id.
+        id: String,
+    },
+    /// What provisioning a lesson would create, without creating anything.
+    Plan {
+        /// The lesson slug.
+        lesson: String,
+        /// The stage.
+        #[arg(long, default_value_t = 0)]
+        stage: u32,
+    },
+    /// Operators' commands.
+    #[command(subcommand)]
+    Admin(Admin),
+    /// The agents the scheduler drives.
+    #[command(subcommand)]
+    Agents(Agents),
+}
+
+#[derive(Subcommand)]
+enum Lessons {
+    /// List lessons.
+    List {
+        /// Only this category.
+        #[arg(long, default_value = "")]
+        category: String,
+        /// Only this collection.
+        #[arg(long, default_value = "")]
+        collection: String,
+        /// Only lessons with this tag.
+        #[arg(long, default_value = "")]
+        tag: String,
+    },
+    /// Show one lesson.
+    Show {
+        /// The lesson slug.
+        slug: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Session {
+    /// Create a session; prints its id.
+    Create,
+    /// Show a session.
+    Show {
+        /// The session id.
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Admin {
+    /// Every live lesson, optionally filtered.
+    List {
+        /// Only this status (READY, FAILED, ...).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this lesson.
+        #[arg(long, default_value = "")]
+        lesson: String,
+        /// Only live lessons on this agent.
+        #[arg(long, default_value = "")]
+        agent: String,
+    },
+    /// Remove a live lesson now.
+    Kill {
+        /// The live lesson id.
+        id: String,
+    },
+    /// Make a session persistent (exempt from idle expiry), or not with `--off`.
+    Persist {
+        /// The session id.
+        session: String,
+        /// Make it expire again.
+        #[arg(long)]
+        off: bool,
+    },
+    /// Every live session.
+    Sessions,
+    /// A live lesson's recorded transitions.
+    Events {
+        /// The live lesson id.
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Agents {
+    /// List agents with their state, capabilities and load.
+    List,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Validate { dir, tier } = &cli.command {
+        return commands::validate(dir, *tier);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Connects, then runs the subcommand.
+async fn run(cli: Cli) -> Result<()> {
+    let c = Clients::connect(&cli.server, cli.timeout).await?;
+    let out = Printer::new(cli.output);
+    match cli.command {
+        Command::Validate { .. } => unreachable!("handled before connecting"),
+        Command::Lessons(Lessons::List {
+            category,
+            collection,
+            tag,
+        }) => commands::lessons_list(&c, &out, category, collection, tag).await,
+        Command::Lessons(Lessons::Show { slug }) => commands::lessons_show(&c, &out, slug).await,
+        Command::Session(Session::Create) => commands::session_create(&c, &out).await,
+        Command::Session(Session::Show { id }) => commands::session_show(&c, &out, id).await,
+        Command::Request {
+            lesson,
+            session,
+            stage,
+            no_follow,
+        } => commands::request(&c, &out, lesson, session, stage, no_follow).await,
+        Command::Watch { id } => commands::watch(&c, &out, id).await,
+        Command::Get { id } => commands::get(&c, &out, id).await,
+        Command::Stage {
+            id,
+            stage,
+            no_follow,
+        } => commands::stage(&c, &out, id, stage, no_follow).await,
+        Command::Delete { id } => commands::delete(&c, &out, id).await,
+        Command::Plan { lesson, stage } => commands::plan(&c, &out, lesson, stage).await,
+        Command::Admin(Admin::List {
+            status,
+            lesson,
+            agent,
+        }) => commands::admin_list(&c, &out, status, lesson, agent).await,
+        Command::Admin(Admin::Kill { id }) => commands::admin_kill(&c, &out, id).await,
+        Command::Admin(Admin::Persist { session, off }) => {
+            commands::admin_persist(&c, &out, session, off).await
+        }
+        Command::Admin(Admin::Sessions) => commands::admin_sessions(&c, &out).await,
+        Command::Admin(Admin::Events { id }) => commands::admin_events(&c, &out, id).await,
+        Command::Agents(Agents::List) => commands::agents_list(&c, &out).await,
+    }
+}
