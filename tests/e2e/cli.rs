@@ -144,6 +144,10 @@ async fn antidotectl_drives_a_lifecycle_in_tables_and_json() {
         // Clear errors: an unknown id, a bad status name, an unreachable scheduler.
         let unknown = ctl.fails(&["get", &uuid::Uuid::new_v4().to_string()]);
         assert!(unknown.starts_with("error: NOT_FOUND:"), "{unknown}");
+        assert!(
+            unknown.trim_end().ends_with("(LIVE_LESSON_NOT_FOUND)"),
+            "the typed reason is shown: {unknown}"
+        );
         let bad = ctl.fails(&["admin", "list", "--status", "sleepy"]);
         assert!(bad.contains("--status `sleepy`"), "{bad}");
         let nowhere = Ctl {

@@ -291,12 +291,19 @@ async fn json_api_errors_openapi_and_cors() {
         .unwrap();
     assert_eq!(bad_id.status, StatusCode::BAD_REQUEST, "{}", bad_id.body);
     assert_eq!(bad_id.json().unwrap()["code"], "INVALID_ARGUMENT");
+    assert_eq!(bad_id.json().unwrap()["reason"], "MALFORMED_ID");
     let unknown = web
         .get(&format!("{base}/v1/live-lessons/{}", uuid::Uuid::new_v4()))
         .await
         .unwrap();
     assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
     assert_eq!(unknown.json().unwrap()["code"], "NOT_FOUND");
+    assert_eq!(unknown.json().unwrap()["reason"], "LIVE_LESSON_NOT_FOUND");
+    assert!(
+        unknown.json().unwrap()["metadata"]["live_lesson_id"].is_string(),
+        "{}",
+        unknown.body
+    );
     let malformed = web
         .post(
             &format!("{base}/v1/live-lessons"),
@@ -311,6 +318,7 @@ async fn json_api_errors_openapi_and_cors() {
         malformed.body
     );
     assert!(malformed.body.contains("stage"), "{}", malformed.body);
+    assert_eq!(malformed.json().unwrap()["reason"], "MALFORMED_REQUEST");
     let unknown_field = web
         .post(&format!("{base}/v1/live-lessons"), r#"{"colour": "blue"}"#)
         .await
@@ -364,11 +372,13 @@ async fn json_api_errors_openapi_and_cors() {
         .unwrap();
     assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(wrong_method.json().unwrap()["code"], "UNIMPLEMENTED");
+    assert_eq!(wrong_method.json().unwrap()["reason"], "ROUTE_NOT_FOUND");
     assert_eq!(
         too_big.json().unwrap()["code"],
         "INVALID_ARGUMENT",
         "errors are JSON"
     );
+    assert_eq!(too_big.json().unwrap()["reason"], "REQUEST_TOO_LARGE");
     // Enums in the query by name or by number.
     for status in ["LIVE_LESSON_STATUS_READY", "4"] {
         let listed = web

@@ -6,7 +6,9 @@
 //! JSON mapping (through the descriptor set, `prost-reflect`), and the answer is the response
 //! message in that mapping (lowerCamelCase names, enums by name, 64-bit integers as strings,
 //! timestamps in RFC 3339; default values included). Errors are
-//! `{"code": "NOT_FOUND", "message": "..."}` with the HTTP status grpc-gateway uses for the code.
+//! `{"code": "NOT_FOUND", "reason": "LIVE_LESSON_NOT_FOUND", "message": "...", "metadata": {...}}`
+//! with the HTTP status grpc-gateway uses for the code; `reason` is the ErrorInfo reason the gRPC
+//! API sends (`antidote.api.v1.ErrorReason`), what clients decide on.
 //! `WatchLiveLesson` is a stream of server-sent events (`event: live_lesson`, the JSON message as
 //! data; `event: error` then the end if the stream fails).
 //!
@@ -23,6 +25,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_proto::api::v1::ErrorReason;
+use antidote_proto::sdk::errors;
 use antidote_proto::api::v1::admin_service_server::AdminService;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService;
@@ -355,13 +359,16 @@ pub fn router(api: Api, config: &HttpConfig) -> axum::Router {
                 StatusCode::METHOD_NOT_ALLOWED,
                 axum::Json(error_body(
                     Code::Unimplemented,
+                    ErrorReason::RouteNotFound.as_str_name(),
                     &format!("{} does not take {method}: see /openapi.json", uri.path()),
+                    &HashMap::new(),
                 )),
             )
         })
         .fallback(|method: Method, uri: axum::http::Uri| async move {
             error(
                 Code::NotFound,
+                ErrorReason::RouteNotFound,
                 format!("no route {method} {}: see /openapi.json", uri.path()),
             )
         });
@@ -416,6 +423,7 @@ async fn metrics(State(api): State<Api>) -> Response {
             .into_response(),
         Err(err) => error(
             Code::Unavailable,
+            ErrorReason::InternalError,
             format!("cannot count live lessons: {err}"),
         ),
     }
@@ -464,7 +472,9 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
             }
             let fields = match fields(route, params, query, &body) {
                 Ok(fields) => fields,
-                Err(message) => return error(Code::InvalidArgument, message),
+                Err(message) => {
+                    return error(Code::InvalidArgument, ErrorReason::MalformedRequest, message);
+                }
             };
             (route.run)(
                 api,
@@ -503,11 +513,18 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// A refusal by the HTTP layer itself (size, encoding, media type), as an INVALID_ARGUMENT error
 /// with the HTTP status that says what happened (413, 415, 400).
 fn rejection(status: StatusCode, message: String) -> Response {
-    (
-        status,
-        axum::Json(error_body(Code::InvalidArgument, &message)),
-    )
-        .into_response()
+    let reason = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ErrorReason::RequestTooLarge
+    } else {
+        ErrorReason::MalformedRequest
+    };
+    let body = error_body(
+        Code::InvalidArgument,
+        reason.as_str_name(),
+        &message,
+        &HashMap::new(),
+    );
+    (status, axum::Json(body)).into_response()
 }
 
 /// Path parameters, then the query or the body, as one JSON object of request fields.
@@ -598,15 +615,26 @@ fn decode<T: prost::Message + Default>(
     let dynamic =
         DynamicMessage::deserialize(message(route.input), deserializer).map_err(|err| {
             let path = track.path().to_string();
-            let field = if path == "." {
-                String::new()
+            let (field, metadata) = if path == "." {
+                (String::new(), None)
             } else {
-                format!(" field `{path}`")
+                (format!(" field `{path}`"), Some(("field", path.clone())))
             };
-            tonic::Status::invalid_argument(format!("{}{field}: {err}", route.input))
+            errors::status(
+                Code::InvalidArgument,
+                ErrorReason::MalformedRequest.as_str_name(),
+                format!("{}{field}: {err}", route.input),
+                metadata,
+            )
         })?;
-    T::decode(dynamic.encode_to_vec().as_slice())
-        .map_err(|err| tonic::Status::internal(format!("transcoding {}: {err}", route.input)))
+    T::decode(dynamic.encode_to_vec().as_slice()).map_err(|err| {
+        errors::status(
+            Code::Internal,
+            ErrorReason::InternalError.as_str_name(),
+            format!("transcoding {}: {err}", route.input),
+            [],
+        )
+    })
 }
 
 /// A response message as JSON (proto3 JSON mapping, defaults included).
@@ -697,7 +725,7 @@ where
                     .unwrap_or_default(),
                 Err(status) => Event::default()
                     .event("error")
-                    .json_data(error_body(status.code(), status.message()))
+                    .json_data(status_body(&status))
                     .unwrap_or_default(),
             })
         })
@@ -746,16 +774,41 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
-fn error_body(code: Code, message: &str) -> serde_json::Value {
-    serde_json::json!({ "code": code_name(code), "message": message })
+/// The JSON error: the gRPC code's name, the typed reason (an `antidote.api.v1.ErrorReason`
+/// value name, what clients decide on), the message for people and the reason's metadata.
+fn error_body(
+    code: Code,
+    reason: &str,
+    message: &str,
+    metadata: &HashMap<String, String>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "code": code_name(code),
+        "reason": reason,
+        "message": message,
+        "metadata": metadata,
+    })
 }
 
-fn error(code: Code, message: String) -> Response {
-    (http_status(code), axum::Json(error_body(code, &message))).into_response()
+/// The JSON error of a status, with the reason and metadata of its ErrorInfo.
+fn status_body(status: &tonic::Status) -> serde_json::Value {
+    let (reason, metadata) = errors::reason(status).unwrap_or_else(|| {
+        (
+            ErrorReason::InternalError.as_str_name().to_owned(),
+            HashMap::new(),
+        )
+    });
+    error_body(status.code(), &reason, status.message(), &metadata)
+}
+
+/// An error of the HTTP layer itself (no handler ran).
+fn error(code: Code, reason: ErrorReason, message: String) -> Response {
+    let body = error_body(code, reason.as_str_name(), &message, &HashMap::new());
+    (http_status(code), axum::Json(body)).into_response()
 }
 
 fn status_response(status: &tonic::Status) -> Response {
-    error(status.code(), status.message().to_owned())
+    (http_status(status.code()), axum::Json(status_body(status))).into_response()
 }
 
 #[cfg(test)]

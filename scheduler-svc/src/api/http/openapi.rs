@@ -27,11 +27,13 @@ pub fn document() -> Value {
         "Error".to_owned(),
         json!({
             "type": "object",
-            "description": "Every failed call: the gRPC code's name and a message naming what is wrong.",
-            "required": ["code", "message"],
+            "description": "Every failed call: the gRPC code's name, the typed reason (decide on it, never on the message), a message naming what is wrong, and the reason's metadata.",
+            "required": ["code", "reason", "message"],
             "properties": {
                 "code": {"type": "string", "examples": ["NOT_FOUND", "INVALID_ARGUMENT"]},
+                "reason": {"type": "string", "description": "A value name of antidote.api.v1.ErrorReason (errors.proto).", "examples": ["LIVE_LESSON_NOT_FOUND", "STAGE_OUT_OF_RANGE"]},
                 "message": {"type": "string"},
+                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
             },
         }),
     );

@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use antidote_proto::api::v1::ErrorReason;
 use antidote_proto::api::v1::admin_service_client::AdminServiceClient;
 use antidote_proto::api::v1::curriculum_service_client::CurriculumServiceClient;
 use antidote_proto::api::v1::live_lesson_service_client::LiveLessonServiceClient;
 use antidote_proto::api::v1::session_service_client::SessionServiceClient;
+use antidote_proto::sdk::errors;
 use tonic::transport::{Channel, Endpoint};
 
 /// A failure worth one line on stderr.
@@ -20,15 +22,21 @@ impl std::fmt::Display for Failure {
 }
 
 impl From<tonic::Status> for Failure {
+    /// `CODE: message (REASON)`. The decision is the typed reason's (ErrorInfo), never the
+    /// message's: a status without one did not come from the scheduler (the transport failed).
     fn from(status: tonic::Status) -> Self {
         let code = scheduler_svc::api::http::code_name(status.code());
-        if status.code() == tonic::Code::Unavailable {
-            return Failure(format!(
-                "{code}: the scheduler is unreachable or shutting down ({})",
+        match errors::reason(&status) {
+            Some((reason, _)) if reason == ErrorReason::ShuttingDown.as_str_name() => Failure(
+                format!("{code}: the scheduler is shutting down; try again ({reason})"),
+            ),
+            Some((reason, _)) => Failure(format!("{code}: {} ({reason})", status.message())),
+            None if status.code() == tonic::Code::Unavailable => Failure(format!(
+                "{code}: the scheduler is unreachable ({})",
                 status.message()
-            ));
+            )),
+            None => Failure(format!("{code}: {}", status.message())),
         }
-        Failure(format!("{code}: {}", status.message()))
     }
 }
 
