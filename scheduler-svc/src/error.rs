@@ -70,6 +70,17 @@ pub enum Error {
     /// A request for a lesson whose previous live lesson is still being removed.
     #[error("live lesson {0} of this lesson is still being removed; ask again in a moment")]
     StillTerminating(LiveLessonId),
+    /// A call without a valid bearer token.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// A token without the scope the call needs.
+    #[error("{identity} lacks scope `{scope}`")]
+    PermissionDenied {
+        /// Who called.
+        identity: String,
+        /// The scope the call needs.
+        scope: &'static str,
+    },
     /// No agent can take the lesson.
     #[error("no agent can take lesson `{lesson}`: {why}")]
     NoAgent {
@@ -130,6 +141,8 @@ impl Error {
             Error::Busy { .. } => Code::FailedPrecondition,
             Error::StillTerminating(_) => Code::Aborted,
             Error::NoAgent { .. } => Code::Unavailable,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::PermissionDenied { .. } => Code::PermissionDenied,
             Error::Agent { status, .. } => status.code(),
             Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) | Error::Commit(_) => {
                 Code::Internal
@@ -201,6 +214,11 @@ impl Error {
                 vec![("live_lesson_id", id.to_string())],
             ),
             Error::NoAgent { lesson, .. } => (R::NoAgent, vec![("lesson", lesson.clone())]),
+            Error::Unauthenticated(_) => (R::Unauthenticated, vec![]),
+            Error::PermissionDenied { identity, scope } => (
+                R::PermissionDenied,
+                vec![("identity", identity.clone()), ("scope", (*scope).to_owned())],
+            ),
             Error::Agent {
                 agent,
                 call,

@@ -31,7 +31,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::{Fleet, SupervisorContext};
-use crate::api::Api;
+use crate::api::auth::AdminAuth;
+use crate::api::http::Surface;
+use crate::api::{Api, Services};
 use crate::catalog::Catalog;
 use crate::drive::{Hub, Reaper, Reconciler};
 use crate::metrics::Metrics;
@@ -45,8 +47,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Listeners {
     /// The gRPC API.
     pub grpc: TcpListener,
-    /// The HTTP API (JSON, events, OpenAPI, metrics), unless turned off.
+    /// The learners' HTTP API (JSON, events, OpenAPI), unless turned off.
     pub http: Option<TcpListener>,
+    /// The operators' gRPC AdminService, when configured.
+    pub admin: Option<TcpListener>,
+    /// The operators' JSON admin routes and `/metrics`, when configured.
+    pub admin_http: Option<TcpListener>,
 }
 
 /// Runs the scheduler on bound listeners until `shutdown` is cancelled. The binary only parses
@@ -116,17 +122,31 @@ pub async fn run(
         config: config.clone(),
         shutdown: shutdown.clone(),
         metrics,
+        admin_auth: Arc::new(AdminAuth::new(&config.admin)),
     };
-    if let Some(listener) = listeners.http {
-        tracing::info!(address = %listener.local_addr()?, "serving JSON/HTTP, /openapi.json and /metrics");
+    for (listener, surface) in [
+        (listeners.http, Surface::Learners),
+        (listeners.admin_http, Surface::Admin),
+    ] {
+        let Some(listener) = listener else { continue };
+        tracing::info!(address = %listener.local_addr()?, ?surface, "serving JSON/HTTP");
         let (api, config, shutdown) = (api.clone(), config.clone(), shutdown.clone());
         tracker.spawn(async move {
-            if let Err(err) = api::http::serve(api, &config.http, listener, shutdown).await {
-                tracing::error!(error = %err, "HTTP server stopped");
+            if let Err(err) = api::http::serve(api, &config.http, surface, listener, shutdown).await
+            {
+                tracing::error!(error = %err, ?surface, "HTTP server stopped");
             }
         });
     }
-    api::serve_grpc(api, listener).await?;
+    if let Some(listener) = listeners.admin {
+        let admin = api.clone();
+        tracker.spawn(async move {
+            if let Err(err) = api::serve_grpc(admin, Services::Admin, listener).await {
+                tracing::error!(error = %err, "admin gRPC server stopped");
+            }
+        });
+    }
+    api::serve_grpc(api, Services::Learners, listener).await?;
 
     tracing::info!("API stopped; waiting for background work");
     shutdown.cancel();

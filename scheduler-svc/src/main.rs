@@ -98,6 +98,21 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     } else {
         None
     };
+    // The admin API listens apart from the learners' (and not at all unless configured).
+    let mut admin = None;
+    let mut admin_http = None;
+    for (address, key, label, slot) in [
+        (config.admin.listen, "admin.listen", "admin", &mut admin),
+        (config.admin.http_listen, "admin.http_listen", "admin http", &mut admin_http),
+    ] {
+        if let Some(address) = address {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (key `{key}`)"))?;
+            println!("{label} listening on {}", listener.local_addr()?);
+            *slot = Some(listener);
+        }
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (key `listen`)", config.listen))?;
@@ -113,6 +128,8 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let listeners = scheduler_svc::Listeners {
         grpc: listener,
         http,
+        admin,
+        admin_http,
     };
     let result = scheduler_svc::run(config, catalog, listeners, shutdown).await;
     telemetry.shutdown().await;

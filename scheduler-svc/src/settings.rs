@@ -46,8 +46,11 @@ pub struct Config {
     /// in front of the scheduler added (only behind such a proxy: otherwise any client could
     /// pick its own address and dodge the per-IP limit).
     pub trust_forwarded_for: bool,
-    /// The JSON/HTTP API, server-sent events, the OpenAPI document and `/metrics`.
+    /// The learners' JSON/HTTP API, server-sent events and the OpenAPI document.
     pub http: HttpConfig,
+    /// The operators' API (gRPC AdminService, its JSON routes, `/metrics`) on listeners of its
+    /// own, with bearer tokens; off unless configured.
+    pub admin: AdminConfig,
     /// Where spans are exported (OTLP), if anywhere.
     pub telemetry: TelemetryConfig,
 }
@@ -67,7 +70,55 @@ impl Default for Config {
             agents: Vec::new(),
             trust_forwarded_for: false,
             http: HttpConfig::default(),
+            admin: AdminConfig::default(),
             telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// The admin API: never on the learners' listeners, and every call needs a bearer token.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Where gRPC AdminService listens (with health and reflection); unset: not served. Port 0
+    /// picks a free port (printed as `admin listening on ADDR`).
+    pub listen: Option<SocketAddr>,
+    /// Where its JSON routes (`/v1/admin/...`) and `/metrics` listen; unset: not served
+    /// (printed as `admin http listening on ADDR`).
+    pub http_listen: Option<SocketAddr>,
+    /// Static bearer tokens: high-entropy secrets configured by their SHA-256 only.
+    pub tokens: Vec<AdminToken>,
+}
+
+/// One static admin token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminToken {
+    /// Who holds it: audited as `token:NAME`.
+    pub name: String,
+    /// The SHA-256 of the token, 64 hex digits (`printf %s TOKEN | sha256sum`).
+    pub sha256: String,
+    /// What it may do.
+    pub scopes: Vec<Scope>,
+}
+
+/// What an admin token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Scope {
+    /// List live lessons, sessions, agents, events and the audit log; Plan.
+    #[serde(rename = "admin:read")]
+    Read,
+    /// Kill live lessons, make sessions persistent (implies read).
+    #[serde(rename = "admin:write")]
+    Write,
+}
+
+impl Scope {
+    /// As configured and audited.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "admin:read",
+            Scope::Write => "admin:write",
         }
     }
 }
@@ -324,6 +375,27 @@ impl Config {
                 "instance_id",
                 "must be 1-40 characters of letters, digits and dashes (it becomes a label)",
             );
+        }
+        let admin_served = self.admin.listen.is_some() || self.admin.http_listen.is_some();
+        if admin_served && self.admin.tokens.is_empty() {
+            return invalid(
+                "admin.tokens",
+                "the admin API is served (admin.listen or admin.http_listen) but no token can call it",
+            );
+        }
+        for (i, token) in self.admin.tokens.iter().enumerate() {
+            if token.sha256.len() != 64 || !token.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(SettingsError::Invalid {
+                    key: format!("admin.tokens[{i}].sha256"),
+                    reason: "must be the token's SHA-256 as 64 hex digits".into(),
+                });
+            }
+            if token.name.is_empty() || token.scopes.is_empty() {
+                return Err(SettingsError::Invalid {
+                    key: format!("admin.tokens[{i}]"),
+                    reason: "needs a name and at least one scope (admin:read, admin:write)".into(),
+                });
+            }
         }
         for (key, value) in [
             ("ttl.live_lesson", self.ttl.live_lesson),

@@ -161,7 +161,13 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
         &["garbage", "live lesson id"],
     )
     .await;
-    check(&env, set(&unknown, 0), (Code::NotFound, "LIVE_LESSON_NOT_FOUND"), &[&unknown]).await;
+    check(
+        &env,
+        set(&unknown, 0),
+        (Code::NotFound, "LIVE_LESSON_NOT_FOUND"),
+        &[&unknown],
+    )
+    .await;
     let get = |id: String| {
         let mut lessons = c.lessons.clone();
         async move {
@@ -171,8 +177,20 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
                 .map(|r| r.into_inner())
         }
     };
-    check(&env, get(unknown.clone()), (Code::NotFound, "LIVE_LESSON_NOT_FOUND"), &[&unknown]).await;
-    check(&env, get("1234".into()), (Code::InvalidArgument, "MALFORMED_ID"), &["1234"]).await;
+    check(
+        &env,
+        get(unknown.clone()),
+        (Code::NotFound, "LIVE_LESSON_NOT_FOUND"),
+        &[&unknown],
+    )
+    .await;
+    check(
+        &env,
+        get("1234".into()),
+        (Code::InvalidArgument, "MALFORMED_ID"),
+        &["1234"],
+    )
+    .await;
     let delete = |id: String| {
         let mut lessons = c.lessons.clone();
         async move {
@@ -182,7 +200,13 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
                 .map(|r| r.into_inner())
         }
     };
-    check(&env, delete(unknown.clone()), (Code::NotFound, "LIVE_LESSON_NOT_FOUND"), &[&unknown]).await;
+    check(
+        &env,
+        delete(unknown.clone()),
+        (Code::NotFound, "LIVE_LESSON_NOT_FOUND"),
+        &[&unknown],
+    )
+    .await;
     let heartbeat = |id: String| {
         let mut lessons = c.lessons.clone();
         async move {

@@ -9,16 +9,38 @@ use crate::{Env, Knobs};
 
 struct Ctl {
     server: String,
+    /// The admin listener.
+    admin: String,
+    /// Where antidotectl keeps session tokens (its own per test).
+    state: std::path::PathBuf,
+    /// The admin token to pass, if any.
+    token: Option<String>,
 }
 
 impl Ctl {
+    fn new(server: String, admin: String, state: &std::path::Path) -> Ctl {
+        Ctl {
+            server,
+            admin,
+            state: state.to_path_buf(),
+            token: Some(antidote_tests::ADMIN_TOKEN.to_owned()),
+        }
+    }
+
     fn run(&self, args: &[&str]) -> Output {
-        std::process::Command::new(workspace_bin("antidotectl"))
+        let mut command = std::process::Command::new(workspace_bin("antidotectl"));
+        command
             .arg("--server")
             .arg(&self.server)
-            .args(args)
-            .output()
-            .expect("antidotectl runs")
+            .arg("--admin-server")
+            .arg(&self.admin)
+            .env("ANTIDOTE_STATE_DIR", &self.state)
+            .env_remove("ANTIDOTE_TOKEN")
+            .env_remove("ANTIDOTE_SESSION_TOKEN");
+        if let Some(token) = &self.token {
+            command.env("ANTIDOTE_TOKEN", token);
+        }
+        command.args(args).output().expect("antidotectl runs")
     }
 
     /// Runs and expects success; returns stdout.
@@ -56,9 +78,12 @@ impl Ctl {
 #[tokio::test]
 async fn antidotectl_drives_a_lifecycle_in_tables_and_json() {
     let env = Env::start(&["--fail-lesson", "routing-basics"], Knobs::default()).await;
-    let ctl = Ctl {
-        server: env.scheduler.process.url(),
-    };
+    let state = tempfile::tempdir().unwrap();
+    let ctl = Ctl::new(
+        env.scheduler.process.url(),
+        env.scheduler.process.extra_url("admin").unwrap(),
+        state.path(),
+    );
     // Blocking processes: off the runtime's threads.
     tokio::task::spawn_blocking(move || {
         let list = ctl.ok(&["lessons", "list"]);
@@ -96,6 +121,14 @@ async fn antidotectl_drives_a_lifecycle_in_tables_and_json() {
 
         let got = ctl.json(&["get", &id]);
         assert_eq!(got["status"], "LIVE_LESSON_STATUS_READY", "{got}");
+        // Another learner (no kept tokens) cannot see this one's live lesson: NOT_FOUND, as if
+        // it did not exist.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let stranger = Ctl::new(ctl.server.clone(), ctl.admin.clone(), elsewhere.path());
+        stranger.ok(&["session", "create"]);
+        let hidden = stranger.fails(&["get", &id]);
+        assert!(hidden.contains("(LIVE_LESSON_NOT_FOUND)"), "{hidden}");
+
         // Asking again returns the same live lesson.
         let again = ctl.json(&[
             "request",
@@ -150,20 +183,27 @@ async fn antidotectl_drives_a_lifecycle_in_tables_and_json() {
         );
         let bad = ctl.fails(&["admin", "list", "--status", "sleepy"]);
         assert!(bad.contains("--status `sleepy`"), "{bad}");
-        let nowhere = Ctl {
-            server: "http://127.0.0.1:1".into(),
-        }
-        .fails(&["lessons", "list"]);
+        // The admin API refuses a missing or wrong token, with its reason.
+        let mut anonymous = Ctl::new(ctl.server.clone(), ctl.admin.clone(), &ctl.state);
+        anonymous.token = None;
+        let refused = anonymous.fails(&["admin", "sessions"]);
+        assert!(
+            refused.starts_with("error: UNAUTHENTICATED:") && refused.contains("(UNAUTHENTICATED)"),
+            "{refused}"
+        );
+        anonymous.token = Some("not-the-token".into());
+        let refused = anonymous.fails(&["agents", "list"]);
+        assert!(refused.starts_with("error: UNAUTHENTICATED:"), "{refused}");
+        let nowhere = Ctl::new("http://127.0.0.1:1".into(), ctl.admin.clone(), &ctl.state)
+            .fails(&["lessons", "list"]);
         assert!(
             nowhere.contains("cannot reach the scheduler at http://127.0.0.1:1")
                 && nowhere.contains("refused"),
             "{nowhere}"
         );
         // validate works offline.
-        let valid = Ctl {
-            server: "http://127.0.0.1:1".into(),
-        }
-        .ok(&["validate", &example_curriculum().display().to_string()]);
+        let valid = Ctl::new("http://127.0.0.1:1".into(), ctl.admin.clone(), &ctl.state)
+            .ok(&["validate", &example_curriculum().display().to_string()]);
         assert!(valid.contains("3 lessons"), "{valid}");
     })
     .await

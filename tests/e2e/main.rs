@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `scheduler-svc` binary with a temporary SQLite file, driving the
 //! real `test-agent` process over gRPC on loopback, exercised through the public API only.
 
+mod access;
 mod bad_input;
 mod cli;
 mod conformance;

@@ -18,7 +18,7 @@ async fn metrics_count_a_lifecycle_on_scheduler_and_agent() {
     let web = Web::default();
     let scheduler_metrics = format!(
         "{}/metrics",
-        env.scheduler.process.extra_url("http").unwrap()
+        env.scheduler.process.extra_url("admin http").unwrap()
     );
     let agent_metrics = format!("{}/metrics", env.agent.extra_url("metrics").unwrap());
 
@@ -282,7 +282,32 @@ async fn json_api_errors_openapi_and_cors() {
     )
     .await;
     let base = env.scheduler.process.extra_url("http").unwrap();
+    let admin = env.scheduler.process.extra_url("admin http").unwrap();
     let web = Web::default();
+
+    // Without a session token, live-lesson calls are UNAUTHENTICATED (401).
+    let anonymous = web
+        .get(&format!("{base}/v1/live-lessons/{}", uuid::Uuid::new_v4()))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{}", anonymous.body);
+    assert_eq!(anonymous.json().unwrap()["reason"], "UNAUTHENTICATED");
+    // A session: its token comes back as an HttpOnly, SameSite=Strict cookie (which this client
+    // keeps, as a browser does) besides the JSON.
+    let session = web.post(&format!("{base}/v1/sessions"), "").await.unwrap();
+    let cookie = session.headers["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.starts_with("antidote_session=ast_")
+            && cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        session.json().unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .starts_with("ast_")
+    );
 
     // Bad input: the gRPC code's name, the HTTP status grpc-gateway uses, and what is wrong.
     let bad_id = web
@@ -379,14 +404,31 @@ async fn json_api_errors_openapi_and_cors() {
         "errors are JSON"
     );
     assert_eq!(too_big.json().unwrap()["reason"], "REQUEST_TOO_LARGE");
-    // Enums in the query by name or by number.
+    // Enums in the query by name or by number, on the admin listener with the admin token.
+    let bearer = format!("Bearer {}", antidote_tests::ADMIN_TOKEN);
     for status in ["LIVE_LESSON_STATUS_READY", "4"] {
         let listed = web
-            .get(&format!("{base}/v1/admin/live-lessons?status={status}"))
+            .send(
+                Method::GET,
+                &format!("{admin}/v1/admin/live-lessons?status={status}"),
+                &[("authorization", &bearer)],
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(listed.status, StatusCode::OK, "{status}: {}", listed.body);
     }
+    // The admin API is not on the learners' listener at all, and needs its token on its own.
+    let learners_admin = web
+        .get(&format!("{base}/v1/admin/live-lessons"))
+        .await
+        .unwrap();
+    assert_eq!(learners_admin.status, StatusCode::NOT_FOUND, "{}", learners_admin.body);
+    let tokenless = web
+        .get(&format!("{admin}/v1/admin/live-lessons"))
+        .await
+        .unwrap();
+    assert_eq!(tokenless.status, StatusCode::UNAUTHORIZED, "{}", tokenless.body);
     let no_route = web.get(&format!("{base}/v2/lessons")).await.unwrap();
     assert_eq!(no_route.status, StatusCode::NOT_FOUND);
     assert!(no_route.body.contains("openapi.json"), "{}", no_route.body);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::with_token;
 use tokio_stream::StreamExt;
 
 use crate::{Env, Knobs, PATIENCE};
@@ -50,7 +51,7 @@ async fn an_idle_live_lesson_is_reclaimed_after_its_ttl() {
     let metrics = antidote_tests::web::Web::default()
         .get(&format!(
             "{}/metrics",
-            env.scheduler.process.extra_url("http").unwrap()
+            env.scheduler.process.extra_url("admin http").unwrap()
         ))
         .await
         .unwrap()
@@ -106,10 +107,14 @@ async fn heartbeats_and_persistent_sessions_keep_lessons_alive() {
     // Heartbeat well within the TTL until the idle one is gone (which takes at least 2 s).
     let mut lessons = c.lessons.clone();
     let beat = beating.id.clone();
+    let beat_token = c.tokens.of_lesson(&beat);
     let heartbeats = tokio::spawn(async move {
         loop {
             lessons
-                .heartbeat(api::HeartbeatRequest { id: beat.clone() })
+                .heartbeat(with_token(
+                    api::HeartbeatRequest { id: beat.clone() },
+                    beat_token.clone(),
+                ))
                 .await
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -120,10 +125,16 @@ async fn heartbeats_and_persistent_sessions_keep_lessons_alive() {
     let status = c
         .sessions
         .clone()
-        .get_session(api::GetSessionRequest { id: idle_session })
+        .get_session(with_token(
+            api::GetSessionRequest {
+                id: idle_session.clone(),
+            },
+            c.tokens.of_session(&idle_session),
+        ))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::NotFound);
+    // Its token went with it.
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     // Give the reaper two more TTLs to (wrongly) take the others.
     tokio::time::sleep(Duration::from_secs(4)).await;
     heartbeats.abort();
@@ -131,7 +142,10 @@ async fn heartbeats_and_persistent_sessions_keep_lessons_alive() {
         let lesson = c
             .lessons
             .clone()
-            .get_live_lesson(api::GetLiveLessonRequest { id: id.clone() })
+            .get_live_lesson(with_token(
+                api::GetLiveLessonRequest { id: id.clone() },
+                c.tokens.of_lesson(id),
+            ))
             .await
             .unwrap()
             .into_inner();
@@ -140,9 +154,12 @@ async fn heartbeats_and_persistent_sessions_keep_lessons_alive() {
     let kept = c
         .lessons
         .clone()
-        .get_live_lesson(api::GetLiveLessonRequest {
-            id: kept.id.clone(),
-        })
+        .get_live_lesson(with_token(
+            api::GetLiveLessonRequest {
+                id: kept.id.clone(),
+            },
+            c.tokens.of_lesson(&kept.id),
+        ))
         .await
         .unwrap()
         .into_inner();

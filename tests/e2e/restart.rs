@@ -28,7 +28,10 @@ async fn kill_9_while_provisioning_then_restart_every_lesson_ready_nothing_twice
     env.scheduler.process.kill9().await;
 
     env.scheduler = Scheduler::start(env.dir.path(), &env.config).await.unwrap();
-    let c = env.scheduler.clients.clone();
+    // The learners' tokens outlive the scheduler process (the store keeps their hashes).
+    let tokens = c.tokens.clone();
+    let mut c = env.scheduler.clients.clone();
+    c.tokens = tokens;
     for id in &ids {
         c.ready(id)
             .await

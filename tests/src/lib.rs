@@ -12,6 +12,7 @@ pub mod web;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -152,65 +153,299 @@ impl Process {
     }
 }
 
-/// gRPC clients for every public service of one scheduler.
-#[derive(Clone)]
-pub struct Clients {
-    /// CurriculumService.
-    pub curriculum: CurriculumServiceClient<Channel>,
-    /// SessionService.
-    pub sessions: SessionServiceClient<Channel>,
-    /// LiveLessonService.
-    pub lessons: LiveLessonServiceClient<Channel>,
-    /// AdminService.
-    pub admin: AdminServiceClient<Channel>,
-    /// The channel, for health checks and other clients.
-    pub channel: Channel,
+/// An agent that the conformance suite restarts by itself (`--restart-cmd`): a harness task
+/// starts it again, with the same arguments and on the same address, whenever it exits, and
+/// [`Restartable::restart_cmd`] is the shell command that stops the running process (SIGTERM;
+/// the task keeps its pid in a file). Dropping this ends the task and kills the process.
+pub struct Restartable {
+    /// Where it serves, the same across restarts.
+    pub addr: SocketAddr,
+    /// The file holding the running process's pid.
+    pidfile: PathBuf,
+    /// The stderr log of every start, in order.
+    logs: Arc<Mutex<Vec<PathBuf>>>,
+    /// The task that starts it again.
+    task: tokio::task::JoinHandle<()>,
 }
 
-impl Clients {
-    /// Connects to a scheduler.
-    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Clients> {
-        let channel = Channel::from_shared(format!("http://{addr}"))?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
-        Ok(Clients {
-            curriculum: CurriculumServiceClient::new(channel.clone()),
-            sessions: SessionServiceClient::new(channel.clone()),
-            lessons: LiveLessonServiceClient::new(channel.clone()),
-            admin: AdminServiceClient::new(channel.clone()),
-            channel,
+impl Restartable {
+    /// Starts `program` with `args`, which hold `--listen ADDR` (port 0 is fine: restarts use
+    /// the address it printed), logging to `dir/NAME-N.log` for the N-th start.
+    pub async fn spawn(
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        dir: &Path,
+        name: &str,
+    ) -> anyhow::Result<Restartable> {
+        let log = {
+            let (dir, name) = (dir.to_owned(), name.to_owned());
+            move |n: usize| dir.join(format!("{name}-{n}.log"))
+        };
+        let mut process = Process::spawn_with_env(program, args, env, log(0)).await?;
+        let addr = process.addr;
+        let mut args = args.to_vec();
+        let listen = args
+            .iter()
+            .position(|a| a == "--listen")
+            .context("the arguments have no --listen")?;
+        *args
+            .get_mut(listen + 1)
+            .context("--listen without a value")? = addr.to_string();
+        let pidfile = dir.join(format!("{name}.pid"));
+        let write_pid = {
+            let pidfile = pidfile.clone();
+            move |process: &Process| {
+                let pid = process
+                    .child
+                    .id()
+                    .map(|p| p.to_string())
+                    .unwrap_or_default();
+                std::fs::write(&pidfile, pid)
+            }
+        };
+        write_pid(&process)?;
+        let logs = Arc::new(Mutex::new(vec![log(0)]));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let task = tokio::spawn({
+            let (program, logs) = (program.to_owned(), logs.clone());
+            async move {
+                for n in 1.. {
+                    let _ = process.child.wait().await;
+                    let env: Vec<(&str, String)> =
+                        env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+                    logs.lock().unwrap_or_else(|p| p.into_inner()).push(log(n));
+                    process = match Process::spawn_with_env(&program, &args, &env, log(n)).await {
+                        Ok(process) => process,
+                        // The log says why; the suite reports the agent unreachable.
+                        Err(_) => return,
+                    };
+                    let _ = write_pid(&process);
+                }
+            }
+        });
+        Ok(Restartable {
+            addr,
+            pidfile,
+            logs,
+            task,
         })
     }
 
-    /// Opens a session.
+    /// `sh` code that restarts the agent: it stops the running process, the harness starts it
+    /// again.
+    pub fn restart_cmd(&self) -> String {
+        format!("kill -TERM \"$(cat '{}')\"", self.pidfile.display())
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The stderr of every start so far, each under a header.
+    pub fn log_text(&self) -> String {
+        let logs = self.logs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        logs.iter()
+            .map(|log| {
+                format!(
+                    "--- {} ---\n{}",
+                    log.display(),
+                    std::fs::read_to_string(log).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Restartable {
+    fn drop(&mut self) {
+        // The task owns the running process, which is killed when the task's future drops.
+        self.task.abort();
+    }
+}
+
+/// The admin token every test scheduler accepts (scope `admin:write`).
+pub const ADMIN_TOKEN: &str = "antidote-tests-admin-token-0123456789abcdef";
+
+/// An admin token every test scheduler accepts with scope `admin:read` only.
+pub const ADMIN_READ_TOKEN: &str = "antidote-tests-read-only-token-fedcba9876543210";
+
+/// The configuration lines that give a test scheduler its admin listeners, [`ADMIN_TOKEN`] and
+/// [`ADMIN_READ_TOKEN`] (configured by their SHA-256, as operators do).
+pub fn admin_config() -> String {
+    use sha2::Digest as _;
+    let hash = |token: &str| hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    format!(
+        "admin.listen = \"127.0.0.1:0\"\nadmin.http_listen = \"127.0.0.1:0\"\n\
+         admin.tokens = [{{ name = \"tests\", sha256 = \"{}\", scopes = [\"admin:write\"] }}, \
+         {{ name = \"viewer\", sha256 = \"{}\", scopes = [\"admin:read\"] }}]\n",
+        hash(ADMIN_TOKEN),
+        hash(ADMIN_READ_TOKEN)
+    )
+}
+
+/// Learners' session tokens, by session and by live lesson, so that the harness's calls carry
+/// the right one; a call made without one (a test's own raw call) gets the latest session's.
+#[derive(Clone, Default)]
+pub struct Tokens(Arc<Mutex<TokenBook>>);
+
+#[derive(Default)]
+struct TokenBook {
+    by_session: HashMap<String, String>,
+    by_lesson: HashMap<String, String>,
+    latest: Option<String>,
+}
+
+impl Tokens {
+    fn book(&self) -> std::sync::MutexGuard<'_, TokenBook> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The token of a session the harness created.
+    pub fn of_session(&self, session: &str) -> Option<String> {
+        self.book().by_session.get(session).cloned()
+    }
+
+    /// The token of the session a live lesson belongs to (one the harness requested).
+    pub fn of_lesson(&self, lesson: &str) -> Option<String> {
+        self.book().by_lesson.get(lesson).cloned()
+    }
+}
+
+/// Adds `authorization: Bearer TOKEN` to calls that carry none: the admin token for the admin
+/// client, the latest session's token for the learners' clients.
+#[derive(Clone)]
+pub struct Bearer {
+    admin: bool,
+    tokens: Tokens,
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if request.metadata().contains_key("authorization") {
+            return Ok(request);
+        }
+        let token = if self.admin {
+            Some(ADMIN_TOKEN.to_owned())
+        } else {
+            self.tokens.book().latest.clone()
+        };
+        if let Some(token) = token
+            && let Ok(value) = format!("Bearer {token}").parse()
+        {
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
+
+/// A channel whose calls carry a bearer token.
+pub type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
+/// A request carrying `token` (when known).
+pub fn with_token<T>(message: T, token: Option<String>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+/// gRPC clients for every public service of one scheduler: the learners' services on its
+/// public listener, AdminService on its admin listener with [`ADMIN_TOKEN`].
+#[derive(Clone)]
+pub struct Clients {
+    /// CurriculumService.
+    pub curriculum: CurriculumServiceClient<Authed>,
+    /// SessionService.
+    pub sessions: SessionServiceClient<Authed>,
+    /// LiveLessonService.
+    pub lessons: LiveLessonServiceClient<Authed>,
+    /// AdminService, on the admin listener.
+    pub admin: AdminServiceClient<Authed>,
+    /// The learners' channel, for health checks and other clients.
+    pub channel: Channel,
+    /// The admin listener's channel.
+    pub admin_channel: Channel,
+    /// The session tokens of the sessions these clients created.
+    pub tokens: Tokens,
+}
+
+impl Clients {
+    /// Connects to a scheduler's learners' listener and its admin listener.
+    pub async fn connect(addr: SocketAddr, admin: SocketAddr) -> anyhow::Result<Clients> {
+        let connect = |addr: SocketAddr| async move {
+            Channel::from_shared(format!("http://{addr}"))?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(anyhow::Error::from)
+        };
+        let (channel, admin_channel) = (connect(addr).await?, connect(admin).await?);
+        let tokens = Tokens::default();
+        let learner = Bearer {
+            admin: false,
+            tokens: tokens.clone(),
+        };
+        let operator = Bearer {
+            admin: true,
+            tokens: tokens.clone(),
+        };
+        Ok(Clients {
+            curriculum: CurriculumServiceClient::with_interceptor(channel.clone(), learner.clone()),
+            sessions: SessionServiceClient::with_interceptor(channel.clone(), learner.clone()),
+            lessons: LiveLessonServiceClient::with_interceptor(channel.clone(), learner),
+            admin: AdminServiceClient::with_interceptor(admin_channel.clone(), operator),
+            channel,
+            admin_channel,
+            tokens,
+        })
+    }
+
+    /// Opens a session; its token is kept for the calls about it.
     pub async fn session(&self) -> anyhow::Result<String> {
-        Ok(self
+        let session = self
             .sessions
             .clone()
             .create_session(api::CreateSessionRequest {})
             .await?
-            .into_inner()
-            .id)
+            .into_inner();
+        let mut book = self.tokens.book();
+        book.by_session
+            .insert(session.id.clone(), session.token.clone());
+        book.latest = Some(session.token);
+        Ok(session.id)
     }
 
-    /// Requests a lesson at a stage.
+    /// Requests a lesson at a stage, with the session's token.
     pub async fn request(
         &self,
         session: &str,
         lesson: &str,
         stage: u32,
     ) -> Result<api::LiveLesson, tonic::Status> {
-        Ok(self
+        let token = self.tokens.of_session(session);
+        let lesson = self
             .lessons
             .clone()
-            .request_live_lesson(api::RequestLiveLessonRequest {
-                session_id: session.into(),
-                lesson_slug: lesson.into(),
-                stage,
-            })
+            .request_live_lesson(with_token(
+                api::RequestLiveLessonRequest {
+                    session_id: session.into(),
+                    lesson_slug: lesson.into(),
+                    stage,
+                },
+                token.clone(),
+            ))
             .await?
-            .into_inner())
+            .into_inner();
+        if let Some(token) = token {
+            self.tokens.book().by_lesson.insert(lesson.id.clone(), token);
+        }
+        Ok(lesson)
     }
 
     /// Follows a live lesson until `until` holds for its state, returning every status seen on
@@ -225,7 +460,10 @@ impl Clients {
         let mut stream = self
             .lessons
             .clone()
-            .watch_live_lesson(api::WatchLiveLessonRequest { id: id.into() })
+            .watch_live_lesson(with_token(
+                api::WatchLiveLessonRequest { id: id.into() },
+                self.tokens.of_lesson(id),
+            ))
             .await?
             .into_inner();
         let mut seen = Vec::new();
@@ -266,7 +504,10 @@ impl Clients {
         let stream = self
             .lessons
             .clone()
-            .watch_live_lesson(api::WatchLiveLessonRequest { id: id.into() })
+            .watch_live_lesson(with_token(
+                api::WatchLiveLessonRequest { id: id.into() },
+                self.tokens.of_lesson(id),
+            ))
             .await;
         let mut stream = match stream {
             Ok(stream) => stream.into_inner(),
@@ -285,7 +526,10 @@ impl Clients {
     pub async fn delete(&self, id: &str, limit: Duration) -> anyhow::Result<()> {
         self.lessons
             .clone()
-            .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.into() })
+            .delete_live_lesson(with_token(
+                api::DeleteLiveLessonRequest { id: id.into() },
+                self.tokens.of_lesson(id),
+            ))
             .await?;
         self.gone(id, limit).await
     }
@@ -372,8 +616,9 @@ impl Scheduler {
             "http.listen = \"127.0.0.1:0\"\n"
         };
         let full = format!(
-            "listen = \"127.0.0.1:0\"\ndatabase = \"{}\"\n{http}{config}",
-            dir.join("antidote.db").display()
+            "listen = \"127.0.0.1:0\"\ndatabase = \"{}\"\n{http}{}{config}",
+            dir.join("antidote.db").display(),
+            admin_config()
         );
         std::fs::write(&path, full)?;
         let log = dir.join(format!(
@@ -392,7 +637,11 @@ impl Scheduler {
             log,
         )
         .await?;
-        let clients = Clients::connect(process.addr).await?;
+        let admin = *process
+            .extra
+            .get("admin")
+            .context("the scheduler printed no `admin listening on ADDR`")?;
+        let clients = Clients::connect(process.addr, admin).await?;
         Ok(Scheduler {
             process,
             clients,

@@ -29,10 +29,12 @@ impl Answer {
     }
 }
 
-/// The client.
+/// The client. Like a browser, it keeps the cookies servers set (name and value; paths and
+/// expiry are not needed by the tests) and sends them back.
 #[derive(Clone)]
 pub struct Web {
     client: Client<HttpConnector, Full<Bytes>>,
+    cookies: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 impl Default for Web {
@@ -41,11 +43,20 @@ impl Default for Web {
         connector.set_nodelay(true);
         Web {
             client: Client::builder(TokioExecutor::new()).build(connector),
+            cookies: Default::default(),
         }
     }
 }
 
 impl Web {
+    /// Another browser on the same connection pool: its own cookie jar (its own session).
+    pub fn fresh_jar(&self) -> Web {
+        Web {
+            client: self.client.clone(),
+            cookies: Default::default(),
+        }
+    }
+
     /// Sends a request; `body` is sent as `application/json` when given.
     pub async fn send(
         &self,
@@ -89,6 +100,17 @@ impl Web {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
+        let cookies = self
+            .cookies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if !cookies.is_empty() {
+            request = request.header("cookie", cookies);
+        }
         if body.is_some()
             && !headers
                 .iter()
@@ -97,10 +119,25 @@ impl Web {
             request = request.header("content-type", "application/json");
         }
         let request = request.body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))?;
-        tokio::time::timeout(Duration::from_secs(30), self.client.request(request))
+        let response = tokio::time::timeout(Duration::from_secs(30), self.client.request(request))
             .await
             .context("no answer within 30 s")?
-            .with_context(|| format!("cannot reach {url}"))
+            .with_context(|| format!("cannot reach {url}"))?;
+        let mut cookies = self.cookies.lock().unwrap_or_else(|p| p.into_inner());
+        for set in response.headers().get_all("set-cookie") {
+            let Some((name, value)) = set
+                .to_str()
+                .ok()
+                .and_then(|v| v.split(';').next())
+                .and_then(|pair| pair.split_once('='))
+            else {
+                continue;
+            };
+            cookies.retain(|(n, _)| n != name);
+            cookies.push((name.trim().to_owned(), value.trim().to_owned()));
+        }
+        drop(cookies);
+        Ok(response)
     }
 
     /// Opens a server-sent event stream.

@@ -102,6 +102,8 @@ pub fn session(session: &Session, ttl: Duration) -> api::Session {
         created_at: Some(timestamp(session.created_at)),
         last_active: Some(timestamp(session.last_active)),
         expires_at: expiry(session.persistent, session.last_active, ttl).map(timestamp),
+        // Answered once, by CreateSession; never read back.
+        token: String::new(),
     }
 }
 

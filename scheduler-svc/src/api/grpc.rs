@@ -17,6 +17,7 @@ use futures::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use super::auth::{self, AdminAuth};
 use super::convert as wire;
 use crate::agents::{AgentState, Desired, Fleet};
 use crate::catalog::Catalog;
@@ -24,7 +25,7 @@ use crate::drive::{Hub, Reconciler, placement};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{self, LiveLesson, LiveLessonId, Millis, SessionId, expiry};
-use crate::settings::Config;
+use crate::settings::{Config, Scope};
 use crate::store::{LessonFilter, Requested, Store};
 
 /// Longest lesson slug accepted, so a huge string cannot reach the store or the logs.
@@ -49,6 +50,8 @@ pub struct Api {
     pub shutdown: CancellationToken,
     /// What `/metrics` renders.
     pub metrics: Arc<Metrics>,
+    /// The admin API's tokens.
+    pub admin_auth: Arc<AdminAuth>,
 }
 
 type Result<T> = std::result::Result<Response<T>, Status>;
@@ -83,6 +86,62 @@ impl Api {
             })
     }
 
+    /// The session whose token the call carries: UNAUTHENTICATED without one it knows.
+    async fn learner<T>(&self, request: &Request<T>) -> std::result::Result<SessionId, Error> {
+        let token = auth::bearer(request.metadata()).ok_or_else(|| {
+            Error::Unauthenticated(
+                "calls about a session need its token: `authorization: Bearer TOKEN`".into(),
+            )
+        })?;
+        self.store
+            .session_by_token(auth::hash(token))
+            .await?
+            .ok_or_else(|| {
+                Error::Unauthenticated("the session token is unknown or its session expired".into())
+            })
+    }
+
+    /// The caller's live lesson `id`: another session's answers NOT_FOUND exactly as an unknown
+    /// one does (no existence oracle).
+    async fn owned<T>(
+        &self,
+        request: &Request<T>,
+        id: LiveLessonId,
+    ) -> std::result::Result<LiveLesson, Error> {
+        let session = self.learner(request).await?;
+        match self.store.live_lesson(id).await {
+            Ok(lesson) if lesson.session_id == session => Ok(lesson),
+            Ok(_) | Err(Error::LiveLessonNotFound(_)) => Err(Error::LiveLessonNotFound(id)),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Admits an admin call whose token has `scope`, and audits it (refusals too) as `action`
+    /// on `target`. Returns the caller's identity.
+    async fn admin<T>(
+        &self,
+        request: &Request<T>,
+        scope: Scope,
+        action: &str,
+        target: &str,
+    ) -> std::result::Result<String, Error> {
+        let (identity, outcome, refusal) = match self.admin_auth.check(request.metadata(), scope) {
+            Ok(identity) => (identity, "ok".to_owned(), None),
+            Err((identity, err)) => {
+                let outcome = err.reason().0.as_str_name().to_owned();
+                (identity, outcome, Some(err))
+            }
+        };
+        tracing::info!(target: "audit", %identity, action, target, %outcome, "admin call");
+        self.store
+            .audit(Millis::now(), &identity, action, target, &outcome)
+            .await?;
+        match refusal {
+            Some(err) => Err(err),
+            None => Ok(identity),
+        }
+    }
+
     fn api_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
         wire::live_lesson(lesson, self.config.ttl.live_lesson)
     }
@@ -109,8 +168,7 @@ impl Api {
         Ok(())
     }
 
-    async fn delete(&self, raw_id: &str, detail: &str) -> std::result::Result<(), Error> {
-        let id: LiveLessonId = raw_id.parse()?;
+    async fn delete(&self, id: LiveLessonId, detail: &str) -> std::result::Result<(), Error> {
         let lesson = self.store.mark_deleting(id, detail, Millis::now()).await?;
         self.reconciler.changed(&lesson);
         Ok(())
@@ -244,19 +302,24 @@ impl SessionService for Api {
         request: Request<api::CreateSessionRequest>,
     ) -> Result<api::Session> {
         let ip = self.source_ip(&request)?;
+        let (token, hash) = auth::new_session_token()?;
         let session = self
             .store
-            .create_session(ip, self.config.limits.sessions_per_ip, Millis::now())
+            .create_session(ip, hash, self.config.limits.sessions_per_ip, Millis::now())
             .await?;
         tracing::debug!(session.id = %session.id, source_ip = %ip, "session created");
-        Ok(Response::new(wire::session(
-            &session,
-            self.config.ttl.session,
-        )))
+        Ok(Response::new(api::Session {
+            token,
+            ..wire::session(&session, self.config.ttl.session)
+        }))
     }
 
     async fn get_session(&self, request: Request<api::GetSessionRequest>) -> Result<api::Session> {
+        let caller = self.learner(&request).await?;
         let id: SessionId = request.into_inner().id.parse().map_err(Error::from)?;
+        if id != caller {
+            return Err(Error::SessionNotFound(id).into());
+        }
         let session = self.store.session(id).await?;
         Ok(Response::new(wire::session(
             &session,
@@ -275,12 +338,16 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::RequestLiveLessonRequest>,
     ) -> Result<api::LiveLesson> {
+        let caller = self.learner(&request).await?;
         let api::RequestLiveLessonRequest {
             session_id,
             lesson_slug,
             stage,
         } = request.into_inner();
         let session: SessionId = session_id.parse().map_err(Error::from)?;
+        if session != caller {
+            return Err(Error::SessionNotFound(session).into());
+        }
         self.check_lesson(&lesson_slug, stage)?;
         tracing::Span::current().record("lesson", lesson_slug.as_str());
         let (lesson, outcome) = self
@@ -304,8 +371,8 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::GetLiveLessonRequest>,
     ) -> Result<api::LiveLesson> {
-        let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
-        let lesson = self.store.live_lesson(id).await?;
+        let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
+        let lesson = self.owned(&request, id).await?;
         Ok(Response::new(self.api_lesson(&lesson)))
     }
 
@@ -313,11 +380,15 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::ListLiveLessonsRequest>,
     ) -> Result<api::ListLiveLessonsResponse> {
+        let caller = self.learner(&request).await?;
         let id: SessionId = request
             .into_inner()
             .session_id
             .parse()
             .map_err(Error::from)?;
+        if id != caller {
+            return Err(Error::SessionNotFound(id).into());
+        }
         // The session must exist (and be live), even when it holds no live lesson.
         self.store.session(id).await?;
         let live_lessons = self
@@ -336,11 +407,16 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::WatchLiveLessonRequest>,
     ) -> Result<Self::WatchLiveLessonStream> {
-        let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
+        let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
+        let caller = self.learner(&request).await?;
         // Subscribe first, then read: a change between the two shows up as a (deduplicated)
         // update instead of being lost.
         let mut updates = self.hub.subscribe(id);
         let first = match self.store.live_lesson(id).await {
+            Ok(first) if first.session_id != caller => Err(Error::LiveLessonNotFound(id)),
+            other => other,
+        };
+        let first = match first {
             Ok(first) => first,
             Err(err) => {
                 drop(updates);
@@ -395,7 +471,8 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::HeartbeatRequest>,
     ) -> Result<api::HeartbeatResponse> {
-        let id: LiveLessonId = request.into_inner().id.parse().map_err(Error::from)?;
+        let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
+        self.owned(&request, id).await?;
         let lesson = self.store.heartbeat(id, Millis::now()).await?;
         Ok(Response::new(api::HeartbeatResponse {
             expires_at: expiry(
@@ -409,10 +486,10 @@ impl LiveLessonService for Api {
 
     #[tracing::instrument(skip_all, fields(live_lesson.id = tracing::field::Empty))]
     async fn set_stage(&self, request: Request<api::SetStageRequest>) -> Result<api::LiveLesson> {
-        let api::SetStageRequest { id, stage } = request.into_inner();
-        let id: LiveLessonId = id.parse().map_err(Error::from)?;
+        let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
+        let stage = request.get_ref().stage;
         tracing::Span::current().record("live_lesson.id", tracing::field::display(id));
-        let current = self.store.live_lesson(id).await?;
+        let current = self.owned(&request, id).await?;
         self.check_lesson(&current.lesson_slug, stage)?;
         let (lesson, outcome) = self.store.set_stage(id, stage, Millis::now()).await?;
         if outcome != Requested::Touched {
@@ -425,7 +502,9 @@ impl LiveLessonService for Api {
         &self,
         request: Request<api::DeleteLiveLessonRequest>,
     ) -> Result<api::DeleteLiveLessonResponse> {
-        self.delete(&request.into_inner().id, "deleted").await?;
+        let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
+        self.owned(&request, id).await?;
+        self.delete(id, "deleted").await?;
         Ok(Response::new(api::DeleteLiveLessonResponse {}))
     }
 }
@@ -436,6 +515,8 @@ impl AdminService for Api {
         &self,
         request: Request<api::AdminListLiveLessonsRequest>,
     ) -> Result<api::AdminListLiveLessonsResponse> {
+        self.admin(&request, Scope::Read, "AdminService.ListLiveLessons", "")
+            .await?;
         let api::AdminListLiveLessonsRequest {
             status,
             lesson_slug,
@@ -465,15 +546,20 @@ impl AdminService for Api {
         &self,
         request: Request<api::KillLiveLessonRequest>,
     ) -> Result<api::KillLiveLessonResponse> {
-        self.delete(&request.into_inner().id, "killed by an operator")
+        let raw = request.get_ref().id.clone();
+        self.admin(&request, Scope::Write, "AdminService.KillLiveLesson", &raw)
             .await?;
+        let id: LiveLessonId = raw.parse().map_err(Error::from)?;
+        self.delete(id, "killed by an operator").await?;
         Ok(Response::new(api::KillLiveLessonResponse {}))
     }
 
     async fn list_sessions(
         &self,
-        _: Request<api::ListSessionsRequest>,
+        request: Request<api::ListSessionsRequest>,
     ) -> Result<api::ListSessionsResponse> {
+        self.admin(&request, Scope::Read, "AdminService.ListSessions", "")
+            .await?;
         let sessions = self
             .store
             .sessions()
@@ -488,6 +574,9 @@ impl AdminService for Api {
         &self,
         request: Request<api::PersistSessionRequest>,
     ) -> Result<api::Session> {
+        let target = request.get_ref().id.clone();
+        self.admin(&request, Scope::Write, "AdminService.PersistSession", &target)
+            .await?;
         let api::PersistSessionRequest { id, persistent } = request.into_inner();
         let id: SessionId = id.parse().map_err(Error::from)?;
         let session = self.store.persist_session(id, persistent).await?;
@@ -499,8 +588,10 @@ impl AdminService for Api {
 
     async fn list_agents(
         &self,
-        _: Request<api::ListAgentsRequest>,
+        request: Request<api::ListAgentsRequest>,
     ) -> Result<api::ListAgentsResponse> {
+        self.admin(&request, Scope::Read, "AdminService.ListAgents", "")
+            .await?;
         let agents = self
             .fleet
             .snapshot()
@@ -533,6 +624,8 @@ impl AdminService for Api {
     }
 
     async fn plan(&self, request: Request<api::PlanRequest>) -> Result<api::PlanResponse> {
+        self.admin(&request, Scope::Read, "AdminService.Plan", "")
+            .await?;
         let api::PlanRequest { lesson_slug, stage } = request.into_inner();
         self.check_lesson(&lesson_slug, stage)?;
         // check_lesson proved the lesson exists.
@@ -597,11 +690,10 @@ impl AdminService for Api {
         &self,
         request: Request<api::ListEventsRequest>,
     ) -> Result<api::ListEventsResponse> {
-        let id: LiveLessonId = request
-            .into_inner()
-            .live_lesson_id
-            .parse()
-            .map_err(Error::from)?;
+        let target = request.get_ref().live_lesson_id.clone();
+        self.admin(&request, Scope::Read, "AdminService.ListEvents", &target)
+            .await?;
+        let id: LiveLessonId = target.parse().map_err(Error::from)?;
         let events = self
             .store
             .events(id)
@@ -618,6 +710,33 @@ impl AdminService for Api {
             })
             .collect();
         Ok(Response::new(api::ListEventsResponse { events }))
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<api::ListAuditRequest>,
+    ) -> Result<api::ListAuditResponse> {
+        self.admin(&request, Scope::Read, "AdminService.ListAudit", "")
+            .await?;
+        let limit = match request.into_inner().limit {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let entries = self
+            .store
+            .audit_log(limit)
+            .await?
+            .into_iter()
+            .map(|e| api::AuditEntry {
+                seq: e.seq as u64,
+                at: Some(wire::timestamp(e.at)),
+                identity: e.identity,
+                action: e.action,
+                target: e.target,
+                outcome: e.outcome,
+            })
+            .collect();
+        Ok(Response::new(api::ListAuditResponse { entries }))
     }
 }
 

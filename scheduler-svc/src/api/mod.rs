@@ -3,6 +3,7 @@
 //! Handlers write desired state to [`crate::store`] and hand changes to
 //! [`crate::drive::Reconciler`]; only Plan reaches an agent.
 
+pub mod auth;
 mod convert;
 mod grpc;
 pub mod http;
@@ -23,20 +24,32 @@ use tokio_stream::wrappers::TcpListenerStream;
 /// Largest request the public API decodes: every request is a few ids and slugs.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
-/// The gRPC services whose health is reported (the empty name is the server as a whole).
-const SERVICES: [&str; 5] = [
+/// The gRPC services whose health is reported (besides the empty name: the server as a whole).
+const SERVICES: [&str; 4] = [
     "antidote.api.v1.CurriculumService",
     "antidote.api.v1.SessionService",
     "antidote.api.v1.LiveLessonService",
     "antidote.api.v1.AdminService",
-    "",
 ];
 
-/// Serves the gRPC API (with grpc.health.v1 and reflection v1 and v1alpha) on `listener` until the API's
-/// shutdown token is cancelled.
-pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
+/// Which gRPC services a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Services {
+    /// Curriculum, sessions and live lessons: the learners' listener.
+    Learners,
+    /// AdminService alone: the operators' listener.
+    Admin,
+}
+
+/// Serves the learners' or the operators' gRPC services (with grpc.health.v1 and reflection v1
+/// and v1alpha) on `listener` until the API's shutdown token is cancelled.
+pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> anyhow::Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    for service in SERVICES {
+    let names: &[&str] = match services {
+        Services::Learners => &SERVICES[..3],
+        Services::Admin => &SERVICES[3..4],
+    };
+    for service in names.iter().chain([&""]) {
         health
             .set_service_status(service, tonic_health::ServingStatus::Serving)
             .await;
@@ -49,7 +62,7 @@ pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
     let (reflection, reflection_v1alpha) =
         (reflection().build_v1()?, reflection().build_v1alpha()?);
 
-    tracing::info!(address = %listener.local_addr()?, "serving antidote.api.v1");
+    tracing::info!(address = %listener.local_addr()?, ?services, "serving antidote.api.v1");
     // Every small API message must leave at once: without TCP_NODELAY, Nagle's algorithm and
     // delayed ACKs hold streamed updates back by ~40 ms. (`Server::tcp_nodelay` only applies to
     // listeners tonic binds itself.)
@@ -59,7 +72,7 @@ pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
         Ok::<_, std::io::Error>(stream)
     });
     let shutdown = api.shutdown.clone();
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         // A span per call, child of the caller's W3C trace context.
         .trace_fn(antidote_proto::sdk::trace::span)
         // Serve the API's streams and the many small calls of many learners on few connections.
@@ -72,17 +85,23 @@ pub async fn serve_grpc(api: Api, listener: TcpListener) -> anyhow::Result<()> {
         .add_service(health_service)
         // Both reflection versions: grpcio-reflection and older grpcurl know only v1alpha.
         .add_service(reflection)
-        .add_service(reflection_v1alpha)
-        .add_service(
-            CurriculumServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .add_service(
-            SessionServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .add_service(
-            LiveLessonServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
-        .add_service(AdminServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES))
+        .add_service(reflection_v1alpha);
+    let router = match services {
+        Services::Learners => server
+            .add_service(
+                CurriculumServiceServer::new(api.clone())
+                    .max_decoding_message_size(MAX_REQUEST_BYTES),
+            )
+            .add_service(
+                SessionServiceServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
+            )
+            .add_service(
+                LiveLessonServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES),
+            ),
+        Services::Admin => server
+            .add_service(AdminServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES)),
+    };
+    router
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await?;
     Ok(())

@@ -15,6 +15,7 @@
 //! watchers without reading it again.
 
 mod agents;
+mod audit;
 mod events;
 mod live_lessons;
 mod reaper;
@@ -94,7 +95,9 @@ type Job = Box<
 /// Most jobs committed together.
 const MAX_BATCH: usize = 512;
 
+pub use audit::AuditEntry;
 pub use live_lessons::{LessonFilter, Observation, Requested};
+pub use sessions::network;
 
 impl Store {
     /// Opens (creating if needed) the database file and applies migrations.
@@ -288,9 +291,9 @@ mod tests {
     async fn session_limit_per_ip() {
         let (_dir, store) = store().await;
         let now = Millis(1_000);
-        store.create_session(IP, 2, now).await.unwrap();
-        store.create_session(IP, 2, now).await.unwrap();
-        let err = store.create_session(IP, 2, now).await.unwrap_err();
+        store.create_session(IP, [1; 32], 2, now).await.unwrap();
+        store.create_session(IP, [2; 32], 2, now).await.unwrap();
+        let err = store.create_session(IP, [3; 32], 2, now).await.unwrap_err();
         assert!(
             matches!(err, Error::TooManySessions { limit: 2, .. }),
             "{err}"
@@ -301,7 +304,7 @@ mod tests {
     #[tokio::test]
     async fn request_creates_touches_changes_and_retries() {
         let (_dir, store) = store().await;
-        let session = store.create_session(IP, 0, Millis(1)).await.unwrap();
+        let session = store.create_session(IP, [4; 32], 0, Millis(1)).await.unwrap();
         let (first, outcome) = store
             .request_live_lesson(session.id, "intro", 0, 3, Millis(2))
             .await
@@ -364,7 +367,7 @@ mod tests {
     #[tokio::test]
     async fn live_lesson_limit_and_expiry() {
         let (_dir, store) = store().await;
-        let session = store.create_session(IP, 0, Millis(1)).await.unwrap();
+        let session = store.create_session(IP, [5; 32], 0, Millis(1)).await.unwrap();
         store
             .request_live_lesson(session.id, "a", 0, 1, Millis(2))
             .await

@@ -7,10 +7,16 @@ use crate::error::Error;
 use crate::model::{Millis, Session, SessionId};
 
 impl Store {
-    /// Records a new session for `ip`, unless the address already holds `limit` live sessions
-    /// (0 = no limit). One statement: the check and the insert cannot be split by another
-    /// writer.
-    pub async fn create_session(&self, ip: IpAddr, limit: u32, now: Millis) -> Result<Session> {
+    /// Records a new session for `ip` whose token hashes to `token_hash`, unless the address's
+    /// network ([`network`]) already holds `limit` live sessions (0 = no limit). One statement:
+    /// the check and the insert cannot be split by another writer.
+    pub async fn create_session(
+        &self,
+        ip: IpAddr,
+        token_hash: [u8; 32],
+        limit: u32,
+        now: Millis,
+    ) -> Result<Session> {
         let session = Session {
             id: SessionId::new(),
             source_ip: ip,
@@ -22,14 +28,17 @@ impl Store {
             .write(move |conn| {
                 Box::pin(async move {
                     sqlx::query(
-                        "INSERT INTO sessions (id, source_ip, persistent, created_at, last_active) \
-             SELECT ?1, ?2, 0, ?3, ?3 WHERE ?4 = 0 OR \
-             (SELECT COUNT(*) FROM sessions WHERE source_ip = ?2 AND expired = 0) < ?4",
+                        "INSERT INTO sessions (id, source_ip, source_net, token_hash, persistent, \
+                         created_at, last_active) \
+                         SELECT ?1, ?2, ?5, ?6, 0, ?3, ?3 WHERE ?4 = 0 OR \
+                         (SELECT COUNT(*) FROM sessions WHERE source_net = ?5 AND expired = 0) < ?4",
                     )
                     .bind(session.id.to_string())
                     .bind(ip.to_string())
                     .bind(now.0)
                     .bind(limit)
+                    .bind(network(ip))
+                    .bind(token_hash.to_vec())
                     .execute(&mut *conn)
                     .await
                     .map_err(Error::from)
@@ -40,6 +49,18 @@ impl Store {
             return Err(Error::TooManySessions { ip, limit });
         }
         Ok(session)
+    }
+
+    /// The live session whose token hashes to `token_hash`.
+    pub async fn session_by_token(&self, token_hash: [u8; 32]) -> Result<Option<SessionId>> {
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM sessions WHERE token_hash = ? AND expired = 0",
+        )
+        .bind(token_hash.to_vec())
+        .fetch_optional(&self.reader)
+        .await?;
+        id.map(|id| id.parse().map_err(|err: crate::model::BadId| Error::Corrupt(err.to_string())))
+            .transpose()
     }
 
     /// A live (unexpired) session.
@@ -85,5 +106,36 @@ impl Store {
         row.map(|row| session_from_row(&row))
             .transpose()?
             .ok_or(Error::SessionNotFound(id))
+    }
+}
+
+/// What the per-address session limit counts by: an IPv4 address itself, the /64 of an IPv6
+/// one (a single host is routinely given a whole /64). IPv4-mapped IPv6 addresses count as
+/// their IPv4 address.
+pub fn network(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::network;
+
+    #[test]
+    fn ipv6_addresses_count_by_their_64() {
+        let net = |ip: &str| network(ip.parse().unwrap());
+        assert_eq!(net("203.0.113.7"), "203.0.113.7");
+        assert_eq!(net("2001:db8:1:2::1"), net("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_eq!(net("2001:db8:1:2::1"), "2001:db8:1:2::/64");
+        assert_ne!(net("2001:db8:1:2::1"), net("2001:db8:1:3::1"));
+        assert_eq!(net("::ffff:203.0.113.7"), "203.0.113.7");
     }
 }

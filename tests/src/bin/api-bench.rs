@@ -138,11 +138,13 @@ async fn http_lifecycles(
     count: usize,
     concurrency: usize,
 ) -> anyhow::Result<(Duration, Duration)> {
+    // Each lifecycle is one learner: its own session cookie, on the shared connection pool.
+    let browsers = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     lifecycles(
         count,
         concurrency,
         |_| {
-            let (web, base) = (web.clone(), base.to_owned());
+            let (web, base, browsers) = (web.fresh_jar(), base.to_owned(), browsers.clone());
             async move {
                 let session = web.post(&format!("{base}/v1/sessions"), "").await?.json()?;
                 let session = session["id"].as_str().context("session id")?.to_owned();
@@ -152,6 +154,10 @@ async fn http_lifecycles(
                     bail!("request: {} {}", live.status, live.body);
                 }
                 let id = live.json()?["id"].as_str().context("id")?.to_owned();
+                browsers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.clone(), web.clone());
                 let mut events = web
                     .events(&format!("{base}/v1/live-lessons/{id}/watch"))
                     .await?;
@@ -171,7 +177,12 @@ async fn http_lifecycles(
             }
         },
         |id| {
-            let (web, base) = (web.clone(), base.to_owned());
+            let web = browsers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id)
+                .unwrap_or_else(|| web.clone());
+            let base = base.to_owned();
             async move {
                 let mut events = web
                     .events(&format!("{base}/v1/live-lessons/{id}/watch"))

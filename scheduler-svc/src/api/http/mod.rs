@@ -49,7 +49,7 @@ use tonic::transport::server::TcpConnectInfo;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tracing::Instrument as _;
 
-use crate::api::Api;
+use crate::api::{Api, auth};
 use crate::settings::HttpConfig;
 
 /// Largest JSON body accepted: every request is a few ids and slugs.
@@ -171,7 +171,7 @@ pub const ROUTES: &[Route] = &[
         "SessionService.CreateSession",
         "CreateSessionRequest",
         "Session",
-        |api, call| unary(api, call, |api, request| api.create_session(request)),
+        |api, call| Box::pin(create_session(api, call)),
     ),
     route(
         "GET",
@@ -304,6 +304,14 @@ pub const ROUTES: &[Route] = &[
         "PlanResponse",
         |api, call| unary(api, call, |api, request| api.plan(request)),
     ),
+    route(
+        "GET",
+        "/v1/admin/audit",
+        "AdminService.ListAudit",
+        "ListAuditRequest",
+        "ListAuditResponse",
+        |api, call| unary(api, call, |api, request| api.list_audit(request)),
+    ),
 ];
 
 /// The descriptor of a message of `antidote.api.v1` by its short name.
@@ -312,14 +320,15 @@ pub fn message(name: &str) -> MessageDescriptor {
         .unwrap_or_else(|| panic!("ROUTES names `{name}`, which antidote.api.v1 lacks"))
 }
 
-/// Serves the HTTP API on `listener` until `shutdown` is cancelled.
+/// Serves one surface of the HTTP API on `listener` until `shutdown` is cancelled.
 pub async fn serve(
     api: Api,
     config: &HttpConfig,
+    surface: Surface,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = router(api, config).into_make_service_with_connect_info::<SocketAddr>();
+    let app = router(api, config, surface).into_make_service_with_connect_info::<SocketAddr>();
     // Small answers and events must leave at once: without TCP_NODELAY, Nagle's algorithm and
     // delayed ACKs hold them back ~40 ms (measured with api-bench: 88 ms per lifecycle).
     let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
@@ -332,13 +341,40 @@ pub async fn serve(
         .await
 }
 
-/// The whole HTTP application.
-pub fn router(api: Api, config: &HttpConfig) -> axum::Router {
+/// Which routes a listener serves: the learners' never serves the admin API (its routes answer
+/// 404 there), the admin listener serves only it (and `/metrics`, whose scrape counts tables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// The learners' listener (`http.listen`).
+    Learners,
+    /// The operators' listener (`admin.http_listen`).
+    Admin,
+    /// Every route (documentation only).
+    All,
+}
+
+impl Surface {
+    /// Whether this surface serves `route`.
+    pub fn serves(self, route: &Route) -> bool {
+        let admin = route.rpc.starts_with("AdminService.");
+        match self {
+            Surface::Learners => !admin,
+            Surface::Admin => admin,
+            Surface::All => true,
+        }
+    }
+}
+
+/// The HTTP application of one surface.
+pub fn router(api: Api, config: &HttpConfig, surface: Surface) -> axum::Router {
     let mut router = axum::Router::new();
-    for route in ROUTES {
+    for route in ROUTES.iter().filter(|r| surface.serves(r)) {
         router = router.route(route.path, method_router(route));
     }
-    let document = Arc::new(openapi::document().to_string());
+    if surface == Surface::Admin {
+        router = router.route("/metrics", get(metrics));
+    }
+    let document = Arc::new(openapi::document_of(surface).to_string());
     router = router
         .route(
             "/openapi.json",
@@ -352,7 +388,6 @@ pub fn router(api: Api, config: &HttpConfig) -> axum::Router {
                 }
             }),
         )
-        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .method_not_allowed_fallback(|method: Method, uri: axum::http::Uri| async move {
             (
@@ -661,11 +696,61 @@ fn request<T>(message: T, call: &Call) -> tonic::Request<T> {
     {
         request.metadata_mut().insert("x-forwarded-for", value);
     }
+    // The learner's session token: the `authorization` header, or else the session cookie
+    // (browsers' EventSource cannot send headers).
+    let authorization = call
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| session_cookie(&call.headers).map(|token| format!("Bearer {token}")));
+    if let Some(value) = authorization.and_then(|v| v.parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
     request.extensions_mut().insert(TcpConnectInfo {
         local_addr: None,
         remote_addr: Some(call.peer),
     });
     request
+}
+
+/// The session token in the `antidote_session` cookie, if any.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == auth::SESSION_COOKIE)
+        .map(|(_, value)| value)
+}
+
+/// CreateSession: the answer as JSON, and the token also as an HttpOnly, SameSite=Strict cookie
+/// for the API's paths, so a page's EventSource (which cannot send headers) is authenticated
+/// and scripts cannot read it.
+async fn create_session(api: Api, mut call: Call) -> Response {
+    let decoded = match decode::<api::CreateSessionRequest>(call.route, std::mem::take(&mut call.fields)) {
+        Ok(decoded) => decoded,
+        Err(status) => return status_response(&status),
+    };
+    match api.create_session(request(decoded, &call)).await {
+        Ok(response) => {
+            let session = response.into_inner();
+            let cookie = format!(
+                "{}={}; Path=/v1; HttpOnly; SameSite=Strict; Max-Age={}",
+                auth::SESSION_COOKIE,
+                session.token,
+                api.config.ttl.session.as_secs()
+            );
+            let body = axum::Json(encode(&message(call.route.output), &session));
+            match HeaderValue::from_str(&cookie) {
+                Ok(cookie) => ([(header::SET_COOKIE, cookie)], body).into_response(),
+                Err(_) => body.into_response(),
+            }
+        }
+        Err(status) => status_response(&status),
+    }
 }
 
 /// Runs a unary RPC: decodes the request, calls the handler, answers its response as JSON.

@@ -8,13 +8,18 @@ use std::collections::BTreeMap;
 use prost_reflect::{FieldDescriptor, Kind, MessageDescriptor};
 use serde_json::{Value, json};
 
-use super::{ROUTES, Route, message};
+use super::{ROUTES, Route, Surface, message};
 
 /// The document served on `/openapi.json`.
 pub fn document() -> Value {
+    document_of(Surface::All)
+}
+
+/// The document of the routes one listener serves.
+pub fn document_of(surface: Surface) -> Value {
     let mut schemas = BTreeMap::new();
     let mut paths = serde_json::Map::new();
-    for route in ROUTES {
+    for route in ROUTES.iter().filter(|r| surface.serves(r)) {
         let openapi_path = route.path.to_owned();
         let entry = paths
             .entry(openapi_path)

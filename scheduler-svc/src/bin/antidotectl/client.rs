@@ -1,6 +1,7 @@
 //! The connection to the scheduler: one gRPC client per service, the per-call deadline, and
 //! `Failure`, what every command returns when it cannot do its work.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use antidote_proto::api::v1::ErrorReason;
@@ -42,7 +43,67 @@ impl From<tonic::Status> for Failure {
 
 pub type Result<T> = std::result::Result<T, Failure>;
 
-/// The scheduler's four services over one channel.
+/// Where learners' session tokens are kept between runs, like a browser's cookie jar: one line
+/// `KEY TOKEN` per session id and per live lesson id requested with it, in a file only its
+/// owner can read (`$ANTIDOTE_STATE_DIR`, else `$XDG_STATE_HOME/antidote`, else
+/// `~/.local/state/antidote`; file `sessions`).
+pub struct Credentials {
+    path: Option<PathBuf>,
+}
+
+impl Credentials {
+    /// The store of this user.
+    pub fn open() -> Credentials {
+        let dir = std::env::var_os("ANTIDOTE_STATE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("XDG_STATE_HOME").map(|d| PathBuf::from(d).join("antidote"))
+            })
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/antidote"))
+            });
+        Credentials {
+            path: dir.map(|d| d.join("sessions")),
+        }
+    }
+
+    /// The token kept for a session or live lesson id, else the one kept last (the current
+    /// session, as a browser's cookie would be).
+    pub fn get(&self, key: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.path.as_ref()?).ok()?;
+        let pairs = || text.lines().filter_map(|line| line.split_once(' '));
+        pairs()
+            .find(|(k, _)| *k == key)
+            .or_else(|| pairs().next_back())
+            .map(|(_, token)| token.trim().to_owned())
+    }
+
+    /// Keeps `token` for `key` (a session or live lesson id).
+    pub fn put(&self, key: &str, token: &str) -> Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let Some(path) = &self.path else {
+            return Err(Failure(
+                "no place to keep the session token: set ANTIDOTE_STATE_DIR or HOME".into(),
+            ));
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|err| Failure(format!("cannot create {}: {err}", dir.display())))?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|err| Failure(format!("cannot write {}: {err}", path.display())))?;
+        writeln!(file, "{key} {token}")
+            .map_err(|err| Failure(format!("cannot write {}: {err}", path.display())))
+    }
+}
+
+/// The scheduler's four services: the learners' three on `--server`, AdminService on
+/// `--admin-server`.
 pub struct Clients {
     /// Lessons and their catalog.
     pub curriculum: CurriculumServiceClient<Channel>,
@@ -54,10 +115,28 @@ pub struct Clients {
     pub admin: AdminServiceClient<Channel>,
     /// The deadline of each unary call (`--timeout`).
     timeout: Duration,
+    /// The admin bearer token (`--token`).
+    admin_token: Option<String>,
+    /// `--session-token`, which overrides the kept ones.
+    session_token: Option<String>,
+    /// The kept session tokens.
+    pub credentials: Credentials,
 }
 
 impl Clients {
-    pub async fn connect(server: &str, timeout: Duration) -> Result<Clients> {
+    pub async fn connect(
+        server: &str,
+        admin_server: &str,
+        admin_token: Option<String>,
+        session_token: Option<String>,
+        timeout: Duration,
+    ) -> Result<Clients> {
+        // The admin listener is dialled when an admin command first calls it.
+        let admin = Endpoint::from_shared(admin_server.to_owned())
+            .map_err(|err| Failure(format!("--admin-server `{admin_server}` is not a URL: {err}")))?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect_lazy();
         let endpoint = Endpoint::from_shared(server.to_owned())
             .map_err(|err| Failure(format!("--server `{server}` is not a URL: {err}")))?
             .connect_timeout(Duration::from_secs(3))
@@ -76,9 +155,27 @@ impl Clients {
             curriculum: CurriculumServiceClient::new(channel.clone()),
             sessions: SessionServiceClient::new(channel.clone()),
             lessons: LiveLessonServiceClient::new(channel.clone()),
-            admin: AdminServiceClient::new(channel),
+            admin: AdminServiceClient::new(admin),
             timeout,
+            admin_token,
+            session_token,
+            credentials: Credentials::open(),
         })
+    }
+
+    /// A learner's request about `key` (a session or live lesson id), with its session token:
+    /// `--session-token`, else the one kept for `key`.
+    pub fn learner<T>(&self, message: T, key: &str) -> tonic::Request<T> {
+        let token = self
+            .session_token
+            .clone()
+            .or_else(|| self.credentials.get(key));
+        bearer(self.request(message), token.as_deref())
+    }
+
+    /// An operator's request, with `--token`.
+    pub fn operator<T>(&self, message: T) -> tonic::Request<T> {
+        bearer(self.request(message), self.admin_token.as_deref())
     }
 
     /// A request with the call deadline.
@@ -87,4 +184,12 @@ impl Clients {
         request.set_timeout(self.timeout);
         request
     }
+}
+
+/// `request` with `authorization: Bearer TOKEN` when there is a token.
+fn bearer<T>(mut request: tonic::Request<T>, token: Option<&str>) -> tonic::Request<T> {
+    if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
 }

@@ -66,6 +66,8 @@ pub async fn session_create(c: &Clients, out: &Printer) -> Result<()> {
         .create_session(c.request(api::CreateSessionRequest {}))
         .await?
         .into_inner();
+    // Kept for the next commands about this session, like a browser keeps its cookie.
+    c.credentials.put(&session.id, &session.token)?;
     out.print(&session, "Session", || session.id.clone());
     Ok(())
 }
@@ -74,7 +76,7 @@ pub async fn session_show(c: &Clients, out: &Printer, id: String) -> Result<()> 
     let session = c
         .sessions
         .clone()
-        .get_session(c.request(api::GetSessionRequest { id }))
+        .get_session(c.learner(api::GetSessionRequest { id: id.clone() }, &id))
         .await?
         .into_inner();
     out.print(&session, "Session", || {
@@ -94,13 +96,19 @@ pub async fn request(
     let live = c
         .lessons
         .clone()
-        .request_live_lesson(c.request(api::RequestLiveLessonRequest {
-            session_id: session,
-            lesson_slug: lesson,
-            stage,
-        }))
+        .request_live_lesson(c.learner(
+            api::RequestLiveLessonRequest {
+                session_id: session.clone(),
+                lesson_slug: lesson,
+                stage,
+            },
+            &session,
+        ))
         .await?
         .into_inner();
+    if let Some(token) = c.credentials.get(&session) {
+        c.credentials.put(&live.id, &token)?;
+    }
     settle(c, out, live, no_follow).await
 }
 
@@ -112,7 +120,7 @@ pub async fn get(c: &Clients, out: &Printer, id: String) -> Result<()> {
     let live = c
         .lessons
         .clone()
-        .get_live_lesson(c.request(api::GetLiveLessonRequest { id }))
+        .get_live_lesson(c.learner(api::GetLiveLessonRequest { id: id.clone() }, &id))
         .await?
         .into_inner();
     out.print(&live, "LiveLesson", || render::live_lesson(&live));
@@ -129,7 +137,7 @@ pub async fn stage(
     let live = c
         .lessons
         .clone()
-        .set_stage(c.request(api::SetStageRequest { id, stage }))
+        .set_stage(c.learner(api::SetStageRequest { id: id.clone(), stage }, &id))
         .await?
         .into_inner();
     settle(c, out, live, no_follow).await
@@ -138,7 +146,7 @@ pub async fn stage(
 pub async fn delete(c: &Clients, out: &Printer, id: String) -> Result<()> {
     c.lessons
         .clone()
-        .delete_live_lesson(c.request(api::DeleteLiveLessonRequest { id: id.clone() }))
+        .delete_live_lesson(c.learner(api::DeleteLiveLessonRequest { id: id.clone() }, &id))
         .await?;
     out.done(&format!("live lesson {id} is being removed"));
     Ok(())
@@ -148,7 +156,7 @@ pub async fn plan(c: &Clients, out: &Printer, lesson: String, stage: u32) -> Res
     let plan = c
         .admin
         .clone()
-        .plan(c.request(api::PlanRequest {
+        .plan(c.operator(api::PlanRequest {
             lesson_slug: lesson,
             stage,
         }))
@@ -172,7 +180,7 @@ pub async fn admin_list(
     let answer = c
         .admin
         .clone()
-        .list_live_lessons(c.request(api::AdminListLiveLessonsRequest {
+        .list_live_lessons(c.operator(api::AdminListLiveLessonsRequest {
             status,
             lesson_slug: lesson,
             agent,
@@ -188,7 +196,7 @@ pub async fn admin_list(
 pub async fn admin_kill(c: &Clients, out: &Printer, id: String) -> Result<()> {
     c.admin
         .clone()
-        .kill_live_lesson(c.request(api::KillLiveLessonRequest { id: id.clone() }))
+        .kill_live_lesson(c.operator(api::KillLiveLessonRequest { id: id.clone() }))
         .await?;
     out.done(&format!("live lesson {id} is being removed"));
     Ok(())
@@ -198,7 +206,7 @@ pub async fn admin_persist(c: &Clients, out: &Printer, session: String, off: boo
     let session = c
         .admin
         .clone()
-        .persist_session(c.request(api::PersistSessionRequest {
+        .persist_session(c.operator(api::PersistSessionRequest {
             id: session,
             persistent: !off,
         }))
@@ -214,7 +222,7 @@ pub async fn admin_sessions(c: &Clients, out: &Printer) -> Result<()> {
     let answer = c
         .admin
         .clone()
-        .list_sessions(c.request(api::ListSessionsRequest {}))
+        .list_sessions(c.operator(api::ListSessionsRequest {}))
         .await?
         .into_inner();
     out.print(&answer, "ListSessionsResponse", || {
@@ -227,7 +235,7 @@ pub async fn admin_events(c: &Clients, out: &Printer, id: String) -> Result<()> 
     let answer = c
         .admin
         .clone()
-        .list_events(c.request(api::ListEventsRequest { live_lesson_id: id }))
+        .list_events(c.operator(api::ListEventsRequest { live_lesson_id: id }))
         .await?
         .into_inner();
     out.print(&answer, "ListEventsResponse", || {
@@ -240,7 +248,7 @@ pub async fn agents_list(c: &Clients, out: &Printer) -> Result<()> {
     let answer = c
         .admin
         .clone()
-        .list_agents(c.request(api::ListAgentsRequest {}))
+        .list_agents(c.operator(api::ListAgentsRequest {}))
         .await?
         .into_inner();
     out.print(&answer, "ListAgentsResponse", || {
@@ -266,7 +274,12 @@ async fn follow(c: &Clients, out: &Printer, id: &str, generation: u64) -> Result
     let mut stream = c
         .lessons
         .clone()
-        .watch_live_lesson(api::WatchLiveLessonRequest { id: id.to_owned() })
+        .watch_live_lesson({
+            let mut request = c.learner(api::WatchLiveLessonRequest { id: id.to_owned() }, id);
+            // Following has no deadline.
+            request.metadata_mut().remove("grpc-timeout");
+            request
+        })
         .await?
         .into_inner();
     let progress = out.progress();

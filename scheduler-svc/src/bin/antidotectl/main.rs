@@ -1,6 +1,10 @@
 //! `antidotectl`: the command line of Antidote, a client of the scheduler's gRPC API.
 //!
-//! `--server` (or `ANTIDOTE_SERVER`, default `http://127.0.0.1:7070`) names the scheduler;
+//! `--server` (or `ANTIDOTE_SERVER`, default `http://127.0.0.1:7070`) names the scheduler,
+//! `--admin-server` (`ANTIDOTE_ADMIN_SERVER`, default `http://127.0.0.1:7072`) its admin
+//! listener, `--token` (`ANTIDOTE_TOKEN`, default the quickstart's) the admin bearer token.
+//! `session create` keeps the session's token (see `client::Credentials`) and the commands about
+//! that session and its live lessons send it; `--session-token` overrides.
 //! `--output json` prints messages in the proto3 JSON mapping (one per line when following),
 //! `--output table` (the default) prints tables. Errors go to stderr as `error: CODE: message`
 //! and the exit status is 1; a live lesson that ends FAILED is an error too.
@@ -23,6 +27,9 @@ use scheduler_svc::catalog::Tier;
 use client::{Clients, Result};
 use render::Printer;
 
+/// Where the quickstart (`deploy/local/run`) writes the admin token it generates.
+const QUICKSTART_TOKEN: &str = "target/quickstart/admin-token";
+
 #[derive(Parser)]
 #[command(name = "antidotectl", version, about = "Antidote's command line")]
 struct Cli {
@@ -34,6 +41,21 @@ struct Cli {
         default_value = "http://127.0.0.1:7070"
     )]
     server: String,
+    /// The scheduler's admin listener (gRPC AdminService).
+    #[arg(
+        long,
+        global = true,
+        env = "ANTIDOTE_ADMIN_SERVER",
+        default_value = "http://127.0.0.1:7072"
+    )]
+    admin_server: String,
+    /// The admin bearer token; default: the quickstart's (`target/quickstart/admin-token`)
+    /// when that file exists here.
+    #[arg(long, global = true, env = "ANTIDOTE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A learner's session token, overriding the ones `session create` kept.
+    #[arg(long, global = true, env = "ANTIDOTE_SESSION_TOKEN", hide_env_values = true)]
+    session_token: Option<String>,
     /// How to print results.
     #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -221,7 +243,19 @@ fn main() -> ExitCode {
 
 /// Connects, then runs the subcommand.
 async fn run(cli: Cli) -> Result<()> {
-    let c = Clients::connect(&cli.server, cli.timeout).await?;
+    let token = cli.token.or_else(|| {
+        std::fs::read_to_string(QUICKSTART_TOKEN)
+            .ok()
+            .map(|t| t.trim().to_owned())
+    });
+    let c = Clients::connect(
+        &cli.server,
+        &cli.admin_server,
+        token,
+        cli.session_token,
+        cli.timeout,
+    )
+    .await?;
     let out = Printer::new(cli.output);
     match cli.command {
         Command::Validate { .. } => unreachable!("handled before connecting"),
