@@ -70,6 +70,14 @@ pub enum Error {
     /// A request for a lesson whose previous live lesson is still being removed.
     #[error("live lesson {0} of this lesson is still being removed; ask again in a moment")]
     StillTerminating(LiveLessonId),
+    /// A session or an address holds the most open Watch streams allowed.
+    #[error("this {scope} already holds {limit} open watches, the configured limit")]
+    TooManyStreams {
+        /// `session` or `address`.
+        scope: &'static str,
+        /// The limit.
+        limit: u32,
+    },
     /// A call without a valid bearer token.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -135,7 +143,9 @@ impl Error {
             | Error::LiveLessonNotFound(_)
             | Error::LessonNotFound(_)
             | Error::CollectionNotFound(_) => Code::NotFound,
-            Error::TooManySessions { .. } | Error::TooManyLiveLessons { .. } => {
+            Error::TooManySessions { .. }
+            | Error::TooManyLiveLessons { .. }
+            | Error::TooManyStreams { .. } => {
                 Code::ResourceExhausted
             }
             Error::Busy { .. } => Code::FailedPrecondition,
@@ -215,6 +225,10 @@ impl Error {
             ),
             Error::NoAgent { lesson, .. } => (R::NoAgent, vec![("lesson", lesson.clone())]),
             Error::Unauthenticated(_) => (R::Unauthenticated, vec![]),
+            Error::TooManyStreams { scope, limit } => (
+                R::TooManyStreams,
+                vec![("scope", (*scope).to_owned()), ("limit", limit.to_string())],
+            ),
             Error::PermissionDenied { identity, scope } => (
                 R::PermissionDenied,
                 vec![("identity", identity.clone()), ("scope", (*scope).to_owned())],

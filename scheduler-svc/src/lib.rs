@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use crate::agents::{Fleet, SupervisorContext};
 use crate::api::auth::AdminAuth;
 use crate::api::http::Surface;
-use crate::api::{Api, Services};
+use crate::api::{Api, Services, Watches};
 use crate::catalog::Catalog;
 use crate::drive::{Hub, Reaper, Reconciler};
 use crate::metrics::Metrics;
@@ -123,6 +123,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
         metrics,
         admin_auth: Arc::new(AdminAuth::new(&config.admin)),
+        watches: Watches::new(&config.limits),
     };
     for (listener, surface) in [
         (listeners.http, Surface::Learners),

@@ -184,10 +184,25 @@ impl Default for TtlConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Live sessions one source address may hold; 0 for no limit.
+    /// Live sessions one source address (an IPv6 /64) may hold; 0 for no limit.
     pub sessions_per_ip: u32,
     /// Live lessons one session may hold; 0 for no limit.
     pub live_lessons_per_session: u32,
+    /// Open connections one client address (an IPv6 /64) may hold on each public listener;
+    /// more are closed at once, so no one address can exhaust the server's sockets.
+    pub connections_per_address: u32,
+    /// Watch streams (gRPC or server-sent events) one session may hold open.
+    pub watches_per_session: u32,
+    /// Watch streams one client address may hold open, whatever its sessions.
+    pub watches_per_address: u32,
+    /// Concurrent HTTP/2 streams per connection.
+    pub streams_per_connection: u32,
+    /// Longest a unary call may run (streams are bounded by their own lifetime).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Longest a client may take to send an HTTP request's headers (the slowloris guard).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -195,6 +210,12 @@ impl Default for Limits {
         Self {
             sessions_per_ip: 10,
             live_lessons_per_session: 3,
+            connections_per_address: 256,
+            watches_per_session: 16,
+            watches_per_address: 128,
+            streams_per_connection: 256,
+            request_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -398,6 +419,18 @@ impl Config {
             }
         }
         for (key, value) in [
+            ("limits.connections_per_address", self.limits.connections_per_address),
+            ("limits.watches_per_session", self.limits.watches_per_session),
+            ("limits.watches_per_address", self.limits.watches_per_address),
+            ("limits.streams_per_connection", self.limits.streams_per_connection),
+        ] {
+            if value == 0 {
+                return invalid(key, "must be at least 1: every limit is bounded");
+            }
+        }
+        for (key, value) in [
+            ("limits.request_timeout", self.limits.request_timeout),
+            ("limits.header_read_timeout", self.limits.header_read_timeout),
             ("ttl.live_lesson", self.ttl.live_lesson),
             ("ttl.session", self.ttl.session),
             ("reaper.interval", self.reaper.interval),

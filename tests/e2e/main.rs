@@ -3,6 +3,7 @@
 
 mod access;
 mod bad_input;
+mod bounds;
 mod cli;
 mod conformance;
 mod deploy;
@@ -30,6 +31,8 @@ pub struct Knobs {
     pub lessons_per_session: u32,
     /// Appended to the scheduler's configuration.
     pub extra_config: String,
+    /// More keys of its `[limits]` table.
+    pub limits_extra: &'static str,
     /// The test agent's extra environment.
     pub agent_env: Vec<(&'static str, String)>,
 }
@@ -42,6 +45,7 @@ impl Default for Knobs {
             sessions_per_ip: 0,
             lessons_per_session: 3,
             extra_config: String::new(),
+            limits_extra: "",
             agent_env: Vec::new(),
         }
     }
@@ -71,6 +75,7 @@ session = "{session_ttl}"
 [limits]
 sessions_per_ip = {sessions_per_ip}
 live_lessons_per_session = {lessons_per_session}
+{limits_extra}
 [reaper]
 interval = "200ms"
 orphan_interval = "200ms"
@@ -92,6 +97,7 @@ address = "{agent}"
             lessons_per_session = knobs.lessons_per_session,
             agent = agent.url(),
             extra = knobs.extra_config,
+            limits_extra = knobs.limits_extra,
         );
         let scheduler = Scheduler::start(dir.path(), &config)
             .await

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::auth::{self, AdminAuth};
+use super::limits::Quota;
 use super::convert as wire;
 use crate::agents::{AgentState, Desired, Fleet};
 use crate::catalog::Catalog;
@@ -52,6 +53,28 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     /// The admin API's tokens.
     pub admin_auth: Arc<AdminAuth>,
+    /// Open Watch streams per session and per client address.
+    pub watches: Watches,
+}
+
+/// Open Watch streams (gRPC and server-sent events alike), bounded per session and per client
+/// address (its network).
+#[derive(Clone, Debug)]
+pub struct Watches {
+    /// Per session id.
+    pub per_session: Quota,
+    /// Per client network.
+    pub per_address: Quota,
+}
+
+impl Watches {
+    /// The quotas `limits` sets.
+    pub fn new(limits: &crate::settings::Limits) -> Watches {
+        Watches {
+            per_session: Quota::new(limits.watches_per_session),
+            per_address: Quota::new(limits.watches_per_address),
+        }
+    }
 }
 
 type Result<T> = std::result::Result<Response<T>, Status>;
@@ -409,6 +432,25 @@ impl LiveLessonService for Api {
     ) -> Result<Self::WatchLiveLessonStream> {
         let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
         let caller = self.learner(&request).await?;
+        // Each session and each client address holds a bounded number of open watches; the
+        // permits travel with the stream and are given back when it ends.
+        let address = crate::store::network(self.source_ip(&request)?);
+        let permits = (
+            self.watches
+                .per_session
+                .take(caller.to_string())
+                .ok_or(Error::TooManyStreams {
+                    scope: "session",
+                    limit: self.watches.per_session.max(),
+                })?,
+            self.watches
+                .per_address
+                .take(address)
+                .ok_or(Error::TooManyStreams {
+                    scope: "address",
+                    limit: self.watches.per_address.max(),
+                })?,
+        );
         // Subscribe first, then read: a change between the two shows up as a (deduplicated)
         // update instead of being lost.
         let mut updates = self.hub.subscribe(id);
@@ -427,6 +469,7 @@ impl LiveLessonService for Api {
         let ttl = self.config.ttl.live_lesson;
         let shutdown = self.shutdown.clone();
         let stream = async_stream(move |tx| async move {
+            let _permits = permits;
             let mut last = first.clone();
             if tx.send(Ok(wire::live_lesson(&first, ttl))).await.is_err() {
                 return;

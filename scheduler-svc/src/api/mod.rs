@@ -7,6 +7,7 @@ pub mod auth;
 mod convert;
 mod grpc;
 pub mod http;
+pub mod limits;
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use antidote_proto::api::v1::curriculum_service_server::CurriculumServiceServer;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonServiceServer;
 use antidote_proto::api::v1::session_service_server::SessionServiceServer;
 use antidote_proto::sdk::errors::RequestTooLarge;
-pub use grpc::Api;
+pub use grpc::{Api, Watches};
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -66,10 +67,24 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     // Every small API message must leave at once: without TCP_NODELAY, Nagle's algorithm and
     // delayed ACKs hold streamed updates back by ~40 ms. (`Server::tcp_nodelay` only applies to
     // listeners tonic binds itself.)
-    let incoming = TcpListenerStream::new(listener).map(|stream| {
-        let stream = stream?;
-        stream.set_nodelay(true)?;
-        Ok::<_, std::io::Error>(stream)
+    // Each client address holds at most `limits.connections_per_address` connections; more
+    // are closed at once (and never reach the server).
+    let quota = limits::Quota::new(api.config.limits.connections_per_address);
+    let incoming = TcpListenerStream::new(listener).filter_map(move |stream| {
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(err) => return Some(Err(err)),
+        };
+        if let Err(err) = stream.set_nodelay(true) {
+            return Some(Err(err));
+        }
+        match limits::Limited::admit(stream, &quota) {
+            Some(limited) => Some(Ok::<_, std::io::Error>(limited)),
+            None => {
+                tracing::debug!("connection refused: its address holds its share");
+                None
+            }
+        }
     });
     let shutdown = api.shutdown.clone();
     let server = tonic::transport::Server::builder()
@@ -77,6 +92,10 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
         .trace_fn(antidote_proto::sdk::trace::span)
         // Serve the API's streams and the many small calls of many learners on few connections.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        // Bounded: streams per connection, and how long a unary call may run (a Watch's
+        // response starts at once, so its stream is not cut by this).
+        .max_concurrent_streams(Some(api.config.limits.streams_per_connection))
+        .timeout(api.config.limits.request_timeout)
         // Oversized requests are RESOURCE_EXHAUSTED with reason REQUEST_TOO_LARGE (tonic says
         // OUT_OF_RANGE).
         .layer(RequestTooLarge {

@@ -42,6 +42,7 @@ use futures::future::BoxFuture;
 use futures::{Stream, StreamExt as _};
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor, SerializeOptions};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -321,6 +322,13 @@ pub fn message(name: &str) -> MessageDescriptor {
 }
 
 /// Serves one surface of the HTTP API on `listener` until `shutdown` is cancelled.
+///
+/// The accept loop is ours (not `axum::serve`) for the bounds axum does not offer: each client
+/// address (its network) holds at most `limits.connections_per_address` connections (more are
+/// closed at once), a client must send a request's headers within `limits.header_read_timeout`
+/// (the slowloris guard), and every connection gets TCP_NODELAY (small answers and events must
+/// leave at once: without it Nagle's algorithm and delayed ACKs held them ~40 ms; api-bench
+/// measured 88 ms per lifecycle). At shutdown, connections finish their requests (bounded).
 pub async fn serve(
     api: Api,
     config: &HttpConfig,
@@ -328,17 +336,58 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = router(api, config, surface).into_make_service_with_connect_info::<SocketAddr>();
-    // Small answers and events must leave at once: without TCP_NODELAY, Nagle's algorithm and
-    // delayed ACKs hold them back ~40 ms (measured with api-bench: 88 ms per lifecycle).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+    let limits = api.config.limits.clone();
+    let app = router(api, config, surface);
+    let quota = super::limits::Quota::new(limits.connections_per_address);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of descriptors, say: pause instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+        let Some(stream) = super::limits::Limited::admit(stream, &quota) else {
+            tracing::debug!(%peer, "connection refused: its address holds its share");
+            continue;
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            tower::ServiceExt::oneshot(app.clone(), request.map(axum::body::Body::new))
+        });
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, %peer, "HTTP connection ended");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
         .await
+        .is_err()
+    {
+        tracing::warn!("HTTP connections still open after 10 s; closing them");
+    }
+    Ok(())
 }
 
 /// Which routes a listener serves: the learners' never serves the admin API (its routes answer

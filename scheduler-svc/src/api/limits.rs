@@ -1,0 +1,166 @@
+//! Per-client bounds on what the public listeners hold open: connections per client address
+//! and Watch streams per session and per address. One global cap would let an attacker fill it
+//! and lock everyone else out; per-key caps keep each client to its share.
+//!
+//! A [`Quota`] counts holders per key (an address's network, see
+//! [`crate::store::network`], or a session id); [`Quota::take`] hands out a [`Permit`] that
+//! gives its place back when dropped, however the connection or stream ends.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Holders per key, each key at most `max`.
+#[derive(Debug, Clone)]
+pub struct Quota {
+    max: u32,
+    held: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Quota {
+    /// A quota of `max` holders per key.
+    pub fn new(max: u32) -> Quota {
+        Quota {
+            max,
+            held: Arc::default(),
+        }
+    }
+
+    /// A place for `key`, or `None` when it already holds `max`.
+    pub fn take(&self, key: String) -> Option<Permit> {
+        let mut held = self.lock();
+        let count = held.entry(key.clone()).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(Permit {
+            quota: self.clone(),
+            key,
+        })
+    }
+
+    /// How many places `key` holds (for tests and metrics).
+    pub fn held(&self, key: &str) -> u32 {
+        self.lock().get(key).copied().unwrap_or(0)
+    }
+
+    /// Its limit per key.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        // Every critical section is one map update; a poisoned map is still consistent.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One place in a [`Quota`], given back on drop.
+#[derive(Debug)]
+pub struct Permit {
+    quota: Quota,
+    key: String,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut held = self.quota.lock();
+        if let Some(count) = held.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// An accepted connection holding its place in the per-address quota until it closes.
+#[derive(Debug)]
+pub struct Limited {
+    stream: TcpStream,
+    _permit: Permit,
+}
+
+impl Limited {
+    /// Admits `stream` from a client address if its network has room; otherwise `None`, and the
+    /// caller drops (closes) the stream.
+    pub fn admit(stream: TcpStream, quota: &Quota) -> Option<Limited> {
+        let peer = stream.peer_addr().ok()?;
+        let permit = quota.take(crate::store::network(peer.ip()))?;
+        Some(Limited {
+            stream,
+            _permit: permit,
+        })
+    }
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_key_has_its_own_places_given_back_on_drop() {
+        let quota = Quota::new(2);
+        let a1 = quota.take("a".into()).unwrap();
+        let _a2 = quota.take("a".into()).unwrap();
+        assert!(quota.take("a".into()).is_none(), "a is full");
+        let _b = quota.take("b".into()).expect("b is not a's");
+        drop(a1);
+        assert_eq!(quota.held("a"), 1);
+        assert!(quota.take("a".into()).is_some());
+    }
+}

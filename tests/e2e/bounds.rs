@@ -1,0 +1,175 @@
+//! Bounded everything: a client that never finishes its headers is cut off, one address (or
+//! many, for one session) cannot hold more connections and watches than its share, and all the
+//! while another learner's lifecycle goes on.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use antidote_tests::web::Web;
+use hyper::StatusCode;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::{Env, Knobs, PATIENCE};
+
+/// A connection to `to` from the loopback address `from` (any of 127.0.0.0/8 is ours).
+async fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(IpAddr::V4(from), 0))?;
+    socket.connect(to).await
+}
+
+/// Whether the server closed `stream` (EOF or reset) within `limit`.
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn slowloris_and_a_flood_of_watches_leave_a_learner_unharmed() {
+    let env = Env::start(
+        &[],
+        Knobs {
+            sessions_per_ip: 0,
+            limits_extra: "connections_per_address = 8\nwatches_per_session = 4\n\
+                           watches_per_address = 6\nheader_read_timeout = \"3s\"",
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let base = env.scheduler.process.extra_url("http").unwrap();
+    let http: SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+
+    // Slowloris: headers trickled a byte at a time are cut off after the header timeout.
+    let mut slow = TcpStream::connect(http).await.unwrap();
+    slow.write_all(b"GET /v1/lessons HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let trickle = async {
+        for _ in 0..40 {
+            if slow.write_all(b"X").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(6), trickle).await;
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(5)).await,
+        "a client trickling its headers is still connected"
+    );
+
+    // 10,000 connections from 500 addresses, each asking to watch: each address keeps at
+    // most 8 connections (the rest are closed at once), and the session at most 4 watches.
+    // (An address's 20 connections are made within milliseconds, far inside the 3 s after which
+    // an idle keep-alive connection is closed and gives its place back.)
+    // The attacker: one session with a live lesson of its own, whose token it sends as the
+    // session cookie from every address.
+    let (watched, token) = {
+        let browser = Web::default();
+        let created = browser
+            .post(&format!("{base}/v1/sessions"), "")
+            .await
+            .unwrap();
+        let json = created.json().unwrap();
+        let (id, token) = (
+            json["id"].as_str().unwrap().to_owned(),
+            json["token"].as_str().unwrap().to_owned(),
+        );
+        let owned = browser
+            .post(
+                &format!("{base}/v1/live-lessons"),
+                &format!(r#"{{"sessionId": "{id}", "lessonSlug": "netcat-toolbox"}}"#),
+            )
+            .await
+            .unwrap();
+        assert_eq!(owned.status, StatusCode::OK, "{}", owned.body);
+        (
+            owned.json().unwrap()["id"].as_str().unwrap().to_owned(),
+            token,
+        )
+    };
+    let request = format!(
+        "GET /v1/live-lessons/{watched}/watch HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\
+         Cookie: antidote_session={token}\r\n\r\n"
+    );
+    let mut open = Vec::new();
+    let (mut refused, mut watching, mut limited) = (0, 0, 0);
+    for address in 0..500u32 {
+        let from = Ipv4Addr::new(127, 1, (address / 250) as u8, (address % 250 + 1) as u8);
+        for _ in 0..20 {
+            let Ok(mut stream) = connect_from(from, http).await else {
+                refused += 1;
+                continue;
+            };
+            if stream.write_all(request.as_bytes()).await.is_err() {
+                refused += 1;
+                continue;
+            }
+            open.push(stream);
+        }
+    }
+    // Read each answer's status line (closed ones read EOF at once).
+    for stream in &mut open {
+        let mut head = [0u8; 12];
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await {
+            Ok(Ok(n)) if n >= 12 && &head[9..12] == b"200" => watching += 1,
+            Ok(Ok(n)) if n >= 12 && &head[9..12] == b"429" => limited += 1,
+            _ => refused += 1,
+        }
+    }
+    assert_eq!(watching, 4, "the session holds its 4 watches and no more");
+    assert_eq!(
+        watching + limited,
+        500 * 8,
+        "each address kept 8 connections (refused {refused})"
+    );
+    assert_eq!(refused, 10_000 - 500 * 8);
+
+    // Meanwhile a learner from 127.0.0.1 runs a whole lifecycle, over gRPC and over HTTP.
+    let c = &env.scheduler.clients;
+    let learner = c.session().await.unwrap();
+    let live = c.request(&learner, "hello-web", 0).await.unwrap();
+    c.ready(&live.id).await.unwrap();
+    c.delete(&live.id, PATIENCE).await.unwrap();
+    let browser = Web::default();
+    let created = browser
+        .post(&format!("{base}/v1/sessions"), "")
+        .await
+        .unwrap();
+    let id = created.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let requested = browser
+        .post(
+            &format!("{base}/v1/live-lessons"),
+            &format!(r#"{{"sessionId": "{id}", "lessonSlug": "hello-web"}}"#),
+        )
+        .await
+        .unwrap();
+    assert_eq!(requested.status, StatusCode::OK, "{}", requested.body);
+    let live = requested.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let mut events = browser
+        .events(&format!("{base}/v1/live-lessons/{live}/watch"))
+        .await
+        .unwrap();
+    let ready = tokio::time::timeout(PATIENCE, async {
+        while let Some(event) = events.next().await.unwrap() {
+            if event.data.contains("LIVE_LESSON_STATUS_READY") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap();
+    assert!(ready, "the learner's lesson became READY over SSE");
+    drop(open);
+}
