@@ -6,14 +6,19 @@ presentation writes an SSH banner. It is written from proto/PROTOCOL.md and
 proto/antidote/agent/v1/agent.proto alone.
 
     python3 agent.py --listen 127.0.0.1:0 [--state-dir DIR] [--max-live-lessons N]
+                     [--images busybox,...] [--silent-port 9] [--probe-timeout 60]
 
 Prints exactly one line, "listening on HOST:PORT", on stdout once it serves; logs go to stderr.
 
 The "objects" of this backend are the presenter processes (which die with the agent) and one
 record per live lesson in --state-dir (live-lessons/<hash of id>.json, carrying the spec's
 labels). List/Get are computed from those records plus the processes; after a restart the
-records come back as PENDING live lessons whose processes are gone, and Recover (or Provision
-of the same generation) starts their processes again.
+records are found again: List shows them (BOOTING, "not recovered yet"), Get and Watch do not
+until Recover (or Provision) adopts them and starts their processes again (PROTOCOL.md [G1],
+[G2], [A2], [A6]).
+
+Every refusal carries a google.rpc.ErrorInfo (domain antidote.io, an ErrorReason name and its
+metadata) through grpcio-status (PROTOCOL.md "Errors").
 """
 
 import argparse
@@ -35,8 +40,10 @@ import uuid
 from concurrent import futures
 
 import grpc
-from google.protobuf import timestamp_pb2
+from google.protobuf import any_pb2, timestamp_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
 
 from antidote.agent.v1 import agent_pb2 as pb
 from antidote.agent.v1 import agent_pb2_grpc as pb_grpc
@@ -54,7 +61,11 @@ TYPES = {pb.PRESENTATION_TYPE_HTTP: "http", pb.PRESENTATION_TYPE_SSH: "ssh"}
 
 PROBE_TIMEOUT = 2.0       # one probe: connect + banner / status line
 START_TIMEOUT = 5.0       # a presenter must say its port within this
-READY_TIMEOUT = 60.0      # CONFIGURING longer than this with failing probes -> FAILED
+READY_TIMEOUT = 60.0      # CONFIGURING longer than this with failing probes -> FAILED (--probe-timeout)
+IMAGES = {"busybox"}      # the image slugs this agent "runs" (--images): others never start
+SILENT_PORT = 9           # presentations on this port accept and never answer (--silent-port)
+REQUEST_LIMIT = 4 << 20   # requests larger than this are REQUEST_TOO_LARGE (PROTOCOL.md [E4])
+DOMAIN = "antidote.io"    # the ErrorInfo domain of every refusal
 READY_PROBE_EVERY = 5.0   # probing of READY live lessons
 READY_FAILURES = 3        # consecutive failed rounds that turn READY into FAILED
 DEFAULT_PAGE, MAX_PAGE = 100, 500
@@ -65,9 +76,31 @@ log = logging.getLogger(AGENT_NAME)
 
 
 class RpcError(Exception):
-    def __init__(self, code, message):
+    """A refusal: its gRPC code, its antidote.agent.v1.ErrorReason name, a message for people and
+    the reason's metadata (PROTOCOL.md "Errors")."""
+
+    def __init__(self, code, reason, message, **metadata):
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.reason, self.message = code, reason, message
+        self.metadata = {k: str(v) for k, v in metadata.items()}
+
+    def status(self):
+        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN,
+                                           metadata=self.metadata)
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        return rpc_status.to_status(status_pb2.Status(
+            code=self.code.value[0], message=self.message, details=[detail]))
+
+
+def invalid(field, why):
+    return RpcError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SPEC", f"{field}: {why}",
+                    field=field)
+
+
+def not_found(live_lesson_id, message):
+    return RpcError(grpc.StatusCode.NOT_FOUND, "LIVE_LESSON_NOT_FOUND", message,
+                    live_lesson_id=live_lesson_id)
 
 
 # ----------------------------------------------------------------------------- spec checks
@@ -78,10 +111,10 @@ def check_spec(spec):
     err = lambda f, m: out.append((pb.SEVERITY_ERROR, f, m))  # noqa: E731
     warn = lambda f, m: out.append((pb.SEVERITY_WARNING, f, m))  # noqa: E731
     try:
-        if str(uuid.UUID(spec.live_lesson_id)) != spec.live_lesson_id.lower():
+        if str(uuid.UUID(spec.live_lesson_id)) != spec.live_lesson_id:
             raise ValueError
     except ValueError:
-        err("live_lesson_id", f"`{spec.live_lesson_id}` is not a UUID")
+        err("live_lesson_id", f"`{spec.live_lesson_id}` is not a lower-case hyphenated UUID")
     if spec.generation < 1:
         err("generation", "must be at least 1")
     if not spec.endpoints:
@@ -132,10 +165,46 @@ def check_spec(spec):
     return out
 
 
-def require_valid(spec):
-    errors = [f"spec.{f}: {m}" for s, f, m in check_spec(spec) if s == pb.SEVERITY_ERROR]
+def rule_errors(spec):
+    """The spec rules broken (PROTOCOL.md [S2]): (field, message), fields relative to the spec."""
+    return [(f, m) for s, f, m in check_spec(spec) if s == pb.SEVERITY_ERROR]
+
+
+def unknown_images(spec):
+    """(field, slug) of every endpoint whose image this agent does not run. Not a spec rule: the
+    generation goes FAILED while booting (PROTOCOL.md [R5])."""
+    return [(f"endpoints[{i}].image.slug", ep.image.slug) for i, ep in enumerate(spec.endpoints)
+            if ep.image.slug not in IMAGES]
+
+
+def require_valid(request):
+    """The request's spec, if it is there and keeps every rule; else INVALID_SPEC naming the first
+    field broken (PROTOCOL.md [S1])."""
+    if not request.HasField("spec"):
+        raise invalid("spec", "missing")
+    errors = rule_errors(request.spec)
     if errors:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(errors))
+        field = f"spec.{errors[0][0]}"
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SPEC",
+                       "; ".join(f"spec.{f}: {m}" for f, m in errors), field=field)
+    return request.spec
+
+
+def fixed(spec):
+    """What must not change between generations of a live lesson (PROTOCOL.md [S3]), by field."""
+    endpoints = []
+    for ep in spec.endpoints:
+        copy = pb.Endpoint()
+        copy.CopyFrom(ep)
+        copy.ClearField("configuration")
+        for secret in ("ssh_user", "ssh_password", "config_user", "config_password"):
+            setattr(copy.image, secret, "")
+        endpoints.append(copy.SerializeToString(deterministic=True))
+    labels = {k: v for k, v in spec.labels.items() if k != "antidote.io/generation"}
+    return [("session_id", spec.session_id), ("lesson_slug", spec.lesson_slug),
+            ("endpoints", endpoints),
+            ("connections", [c.SerializeToString(deterministic=True) for c in spec.connections]),
+            ("labels", sorted(labels.items()))]
 
 
 def digest(spec):
@@ -186,7 +255,9 @@ class Child:
 
 def spawn(spec, ep, pres, prefer_port):
     kind = TYPES[pres.type]
-    args = [sys.executable, PRESENTER, "--type", kind, "--port", str(prefer_port or 0),
+    # A presentation on the silent port stands for one whose server never answers.
+    mode = "silent" if SILENT_PORT and pres.port == SILENT_PORT else kind
+    args = [sys.executable, PRESENTER, "--type", mode, "--port", str(prefer_port or 0),
             "--live-lesson", spec.live_lesson_id, "--lesson", spec.lesson_slug,
             "--endpoint", ep.name, "--presentation", pres.name, "--stage", str(spec.stage),
             "--generation", str(spec.generation), "--parent", str(os.getpid())]
@@ -334,10 +405,8 @@ class Book:
             lesson.ports = {(e, p): port for e, p, port in record.get("ports", [])}
             lesson.dormant = True
             if record.get("failed") is not None:
+                # Kept for the adoption: a FAILED generation stays FAILED.
                 lesson.phase, lesson.reason = pb.PHASE_FAILED, record["failed"]
-            else:
-                lesson.reason = ("the agent restarted and the presentation processes are gone; "
-                                 "Recover (or Provision) starts them again")
             self.lessons[lesson.id] = lesson
             self.publish(lesson)
             log.info("found live lesson %s (generation %d) from before the restart",
@@ -347,8 +416,14 @@ class Book:
 
     def build(self, lesson):
         spec = lesson.spec
+        phase, reason = lesson.phase, lesson.reason
+        if lesson.dormant and not lesson.stopping:
+            # Found after a restart, not adopted yet: what List shows (PROTOCOL.md [G2]).
+            phase = pb.PHASE_BOOTING
+            reason = ("found after an agent restart, not recovered yet: the presentation "
+                      "processes are gone; Recover (or Provision) starts them again")
         s = pb.LiveLessonState(live_lesson_id=lesson.id, generation=spec.generation,
-                               stage=spec.stage, phase=lesson.phase, reason=lesson.reason,
+                               stage=spec.stage, phase=phase, reason=reason,
                                handle=lesson.handle, labels=dict(spec.labels))
         shown = not lesson.dormant and lesson.phase != pb.PHASE_TERMINATING
         ok_all = total_all = 0
@@ -376,7 +451,8 @@ class Book:
         return s
 
     def publish(self, lesson):
-        """Rebuilds the state; on a change, bumps the revision and tells the watchers."""
+        """Rebuilds the state; on a change, bumps the revision and tells the watchers (of held
+        live lessons only: one found after a restart shows on Watch once adopted)."""
         with self.mu:
             state = self.build(lesson)
             old = lesson.state
@@ -390,12 +466,17 @@ class Book:
             self.revision += 1
             state.revision = self.revision
             lesson.state = state
-            self.send(dict(state.labels), pb.WatchEvent(revision=self.revision, changed=state))
+            if not lesson.dormant:
+                self.send(dict(state.labels), pb.WatchEvent(revision=self.revision,
+                                                            changed=state))
             return state
 
-    def forget(self, lesson):
+    def forget(self, lesson, quietly=False):
+        """Drops a removed live lesson; watchers are told unless no stream ever showed it."""
         with self.mu:
             self.lessons.pop(lesson.id, None)
+            if quietly:
+                return
             self.revision += 1
             event = pb.WatchEvent(revision=self.revision,
                                   deleted=pb.Deleted(live_lesson_id=lesson.id))
@@ -419,9 +500,16 @@ class Book:
             log.info("%s generation %d: %s %s", lesson.id, generation,
                      pb.Phase.Name(phase), reason)
 
-    def matching(self, selector):
+    def matching(self, selector, found=False):
+        """States of the live lessons held (and, with `found`, of those found after a restart
+        and not adopted yet) whose labels match, in id order."""
         return [l.state for _, l in sorted(self.lessons.items())
-                if matches(selector, l.spec.labels)]
+                if matches(selector, l.spec.labels) and (found or not l.dormant)]
+
+    def held(self):
+        """How many live lessons count against capacity: accepted and not being removed, those
+        found after a restart excepted until adopted (PROTOCOL.md [C1])."""
+        return sum(1 for l in self.lessons.values() if not l.dormant and not l.stopping)
 
 
 class Watcher:
@@ -514,6 +602,13 @@ class Worker:
         """Makes the processes match spec: keeps what still fits, restarts http presenters whose
         stage changed, starts what is missing. False when overtaken or failed."""
         l, book = self.l, self.book
+        unknown = unknown_images(spec)
+        if unknown:
+            field, slug = unknown[0]
+            book.set_phase(l, spec.generation, pb.PHASE_FAILED,
+                           f"image `{slug}` does not start: this agent runs only "
+                           f"{', '.join(sorted(IMAGES))} ({field})")
+            return False
         want = {(ep.name, p.name): (ep, p) for ep in spec.endpoints for p in ep.presentations}
         missing = [k for k in want if k not in l.children]
         with book.mu:
@@ -573,13 +668,15 @@ class Backend(pb_grpc.BackendServicer):
     def Handshake(self, request, context):
         common = set(request.supported_majors) & set(MAJORS)
         if not common:
-            raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
+            raise RpcError(grpc.StatusCode.FAILED_PRECONDITION, "NO_COMMON_MAJOR",
                            f"no common major version: the scheduler speaks "
-                           f"{sorted(request.supported_majors)}, this agent speaks {MAJORS}")
+                           f"{sorted(request.supported_majors)}, this agent speaks {MAJORS}",
+                           scheduler_majors=",".join(map(str, request.supported_majors)),
+                           agent_majors=",".join(map(str, MAJORS)))
         log.info("handshake from scheduler %s (%s)", request.scheduler_instance_id,
                  request.scheduler_version)
         with self.book.mu:
-            live = len(self.book.lessons)
+            live = self.book.held()
         return pb.HandshakeResponse(
             major=max(common), agent_name=AGENT_NAME, build_version=BUILD_VERSION,
             instance_id=self.instance_id, capabilities=CAPABILITIES,
@@ -587,12 +684,16 @@ class Backend(pb_grpc.BackendServicer):
             labels={"backend": "local-processes", "language": "python"})
 
     def Plan(self, request, context):
-        if not request.HasField("spec"):
-            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "spec: missing")
-        spec = request.spec
+        """A broken spec is refused as Provision refuses it; otherwise the objects, and
+        diagnostics for what the rules do not cover (PROTOCOL.md [N2], [N3])."""
+        spec = require_valid(request)
         out = pb.PlanResponse()
         for severity, field, message in check_spec(spec):
             out.diagnostics.add(severity=severity, field=field, message=message)
+        for field, slug in unknown_images(spec):
+            out.diagnostics.add(severity=pb.SEVERITY_ERROR, field=field,
+                                message=f"image `{slug}` is not one this agent runs "
+                                        f"({', '.join(sorted(IMAGES))}): it would go FAILED")
         if self.book.dir:
             out.objects.add(kind="record", name=self.book.path(spec.live_lesson_id),
                             detail="the live lesson's labels and spec (without passwords)")
@@ -605,17 +706,17 @@ class Backend(pb_grpc.BackendServicer):
         return out
 
     def Provision(self, request, context):
-        if not request.HasField("spec"):
-            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "spec: missing")
-        spec = request.spec
-        require_valid(spec)
+        spec = require_valid(request)
         book = self.book
         with book.mu:
             l = book.lessons.get(spec.live_lesson_id)
+            if l is None or l.dormant:
+                # Not held: capacity applies (PROTOCOL.md [C2]).
+                if book.max and book.held() >= book.max:
+                    raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "CAPACITY_EXHAUSTED",
+                                   f"at capacity: {book.held()} of {book.max} live lessons",
+                                   max_live_lessons=book.max)
             if l is None:
-                if book.max and len(book.lessons) >= book.max:
-                    raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"at capacity: {len(book.lessons)} of {book.max} live lessons")
                 handle = json.dumps({"agent": AGENT_NAME,
                                      "live_lesson_id": spec.live_lesson_id}).encode()
                 l = book.lessons[spec.live_lesson_id] = Lesson(spec, handle)
@@ -631,21 +732,29 @@ class Backend(pb_grpc.BackendServicer):
         """The generation rules for a known live lesson (book.mu held)."""
         book, held = self.book, l.spec.generation
         if l.stopping:
-            raise RpcError(grpc.StatusCode.ABORTED, f"live lesson {l.id} is being deprovisioned")
+            raise RpcError(grpc.StatusCode.ABORTED, "BEING_REMOVED",
+                           f"live lesson {l.id} is being deprovisioned", live_lesson_id=l.id)
         if spec.generation < held:
-            raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
+            raise RpcError(grpc.StatusCode.FAILED_PRECONDITION, "GENERATION_OUTDATED",
                            f"generation {spec.generation} is older than generation {held}, "
-                           f"which this agent already holds for live lesson {l.id}")
+                           f"which this agent already holds for live lesson {l.id}",
+                           live_lesson_id=l.id, generation=spec.generation,
+                           held_generation=held)
         if spec.generation == held:
             if digest(spec) != l.digest:
-                raise RpcError(grpc.StatusCode.ALREADY_EXISTS,
+                raise RpcError(grpc.StatusCode.ALREADY_EXISTS, "SPEC_CONFLICT",
                                f"live lesson {l.id} generation {held} was provisioned "
-                               f"with another spec")
+                               f"with another spec", live_lesson_id=l.id, generation=held)
             l.spec = spec  # same spec; after a restart this one also has the passwords
             if l.dormant:
                 log.info("%s %s: adopting the record of generation %d", rpc, l.id, held)
                 self.adopt(l)
             return book.publish(l)
+        for (field, was), (_, now) in zip(fixed(l.spec), fixed(spec)):
+            if was != now:
+                raise invalid(f"spec.{field}", f"differs from generation {held} of this live "
+                              "lesson; only the stage, the ready delay, configurations and "
+                              "image credentials change between generations")
         log.info("%s %s: generation %d -> %d, stage %d", rpc, l.id, held, spec.generation,
                  spec.stage)
         l.spec, l.digest = spec, digest(spec)
@@ -700,21 +809,25 @@ class Backend(pb_grpc.BackendServicer):
             child.stop()
         l.children.clear()
         self.book.unsave(l)
-        self.book.forget(l)
+        # No stream ever showed a live lesson found after a restart and never adopted: its
+        # removal sends no event either (PROTOCOL.md [D3]).
+        self.book.forget(l, quietly=l.dormant)
         log.info("removed %s", l.id)
 
     def Get(self, request, context):
+        """The state of a held live lesson; one found after a restart and not adopted yet is not
+        held (PROTOCOL.md [G1])."""
         with self.book.mu:
             l = self.book.lessons.get(request.live_lesson_id)
-            if l is None:
-                raise RpcError(grpc.StatusCode.NOT_FOUND,
-                               f"no live lesson {request.live_lesson_id} on this agent")
+            if l is None or l.dormant:
+                raise not_found(request.live_lesson_id,
+                                f"live lesson {request.live_lesson_id} is not held by this agent")
             return pb.GetResponse(state=l.state)
 
     def List(self, request, context):
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         with self.book.mu:
-            items = [s for s in self.book.matching(dict(request.label_selector))
+            items = [s for s in self.book.matching(dict(request.label_selector), found=True)
                      if s.live_lesson_id > request.page_token]
             revision = self.book.revision
         page = items[:size]
@@ -723,27 +836,21 @@ class Backend(pb_grpc.BackendServicer):
                                next_page_token=page[-1].live_lesson_id if more else "")
 
     def Recover(self, request, context):
-        book = self.book
-        with book.mu:
-            l = book.lessons.get(request.live_lesson_id)
+        """The Provision table for a live lesson with a record, adopting one found after a
+        restart; NOT_FOUND without a record (PROTOCOL.md [A1]-[A4])."""
+        spec = require_valid(request)
+        if spec.live_lesson_id != request.live_lesson_id:
+            raise invalid("spec.live_lesson_id", "differs from live_lesson_id")
+        with self.book.mu:
+            l = self.book.lessons.get(request.live_lesson_id)
             if l is None:
-                raise RpcError(grpc.StatusCode.NOT_FOUND,
-                               f"nothing is left of live lesson {request.live_lesson_id}")
-            if request.HasField("spec"):
-                spec = request.spec
-                require_valid(spec)
-                if spec.live_lesson_id != l.id:
-                    raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   "spec.live_lesson_id: differs from live_lesson_id")
-                return pb.RecoverResponse(state=self.update(l, spec, "Recover"))
-            if l.stopping:
-                raise RpcError(grpc.StatusCode.ABORTED, f"live lesson {l.id} is being deprovisioned")
-            if l.dormant:
-                log.info("Recover %s: adopting the record without a spec", l.id)
-                self.adopt(l)
-            return pb.RecoverResponse(state=book.publish(l))
+                raise not_found(request.live_lesson_id,
+                                f"nothing is left of live lesson {request.live_lesson_id}")
+            return pb.RecoverResponse(state=self.update(l, spec, "Recover"))
 
     def Watch(self, request, context):
+        """A snapshot of the held live lessons, then their changes; heartbeats and resyncs carry
+        the revision of the last message sent on this stream (PROTOCOL.md [W1]-[W4])."""
         book = self.book
         interval = seconds(request.heartbeat_interval) or DEFAULT_HEARTBEAT
         interval = min(max(interval, 0.1), MAX_HEARTBEAT)
@@ -753,6 +860,7 @@ class Backend(pb_grpc.BackendServicer):
             first = pb.WatchEvent(revision=book.revision,
                                   snapshot=pb.Snapshot(items=book.matching(w.selector)))
         context.add_callback(lambda: w.offer(None))
+        told = first.revision
         try:
             yield first
             while context.is_active() and not book.closing:
@@ -763,8 +871,9 @@ class Backend(pb_grpc.BackendServicer):
                         w.overflow = False
                         snap = pb.WatchEvent(revision=book.revision, snapshot=pb.Snapshot(
                             items=book.matching(w.selector)))
-                    yield pb.WatchEvent(revision=snap.revision, resync=pb.Resync(
+                    yield pb.WatchEvent(revision=told, resync=pb.Resync(
                         reason=f"watcher fell behind by more than {dropped} events"))
+                    told = max(told, snap.revision)
                     yield snap
                     continue
                 try:
@@ -772,10 +881,10 @@ class Backend(pb_grpc.BackendServicer):
                 except queue.Empty:
                     sent = timestamp_pb2.Timestamp()
                     sent.GetCurrentTime()
-                    yield pb.WatchEvent(revision=book.revision,
-                                        heartbeat=pb.Heartbeat(sent_at=sent))
+                    yield pb.WatchEvent(revision=told, heartbeat=pb.Heartbeat(sent_at=sent))
                     continue
-                if event is not None:
+                if event is not None and event.revision > told:
+                    told = event.revision
                     yield event
         finally:
             with book.mu:
@@ -783,19 +892,39 @@ class Backend(pb_grpc.BackendServicer):
 
 
 def errors_as_status(servicer):
-    """Wraps every RPC so that RpcError becomes its gRPC status (for unary and streaming)."""
+    """Wraps every RPC: a request over REQUEST_LIMIT is REQUEST_TOO_LARGE, an RpcError becomes
+    its status with its ErrorInfo, and any other exception INTERNAL with BACKEND_ERROR, so that
+    no refusal goes out untyped (PROTOCOL.md [E1], [E4])."""
+    def check_size(request):
+        size = request.ByteSize()
+        if size > REQUEST_LIMIT:
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "REQUEST_TOO_LARGE",
+                           f"request too large: {size} bytes, the limit is {REQUEST_LIMIT}",
+                           limit=REQUEST_LIMIT)
+
+    def refused(context, e):
+        context.abort_with_status(e.status())
+
+    def fault(context, e):
+        log.exception("RPC failed")
+        refused(context, RpcError(grpc.StatusCode.INTERNAL, "BACKEND_ERROR", f"agent error: {e}"))
+
     def wrap(fn):
         def unary(request, context):
             try:
+                check_size(request)
                 return fn(request, context)
             except RpcError as e:
-                context.abort(e.code, e.message)
+                refused(context, e)
+            except Exception as e:  # noqa: BLE001 (every refusal is typed)
+                fault(context, e)
 
         def stream(request, context):
             try:
+                check_size(request)
                 yield from fn(request, context)
             except RpcError as e:
-                context.abort(e.code, e.message)
+                refused(context, e)
         return stream if fn.__name__ == "Watch" else unary
     for name in ("Handshake", "Plan", "Provision", "Deprovision", "Get", "List", "Recover",
                  "Watch"):
@@ -804,18 +933,30 @@ def errors_as_status(servicer):
 
 
 def main():
+    global IMAGES, SILENT_PORT, READY_TIMEOUT
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port; port 0 picks a free one")
     p.add_argument("--state-dir", help="where the live lessons' records are kept across restarts")
     p.add_argument("--max-live-lessons", type=int, default=0, help="0: no limit")
+    p.add_argument("--images", default=",".join(sorted(IMAGES)),
+                   help="the image slugs this agent runs, comma-separated; others never start")
+    p.add_argument("--silent-port", type=int, default=SILENT_PORT,
+                   help="presentations on this port accept and never answer (0: none)")
+    p.add_argument("--probe-timeout", type=float, default=READY_TIMEOUT,
+                   help="seconds a presentation may take to answer before FAILED")
     args = p.parse_args()
+    IMAGES = {i for i in args.images.split(",") if i}
+    SILENT_PORT, READY_TIMEOUT = args.silent_port, args.probe_timeout
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="python-agent %(asctime)s %(levelname)s %(message)s")
 
     book = Book(args.state_dir, args.max_live_lessons)
     backend = Backend(book)
+    # gRPC's own limit is raised above REQUEST_LIMIT so that the handlers refuse larger
+    # requests themselves, typed.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rpc"),
-                         options=[("grpc.so_reuseport", 0)])
+                         options=[("grpc.so_reuseport", 0),
+                                  ("grpc.max_receive_message_length", 4 * REQUEST_LIMIT)])
     pb_grpc.add_BackendServicer_to_server(errors_as_status(backend), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -827,8 +968,8 @@ def main():
     server.start()
     for service in ("", SERVICE):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    log.info("instance %s, %d live lessons from the state dir, capacity %s", backend.instance_id,
-             len(book.lessons), args.max_live_lessons or "unlimited")
+    log.info("instance %s, %d live lessons found in the state dir, capacity %s",
+             backend.instance_id, len(book.lessons), args.max_live_lessons or "unlimited")
     print(f"listening on {host}:{port}", flush=True)
 
     stop = threading.Event()

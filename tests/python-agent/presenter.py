@@ -8,8 +8,9 @@ PORT (or, when PORT is 0 or taken, on a free port) and prints "port N" on stdout
 it prints nothing else there. It exits when the agent (PID) is gone, so that no presentation
 outlives its agent even when the agent is killed with SIGKILL.
 
-  http  answers every GET with 200 and a page naming the lesson, the endpoint and the stage.
-  ssh   writes the banner "SSH-2.0-antidote-python\\r\\n" on connect (it speaks no more SSH).
+  http    answers every GET with 200 and a page naming the lesson, the endpoint and the stage.
+  ssh     writes the banner "SSH-2.0-antidote-python\\r\\n" on connect (it speaks no more SSH).
+  silent  accepts connections and never answers: a server that hangs (for probes that time out).
 
 The --live-lesson/--lesson/--generation arguments are this process's labels: they make it
 findable in `ps` like a labelled container.
@@ -30,7 +31,7 @@ SSH_BANNER = b"SSH-2.0-antidote-python\r\n"
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--type", choices=["http", "ssh"], required=True)
+    p.add_argument("--type", choices=["http", "ssh", "silent"], required=True)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--live-lesson", required=True)
     p.add_argument("--lesson", required=True)
@@ -51,6 +52,8 @@ def main():
 def make_server(args):
     if args.type == "http":
         handler = http_handler(args)
+    elif args.type == "silent":
+        handler = Silent
     else:
         handler = SshBanner
     server_class = type("Server", (socketserver.ThreadingTCPServer,), {
@@ -106,6 +109,16 @@ class SshBanner(socketserver.BaseRequestHandler):
             # Hold the connection briefly like a server waiting for the client's banner.
             self.request.settimeout(10)
             self.request.recv(256)
+        except OSError:
+            pass
+
+
+class Silent(socketserver.BaseRequestHandler):
+    def handle(self):
+        try:
+            # Read and say nothing until the client gives up.
+            while self.request.recv(256):
+                pass
         except OSError:
             pass
 

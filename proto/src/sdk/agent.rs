@@ -340,6 +340,8 @@ impl<B: Backend> Agent<B> {
                 }
                 return Ok(current);
             }
+            // Only the stage and what goes with it change between generations.
+            spec::same_lesson(&held, &spec)?;
             // A newer generation changes the live lesson in place; after a failed creation
             // (nothing placed yet), it creates again: every step finds what exists.
             let created = current
@@ -438,19 +440,7 @@ impl<B: Backend> Agent<B> {
         request: proto::RecoverRequest,
     ) -> Result<proto::LiveLessonState, Status> {
         let id = request.live_lesson_id;
-        let _turn = self.turn(&id).await;
-        let driven = self.work().contains_key(&id);
-        if driven && let Some(state) = self.book.get(&id) {
-            return Ok(state);
-        }
-        if !self.exists(&id).await? {
-            self.book.remove(&id);
-            return Err(errors::agent(
-                ErrorReason::LiveLessonNotFound,
-                format!("live lesson {id} has no objects in this backend"),
-                [("live_lesson_id", id.clone())],
-            ));
-        }
+        // The spec is required, whatever the id (PROTOCOL.md [A4]).
         let spec = self.check(request.spec)?;
         if spec.live_lesson_id != id {
             return Err(errors::invalid(
@@ -459,6 +449,20 @@ impl<B: Backend> Agent<B> {
                     "`{}` is not the recovered live lesson {id}",
                     spec.live_lesson_id
                 ),
+            ));
+        }
+        let turn = self.turn(&id).await;
+        if self.work().contains_key(&id) {
+            // Held here: the Provision table answers (PROTOCOL.md [A1]).
+            drop(turn);
+            return self.provision(spec).await;
+        }
+        if !self.exists(&id).await? {
+            self.book.remove(&id);
+            return Err(errors::agent(
+                ErrorReason::LiveLessonNotFound,
+                format!("live lesson {id} has no objects in this backend"),
+                [("live_lesson_id", id.clone())],
             ));
         }
         let state = self.book.put(spec::initial_state(

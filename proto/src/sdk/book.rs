@@ -27,8 +27,15 @@ pub const MAX_PAGE: usize = 500;
 /// How many changes a watcher may fall behind before it is resynced.
 const CHANNEL: usize = 4096;
 
-/// Longest heartbeat interval `Watch` accepts.
+/// Longest heartbeat interval `Watch` accepts (PROTOCOL.md [W4]).
 pub const MAX_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// Shortest heartbeat interval `Watch` accepts: a shorter one is raised to it, so a watcher
+/// cannot make the agent spin (PROTOCOL.md [W4]).
+pub const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// The heartbeat interval when the watcher asks for 0.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// An agent's reported states, with revisions and change fan-out.
 pub struct StateBook {
@@ -210,15 +217,12 @@ impl StateBook {
         }
     }
 
-    /// Answers `Watch`: a snapshot, then every change matching the selector, a heartbeat when
-    /// quiet, and on falling behind a resync followed by a fresh snapshot.
+    /// Answers `Watch` (PROTOCOL.md "Watch"): a snapshot at the current revision, then every
+    /// change matching the selector (each at a revision above everything sent before), a
+    /// heartbeat when quiet for the interval (at the revision of the last message sent), and on
+    /// falling behind a resync (at that revision) followed by a fresh snapshot.
     pub fn watch(self: &std::sync::Arc<Self>, request: WatchRequest) -> WatchStream {
-        let heartbeat = request
-            .heartbeat_interval
-            .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
-            .filter(|d| !d.is_zero())
-            .unwrap_or(Duration::from_secs(10))
-            .min(MAX_HEARTBEAT);
+        let heartbeat = heartbeat_interval(request.heartbeat_interval);
         let selector = request.label_selector;
         let book = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(256);
@@ -274,6 +278,15 @@ impl StateBook {
         });
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
+}
+
+/// The effective heartbeat interval of a Watch asking for `asked`: 10 s for none or 0, else
+/// raised to 100 ms and capped at 30 s (PROTOCOL.md [W4]).
+pub fn heartbeat_interval(asked: Option<prost_types::Duration>) -> Duration {
+    asked
+        .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+        .filter(|d| !d.is_zero())
+        .map_or(DEFAULT_HEARTBEAT, |d| d.clamp(MIN_HEARTBEAT, MAX_HEARTBEAT))
 }
 
 /// Whether `labels` include every pair of `selector`.
@@ -351,6 +364,43 @@ mod tests {
         let heartbeat = next(&mut stream).await;
         assert!(matches!(heartbeat.event, Some(Event::Heartbeat(_))));
         assert_eq!(heartbeat.revision, 1);
+    }
+
+    #[test]
+    fn heartbeat_intervals_are_clamped() {
+        let asked = |seconds, nanos| Some(prost_types::Duration { seconds, nanos });
+        assert_eq!(heartbeat_interval(None), DEFAULT_HEARTBEAT);
+        assert_eq!(heartbeat_interval(asked(0, 0)), DEFAULT_HEARTBEAT);
+        assert_eq!(heartbeat_interval(asked(0, 1_000)), MIN_HEARTBEAT);
+        assert_eq!(heartbeat_interval(asked(5, 0)), Duration::from_secs(5));
+        assert_eq!(heartbeat_interval(asked(3600, 0)), MAX_HEARTBEAT);
+        assert_eq!(heartbeat_interval(asked(-5, 0)), DEFAULT_HEARTBEAT);
+    }
+
+    #[tokio::test]
+    async fn the_first_snapshot_is_at_the_current_revision_and_heartbeats_repeat_the_last_sent() {
+        let book = Arc::new(StateBook::default());
+        book.put(state("a", "one"));
+        book.put(state("b", "two"));
+        // A selector that matches nothing: the snapshot is still at the agent's revision, and
+        // changes elsewhere do not move the stream's revision.
+        let mut stream = book.watch(WatchRequest {
+            label_selector: selector("three"),
+            heartbeat_interval: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 100_000_000,
+            }),
+        });
+        let first = next(&mut stream).await;
+        assert!(matches!(first.event, Some(Event::Snapshot(_))));
+        assert_eq!(first.revision, 2);
+        book.put(state("a", "one"));
+        let heartbeat = next(&mut stream).await;
+        assert!(matches!(heartbeat.event, Some(Event::Heartbeat(_))));
+        assert_eq!(
+            heartbeat.revision, 2,
+            "the last revision sent on this stream"
+        );
     }
 
     #[tokio::test]

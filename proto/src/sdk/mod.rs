@@ -69,4 +69,24 @@ pub mod capabilities {
     pub const WATCH: &str = "watch";
     /// `Recover` is implemented.
     pub const RECOVER: &str = "recover";
+    /// What the capabilities of configuration types start with (`configuration.shell`, ...):
+    /// an agent offering `stage.configuration` lists the types it runs; none listed means
+    /// shell alone (PROTOCOL.md [V5]).
+    pub const CONFIGURATION_PREFIX: &str = "configuration.";
+    /// Shell configurations run.
+    pub const CONFIGURATION_SHELL: &str = "configuration.shell";
+    /// Python configurations run.
+    pub const CONFIGURATION_PYTHON: &str = "configuration.python";
+    /// Ansible playbooks run.
+    pub const CONFIGURATION_ANSIBLE: &str = "configuration.ansible";
+    /// NAPALM configurations run.
+    pub const CONFIGURATION_NAPALM: &str = "configuration.napalm";
+
+    /// The capability of a configuration type: `configuration.` and the value's name in lower
+    /// case.
+    pub fn configuration(kind: crate::agent::v1::ConfigurationType) -> String {
+        let name = kind.as_str_name();
+        let name = name.strip_prefix("CONFIGURATION_TYPE_").unwrap_or(name);
+        format!("{CONFIGURATION_PREFIX}{}", name.to_ascii_lowercase())
+    }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tonic::Status;
 
 use crate::agent::v1::{
-    ConfigurationType, EndpointState, LessonSpec, LiveLessonState, Phase, PresentationState,
-    PresentationType,
+    ConfigurationType, Endpoint, EndpointState, LessonSpec, LiveLessonState, Phase,
+    PresentationState, PresentationType,
 };
 
 use super::{capabilities, errors, labels};
@@ -30,7 +30,7 @@ pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
     }
     for label in labels::REQUIRED {
         if spec.labels.get(label).is_none_or(|v| v.is_empty()) {
-            return bad("spec.labels".into(), format!("`{label}` is missing"));
+            return bad(format!("spec.labels[{label}]"), "is missing".into());
         }
     }
     if spec.labels[labels::LIVE_LESSON] != spec.live_lesson_id {
@@ -112,13 +112,21 @@ pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
                     ),
                 );
             }
-            if ConfigurationType::try_from(configuration.r#type)
-                .unwrap_or(ConfigurationType::Unspecified)
-                == ConfigurationType::Unspecified
-            {
+            let kind = ConfigurationType::try_from(configuration.r#type)
+                .unwrap_or(ConfigurationType::Unspecified);
+            if kind == ConfigurationType::Unspecified {
                 return bad(
                     format!("{field}.configuration.type"),
                     "is unspecified".into(),
+                );
+            }
+            if !runs(offered, kind) {
+                return bad(
+                    format!("{field}.configuration.type"),
+                    format!(
+                        "this agent does not offer `{}`",
+                        capabilities::configuration(kind)
+                    ),
                 );
             }
         }
@@ -134,6 +142,71 @@ pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
         }
     }
     Ok(())
+}
+
+/// Whether an agent offering `offered` runs configurations of `kind`: those it lists as
+/// `configuration.<type>`, or shell alone when it lists none (PROTOCOL.md [V5]).
+pub fn runs(offered: &[String], kind: ConfigurationType) -> bool {
+    let listed = offered
+        .iter()
+        .any(|c| c.starts_with(capabilities::CONFIGURATION_PREFIX));
+    if listed {
+        let wanted = capabilities::configuration(kind);
+        offered.contains(&wanted)
+    } else {
+        kind == ConfigurationType::Shell
+    }
+}
+
+/// Checks that `newer`, a newer generation of the live lesson `held` is, changes only what may
+/// change between generations: the generation, stage, ready delay, the endpoints'
+/// configurations and image credentials, and the generation label (PROTOCOL.md [S3]). The error
+/// names the first top-level field that differs.
+pub fn same_lesson(held: &LessonSpec, newer: &LessonSpec) -> Result<(), Status> {
+    fn endpoints(spec: &LessonSpec) -> Vec<Endpoint> {
+        spec.endpoints
+            .iter()
+            .cloned()
+            .map(|mut endpoint| {
+                endpoint.configuration = None;
+                if let Some(image) = endpoint.image.as_mut() {
+                    image.ssh_user.clear();
+                    image.ssh_password.clear();
+                    image.config_user.clear();
+                    image.config_password.clear();
+                }
+                endpoint
+            })
+            .collect()
+    }
+    fn labels(spec: &LessonSpec) -> std::collections::HashMap<&str, &str> {
+        spec.labels
+            .iter()
+            .filter(|(k, _)| k.as_str() != labels::GENERATION)
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+    let changed = if held.session_id != newer.session_id {
+        "spec.session_id"
+    } else if held.lesson_slug != newer.lesson_slug {
+        "spec.lesson_slug"
+    } else if endpoints(held) != endpoints(newer) {
+        "spec.endpoints"
+    } else if held.connections != newer.connections {
+        "spec.connections"
+    } else if labels(held) != labels(newer) {
+        "spec.labels"
+    } else {
+        return Ok(());
+    };
+    Err(errors::invalid(
+        changed,
+        format!(
+            "differs from generation {} of this live lesson; only the stage, the ready delay, \
+             configurations and image credentials change between generations",
+            held.generation
+        ),
+    ))
 }
 
 /// The state of a spec's live lesson before anything is known: endpoints named, nothing healthy.
@@ -186,9 +259,12 @@ pub fn ready_delay(spec: &LessonSpec) -> Duration {
         .unwrap_or_default()
 }
 
-/// Whether `text` is a UUID in its hyphenated form.
+/// Whether `text` is a UUID in its hyphenated, lower-case form (PROTOCOL.md [S2]: backends
+/// derive names from it, and some, like Kubernetes namespaces, must be lower case).
 pub fn is_uuid(text: &str) -> bool {
-    text.len() == 36 && uuid::Uuid::try_parse(text).is_ok()
+    text.len() == 36
+        && !text.bytes().any(|b| b.is_ascii_uppercase())
+        && uuid::Uuid::try_parse(text).is_ok()
 }
 
 /// Whether `name` is a DNS label as the curriculum requires of endpoint names.
@@ -271,6 +347,12 @@ mod tests {
                 "spec.live_lesson_id: `x` is not a UUID",
             ),
             (
+                Box::new(|s| {
+                    s.live_lesson_id = s.live_lesson_id.to_uppercase();
+                }),
+                "spec.live_lesson_id: `0B5D6C1E-2F7A-4C39-9A51-3C1F0E8D2A77` is not a UUID",
+            ),
+            (
                 Box::new(|s| s.generation = 0),
                 "spec.generation: must be at least 1",
             ),
@@ -278,7 +360,7 @@ mod tests {
                 Box::new(|s| {
                     s.labels.remove(labels::SESSION);
                 }),
-                "spec.labels: `antidote.io/session` is missing",
+                "spec.labels[antidote.io/session]: is missing",
             ),
             (
                 Box::new(|s| {
@@ -351,6 +433,58 @@ mod tests {
                 &http
             ),
             "spec.endpoints[0].configuration: this agent does not offer `stage.configuration`"
+        );
+        // Shell alone unless types are listed; then only those.
+        let python = |s: &mut LessonSpec| {
+            s.endpoints[0].configuration = Some(StageConfiguration {
+                r#type: ConfigurationType::Python as i32,
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            check_with(python, &all()),
+            "spec.endpoints[0].configuration.type: this agent does not offer `configuration.python`"
+        );
+        let mut listed = all();
+        listed.push("configuration.python".into());
+        assert_eq!(check_with(python, &listed), "ok");
+        assert!(runs(&all(), ConfigurationType::Shell));
+        assert!(!runs(&listed, ConfigurationType::Shell));
+    }
+
+    #[test]
+    fn a_newer_generation_changes_only_what_may_change() {
+        let held = spec();
+        let mut newer = spec();
+        newer.generation = 2;
+        newer.stage = 1;
+        newer.labels.insert(labels::GENERATION.into(), "2".into());
+        newer.endpoints[0].configuration = Some(StageConfiguration {
+            r#type: ConfigurationType::Shell as i32,
+            ..Default::default()
+        });
+        newer.endpoints[0].image.as_mut().unwrap().ssh_password = "rotated".into();
+        assert!(same_lesson(&held, &newer).is_ok());
+        let mut added = newer.clone();
+        added.endpoints.push(added.endpoints[0].clone());
+        added.endpoints[1].name = "db".into();
+        let status = same_lesson(&held, &added).unwrap_err();
+        assert!(
+            status.message().starts_with("spec.endpoints: "),
+            "{}",
+            status.message()
+        );
+        let mut linked = newer.clone();
+        linked.connections.push(crate::agent::v1::Connection {
+            a: "web".into(),
+            b: "web".into(),
+            subnet: String::new(),
+        });
+        let status = same_lesson(&held, &linked).unwrap_err();
+        assert!(
+            status.message().starts_with("spec.connections: "),
+            "{}",
+            status.message()
         );
     }
 }

@@ -187,6 +187,19 @@ pub fn lost_it(err: &Error) -> bool {
     }
 }
 
+/// Whether a failed agent call may succeed if tried again: a retryable code
+/// ([`crate::error::is_retryable`]), unless the agent's reason says no retry can help (a request
+/// too large stays too large).
+pub fn retryable(err: &Error) -> bool {
+    let Error::Agent { status, .. } = err else {
+        return false;
+    };
+    let hopeless = errors::reason(status).is_some_and(|(reason, _)| {
+        reason == agent::ErrorReason::RequestTooLarge.as_str_name()
+    });
+    crate::error::is_retryable(status.code()) && !hopeless
+}
+
 /// What a handshake established.
 pub fn handshake(response: agent::HandshakeResponse) -> Handshake {
     let agent::HandshakeResponse {
@@ -391,5 +404,32 @@ mod tests {
                 "warning ready_delay: ignored"
             ]
         );
+    }
+
+    #[test]
+    fn retries_follow_the_code_unless_the_reason_says_hopeless() {
+        let failed = |code, reason: Option<agent::ErrorReason>| Error::Agent {
+            agent: "a".into(),
+            call: "Provision",
+            status: match reason {
+                Some(reason) => errors::agent(reason, "no", []),
+                None => tonic::Status::new(code, "no"),
+            },
+        };
+        assert!(retryable(&failed(tonic::Code::Unavailable, None)));
+        assert!(retryable(&failed(
+            tonic::Code::ResourceExhausted,
+            Some(agent::ErrorReason::CapacityExhausted)
+        )));
+        assert!(!retryable(&failed(
+            tonic::Code::ResourceExhausted,
+            Some(agent::ErrorReason::RequestTooLarge)
+        )));
+        assert!(!retryable(&failed(tonic::Code::InvalidArgument, None)));
+        assert!(lost_it(&failed(tonic::Code::NotFound, None)));
+        assert!(lost_it(&failed(
+            tonic::Code::NotFound,
+            Some(agent::ErrorReason::LiveLessonNotFound)
+        )));
     }
 }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use agent::{Agent, Observer};
-pub use convert::lost_it;
+pub use convert::{lost_it, retryable};
 pub use supervisor::{SCHEDULER_CAPABILITIES, SupervisorContext};
 
 use crate::catalog::{Catalog, Lesson};

@@ -34,7 +34,7 @@ use super::placement;
 use super::queue::WorkQueue;
 use crate::agents::{self, Agent, Desired, Fleet, FleetEvent, Observed, Observer, Report};
 use crate::catalog::{Catalog, Lesson};
-use crate::error::{Error, is_retryable};
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Status};
 use crate::settings::ReconcilerConfig;
@@ -485,7 +485,7 @@ impl Reconciler {
                     }
                 }
                 Err(err) => {
-                    if err.agent_code().is_some_and(is_retryable) && Instant::now() < deadline {
+                    if agents::retryable(&err) && Instant::now() < deadline {
                         tracing::warn!(error = %err, "Deprovision failed; retrying");
                         return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
                     }
@@ -530,7 +530,7 @@ impl Reconciler {
         err: Error,
         deadline: Instant,
     ) -> Result<Next, Error> {
-        if err.agent_code().is_some_and(is_retryable) && Instant::now() < deadline {
+        if agents::retryable(&err) && Instant::now() < deadline {
             tracing::warn!(error = %err, "agent call failed; retrying");
             self.note(lesson, lesson.status, err.to_string()).await;
             return Ok(Next::After(self.backoff(lesson.id, Some(lesson))));

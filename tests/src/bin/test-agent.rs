@@ -5,6 +5,18 @@
 //! end-to-end tests and the load generator drive; the Docker and Kubernetes agents are the real
 //! backends.
 //!
+//! Its objects die with it, unless `--state-dir` is given: then each live lesson has a record
+//! there (labels and the ports its presentations listen on, nothing secret), the way the guide
+//! tells agents whose objects cannot outlive their process to work (PROTOCOL.md [A6]). After a
+//! restart the records are what `List` finds and what Recover adopts, listening again on the
+//! same ports.
+//!
+//! Configurations are not run (the endpoints are listeners on this host, not machines); a
+//! configuration "runs" for `--configure-delay` and fails, `--config-tries` times, when its
+//! text contains `--fail-config`. The conformance suite's defaults are understood: an image slug
+//! containing `--missing-image` (`ghost`) never starts, and a presentation on `--silent-port`
+//! (9) accepts connections and never answers, so its probe times out after `--probe-timeout`.
+//!
 //! Test knobs: `--boot-delay`/`--configure-delay` hold live lessons in BOOTING/CONFIGURING,
 //! `--journal` appends one line per object creation (so tests can prove nothing was created
 //! twice), `--fail-lesson` makes a lesson fail, `--null` does no work at all (READY at once, no
@@ -18,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::{self, Agent, Backend, Description, Report, Start, capabilities};
+use antidote_proto::sdk::{self, Agent, Backend, Description, Report, Start, capabilities, labels};
 use clap::Parser;
 use proto::{Phase, PresentationType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -62,6 +74,24 @@ struct Args {
     /// Capacity offered in the handshake (0 = no limit).
     #[arg(long, default_value_t = 0)]
     max_live_lessons: u32,
+    /// Where live lessons' records are kept across restarts (none: objects die with the agent).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Image slugs containing this never start (FAILED while booting).
+    #[arg(long, default_value = "ghost")]
+    missing_image: String,
+    /// Configurations whose text contains this fail.
+    #[arg(long, default_value = "fails on purpose")]
+    fail_config: String,
+    /// Tries of a failing configuration before the live lesson FAILs.
+    #[arg(long, default_value_t = 3)]
+    config_tries: u32,
+    /// Presentations on this port accept connections and never answer (0: none).
+    #[arg(long, default_value_t = 9)]
+    silent_port: u32,
+    /// How long a presentation may take to answer its probe before the live lesson FAILs.
+    #[arg(long, default_value = "60s", value_parser = humantime_duration)]
+    probe_timeout: Duration,
 }
 
 fn humantime_duration(text: &str) -> Result<Duration, String> {
@@ -126,11 +156,55 @@ impl Loopback {
         Ok(())
     }
 
-    /// Creates a listener per presentation (unless they exist) and returns the endpoints.
+    /// Where the record of live lesson `id` is kept, with `--state-dir`. Ids are UUIDs (the
+    /// SDK checks every spec), so they are safe file names.
+    fn record_path(&self, id: &str) -> Option<PathBuf> {
+        Some(self.args.state_dir.as_ref()?.join(format!("{id}.json")))
+    }
+
+    /// The records in `--state-dir`: the objects that outlive this process.
+    fn records(&self) -> Vec<Record> {
+        let Some(dir) = &self.args.state_dir else {
+            return vec![];
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return vec![];
+        };
+        entries
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                if path.extension()? != "json" {
+                    return None;
+                }
+                serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+            })
+            .collect()
+    }
+
+    /// Writes a live lesson's record (write, then rename: a reader never sees half of one).
+    fn save(&self, id: &str, record: &Record) -> Result<(), String> {
+        let Some(path) = self.record_path(id) else {
+            return Ok(());
+        };
+        let text = serde_json::to_vec(record).map_err(|err| err.to_string())?;
+        let partial = path.with_extension("partial");
+        std::fs::write(&partial, text)
+            .and_then(|()| std::fs::rename(&partial, &path))
+            .map_err(|err| format!("record {}: {err}", path.display()))
+    }
+
+    /// Creates a listener per presentation (unless they exist) and returns the endpoints. A
+    /// live lesson with a record from before a restart listens on its recorded ports again.
     async fn create(&self, spec: &proto::LessonSpec) -> Result<Vec<proto::EndpointState>, String> {
         if let Some(entry) = self.entries().get(&spec.live_lesson_id) {
             return Ok(entry.endpoints.clone());
         }
+        let recorded = self
+            .record_path(&spec.live_lesson_id)
+            .and_then(|path| std::fs::read(path).ok())
+            .and_then(|bytes| serde_json::from_slice::<Record>(&bytes).ok());
+        let adopted = recorded.is_some();
+        let ports = recorded.map(|r| r.ports).unwrap_or_default();
         // Built inside an Entry, whose Drop stops the listeners if this future is dropped.
         let mut entry = Entry {
             labels: spec.labels.clone(),
@@ -142,16 +216,25 @@ impl Loopback {
             let mut presentations = Vec::new();
             if !self.args.null {
                 for p in &endpoint.presentations {
-                    let listener = TcpListener::bind("127.0.0.1:0")
-                        .await
-                        .map_err(|err| format!("cannot bind a listener: {err}"))?;
+                    let key = format!("{}/{}", endpoint.name, p.name);
+                    let listener = match ports.get(&key) {
+                        Some(port) => match TcpListener::bind(("127.0.0.1", *port)).await {
+                            Ok(listener) => Ok(listener),
+                            // Taken meanwhile: a new port, as a backend that cannot keep
+                            // addresses would do.
+                            Err(_) => TcpListener::bind("127.0.0.1:0").await,
+                        },
+                        None => TcpListener::bind("127.0.0.1:0").await,
+                    }
+                    .map_err(|err| format!("cannot bind a listener: {err}"))?;
                     let address = listener
                         .local_addr()
                         .map_err(|err| err.to_string())?
                         .to_string();
+                    let silent = self.args.silent_port != 0 && p.port == self.args.silent_port;
                     entry.listeners.push(tokio::spawn(serve_presentation(
                         listener,
-                        p.r#type,
+                        if silent { None } else { Some(p.r#type) },
                         spec.lesson_slug.clone(),
                         endpoint.name.clone(),
                         entry.stage.clone(),
@@ -167,14 +250,94 @@ impl Loopback {
                 internal_address: "127.0.0.1".into(),
             });
         }
-        self.journal(&format!(
-            "create {} {}",
-            spec.live_lesson_id, spec.generation
-        ))?;
+        if adopted {
+            self.journal(&format!(
+                "adopt {} {}",
+                spec.live_lesson_id, spec.generation
+            ))?;
+        } else {
+            self.journal(&format!(
+                "create {} {}",
+                spec.live_lesson_id, spec.generation
+            ))?;
+        }
+        let record = Record {
+            labels: spec.labels.clone(),
+            ports: entry
+                .endpoints
+                .iter()
+                .flat_map(|e| {
+                    e.presentations.iter().filter_map(move |p| {
+                        let port = p.address.rsplit(':').next()?.parse().ok()?;
+                        Some((format!("{}/{}", e.name, p.name), port))
+                    })
+                })
+                .collect(),
+        };
+        self.save(&spec.live_lesson_id, &record)?;
         let endpoints = entry.endpoints.clone();
         self.entries().insert(spec.live_lesson_id.clone(), entry);
         Ok(endpoints)
     }
+
+    /// Waits until every presentation answers like its type, at most `--probe-timeout` each.
+    async fn probe_all(&self, endpoints: &mut [proto::EndpointState]) -> Result<(), String> {
+        let timeout = self.args.probe_timeout;
+        for endpoint in endpoints.iter_mut() {
+            for p in &endpoint.presentations {
+                let expect = sdk::probe::expect(p.r#type);
+                let deadline = tokio::time::Instant::now() + timeout;
+                loop {
+                    let last =
+                        match sdk::probe::probe(&p.address, expect, Duration::from_secs(2)).await {
+                            Ok(_) => break,
+                            Err(err) => err,
+                        };
+                    if tokio::time::Instant::now() > deadline {
+                        return Err(format!(
+                            "endpoint `{}` presentation `{}` ({expect:?} at {}) not ready within {timeout:?}: {last}",
+                            endpoint.name, p.name, p.address
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            endpoint.healthy = endpoint.total;
+        }
+        Ok(())
+    }
+
+    /// "Runs" the stage's configurations: each takes `--configure-delay`; one whose text holds
+    /// `--fail-config` fails every try.
+    async fn configure(&self, spec: &proto::LessonSpec) -> Result<(), String> {
+        tokio::time::sleep(self.args.configure_delay).await;
+        for endpoint in &spec.endpoints {
+            let Some(configuration) = &endpoint.configuration else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&configuration.contents);
+            if !text.contains(&self.args.fail_config) {
+                continue;
+            }
+            // Every try fails alike: the text is what fails, not the endpoint.
+            let tries = self.args.config_tries.max(1);
+            return Err(format!(
+                "configuration {} of endpoint `{}` for stage {} failed {tries} times; last: exit code 1: it contains `{}`, which this test agent fails",
+                configuration.file_name, endpoint.name, spec.stage, self.args.fail_config
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What `--state-dir` keeps of a live lesson: what `discover` finds and what adoption needs.
+/// Nothing secret: passwords come back with the next Recover or Provision (PROTOCOL.md [K1]).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    /// The spec's labels.
+    labels: HashMap<String, String>,
+    /// The port of each presentation, by `endpoint/presentation`.
+    ports: HashMap<String, u16>,
 }
 
 #[tonic::async_trait]
@@ -195,6 +358,12 @@ impl Backend for Loopback {
         if let Some(offered) = &self.args.capabilities {
             description.capabilities = offered.clone();
         }
+        if self.args.capabilities.is_none() {
+            // The configuration types it "runs" (PROTOCOL.md [V5]): shell only.
+            description
+                .capabilities
+                .push("configuration.shell".to_owned());
+        }
         description.majors = self.args.majors.clone();
         description.max_live_lessons = self.args.max_live_lessons;
         description
@@ -210,6 +379,22 @@ impl Backend for Loopback {
             report.phase(Phase::Booting, "booting");
             tokio::time::sleep(self.args.boot_delay).await;
         }
+        if let Some(endpoint) = spec.endpoints.iter().find(|e| {
+            e.image
+                .as_ref()
+                .is_some_and(|i| i.slug.contains(&self.args.missing_image))
+        }) {
+            return Err(format!(
+                "endpoint `{}`: image `{}` does not start (this test agent treats images named like `{}` as missing)",
+                endpoint.name,
+                endpoint
+                    .image
+                    .as_ref()
+                    .map(|i| i.slug.as_str())
+                    .unwrap_or_default(),
+                self.args.missing_image
+            ));
+        }
         let mut endpoints = self.create(&spec).await?;
         if self.args.null {
             return Ok(endpoints);
@@ -219,7 +404,7 @@ impl Backend for Loopback {
             s.reason = format!("configuring stage {}", spec.stage);
             s.endpoints = endpoints.clone();
         });
-        tokio::time::sleep(self.args.configure_delay).await;
+        self.configure(&spec).await?;
         if let Some(entry) = self.entries().get(&spec.live_lesson_id) {
             *entry.stage.lock().unwrap_or_else(|p| p.into_inner()) = spec.stage;
         }
@@ -229,24 +414,32 @@ impl Backend for Loopback {
                 spec.lesson_slug
             ));
         }
-        // Probe until every presentation answers like its type.
-        for endpoint in &mut endpoints {
-            for p in &endpoint.presentations {
-                let expect = sdk::probe::expect(p.r#type);
-                while sdk::probe::probe(&p.address, expect, Duration::from_secs(2))
-                    .await
-                    .is_err()
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-            endpoint.healthy = endpoint.total;
+        self.probe_all(&mut endpoints).await?;
+        let delay = sdk::spec::ready_delay(&spec);
+        if !delay.is_zero() {
+            report.update(|s| {
+                s.reason = format!("reachable; waiting the ready delay of {delay:?}");
+                s.endpoints = endpoints.clone();
+            });
+            tokio::time::sleep(delay).await;
         }
         Ok(endpoints)
     }
 
     async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
         self.entries().remove(live_lesson_id);
+        if let Some(path) = self.record_path(live_lesson_id) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    return Err(Status::internal(format!(
+                        "cannot remove record {}: {err}",
+                        path.display()
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -254,11 +447,19 @@ impl Backend for Loopback {
         &self,
         selector: &HashMap<String, String>,
     ) -> Result<Vec<HashMap<String, String>>, Status> {
-        Ok(self
-            .entries()
-            .values()
-            .filter(|e| sdk::matches(&e.labels, selector))
-            .map(|e| e.labels.clone())
+        let mut found: HashMap<String, HashMap<String, String>> = self
+            .records()
+            .into_iter()
+            .filter_map(|r| Some((r.labels.get(labels::LIVE_LESSON)?.clone(), r.labels)))
+            .collect();
+        for entry in self.entries().values() {
+            if let Some(id) = entry.labels.get(labels::LIVE_LESSON) {
+                found.insert(id.clone(), entry.labels.clone());
+            }
+        }
+        Ok(found
+            .into_values()
+            .filter(|labels| sdk::matches(labels, selector))
             .collect())
     }
 
@@ -282,10 +483,11 @@ impl Backend for Loopback {
     }
 }
 
-/// Serves one presentation: an SSH banner or an HTTP page naming lesson, endpoint and stage.
+/// Serves one presentation: an SSH banner or an HTTP page naming lesson, endpoint and stage;
+/// with no `kind`, a silent port that accepts and never answers.
 async fn serve_presentation(
     listener: TcpListener,
-    kind: i32,
+    kind: Option<i32>,
     lesson: String,
     endpoint: String,
     stage: Arc<Mutex<u32>>,
@@ -294,7 +496,15 @@ async fn serve_presentation(
         let Ok((mut stream, _)) = listener.accept().await else {
             return;
         };
-        let stage = *stage.lock().unwrap();
+        let Some(kind) = kind else {
+            // Hold the connection open without a word, until the peer gives up.
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+            continue;
+        };
+        let stage = *stage.lock().unwrap_or_else(|p| p.into_inner());
         let body = format!("{lesson} {endpoint} stage {stage}\n");
         tokio::spawn(async move {
             if kind == PresentationType::Ssh as i32 {
@@ -320,6 +530,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let listener = TcpListener::bind(args.listen).await?;
     let metrics = sdk::metrics::bind(args.metrics_listen).await?;
+    if let Some(dir) = &args.state_dir {
+        std::fs::create_dir_all(dir)?;
+    }
     let agent = Agent::new(Loopback {
         args,
         entries: Mutex::new(HashMap::new()),

@@ -1,51 +1,75 @@
 //! `antidote-conformance`: checks a running agent against `proto/PROTOCOL.md`.
 //!
 //! ```text
-//! antidote-conformance --agent http://127.0.0.1:7071 [--image busybox] [--http-port 8080]
-//!     [--ssh-port 22] [--ready-timeout 180s] [--instance ID] [--check NAME]...
+//! antidote-conformance --agent http://127.0.0.1:7071 [--restart-cmd CMD] [--image busybox]
+//!     [--http-port 8080] [--ssh-port 22] [--bad-image ghost] [--failing-config SCRIPT]
+//!     [--silent-port 9] [--napalm-image SLUG [--napalm-driver eos]] [--ready-timeout 180s]
+//!     [--instance ID]
+//!     [--check NAME]...
 //! antidote-conformance --list [--check NAME]...
 //! ```
 //!
 //! It speaks to the agent as the scheduler would, on its own scheduler instance id (so it never
 //! touches live lessons of anyone else). The suite is a table of named checks
 //! ([`checks::CHECKS`]), run in table order; each says what it needs: capabilities the agent
-//! must offer in its handshake, and checks that must have passed first because they leave the
-//! state it works on (the capabilities, the Watch stream, a READY live lesson).
+//! must offer in its handshake, flags that say how to do what only the agent's operator knows
+//! (restart it), and checks that must have passed first because they leave the state it works
+//! on (the capabilities, the Watch stream, a READY live lesson). The guide's table "Rules and
+//! their checks" says which rule each check proves.
 //!
 //! | check | needs | what it checks |
 //! |---|---|---|
 //! | `health` | | `grpc.health.v1` says `antidote.agent.v1.Backend` is SERVING |
 //! | `handshake` | | major 1, a name, a build version, capacity, an instance id stable across two handshakes; learns the capabilities |
-//! | `no-common-major` | `handshake` | a Handshake with no common major is FAILED_PRECONDITION naming the scheduler's majors |
-//! | `bad-spec-codes` | `handshake` | each spec rule broken (id, generation, endpoints, labels, port, presentation type, connections, no spec) is INVALID_ARGUMENT naming its field, and List shows nothing afterwards |
-//! | `get-unknown` | `handshake` | Get of an unknown id is NOT_FOUND |
+//! | `no-common-major` | `handshake` | a Handshake with no common major is FAILED_PRECONDITION, reason NO_COMMON_MAJOR with both lists |
+//! | `bad-spec-codes` | `handshake` | each spec rule broken (id, upper-case id, generation, endpoints, a label, port, presentation type, configuration, connections, no spec) is INVALID_ARGUMENT, reason INVALID_SPEC, `field` its path; List shows nothing afterwards |
+//! | `error-details` | `handshake` | refusals without state (handshake, Get, Recover, Provision, Plan) carry one ErrorInfo of domain antidote.io with the documented reason and metadata |
+//! | `request-too-large` | `handshake` | a 5 MiB request is served, or refused RESOURCE_EXHAUSTED with REQUEST_TOO_LARGE and `limit` |
+//! | `get-unknown` | `handshake` | Get of an unknown id is NOT_FOUND, LIVE_LESSON_NOT_FOUND naming the id |
 //! | `deprovision-unknown` | `handshake` | Deprovision of an unknown id is OK |
-//! | `recover-unknown` | `handshake`, `recover` offered | Recover of an unknown id is NOT_FOUND |
+//! | `recover-unknown` | `handshake`, `recover` offered | Recover of an unknown id is NOT_FOUND, LIVE_LESSON_NOT_FOUND naming the id |
 //! | `watch-snapshot` | `handshake`, `watch` offered | a Watch on our (fresh) instance starts with an empty snapshot; later checks wait on this stream and check its revisions never go back |
-//! | `provision-ready` | `handshake` | Provision of a new live lesson answers at once with a non-terminal phase, then it becomes READY: endpoints in lesson order, the spec's labels, every presentation healthy, with an address (and a url for HTTP), answering its probe from here |
+//! | `provision-ready` | `handshake` | Provision of a new live lesson answers at once with a non-terminal phase and a handle, then it becomes READY: endpoints in lesson order, the spec's labels, every presentation healthy, with an address (and a url for HTTP), answering its probe from here |
 //! | `idempotent-provision` | `provision-ready` | Provision again with the same spec answers READY with the same addresses |
-//! | `conflicting-spec` | `provision-ready` | another spec at the same generation is ALREADY_EXISTS |
+//! | `conflicting-spec` | `provision-ready` | another spec at the same generation is ALREADY_EXISTS, SPEC_CONFLICT |
 //! | `get-agrees` | `provision-ready` | Get agrees with the READY state Watch (or Get) showed, at a revision no older |
+//! | `extra-labels` | `provision-ready` | a label beyond the guide's five is on the state, and List selects on it |
 //! | `stage-change` | `provision-ready` | generation 2 at stage 1 becomes READY in place, on the same addresses |
-//! | `older-generation` | `stage-change` | Provision of generation 1 after that is FAILED_PRECONDITION |
-//! | `recover-held` | `provision-ready`, `recover` offered | Recover of a live lesson the agent holds answers its state at the newest spec's generation |
+//! | `older-generation` | `stage-change` | Provision of generation 1 after that is FAILED_PRECONDITION, GENERATION_OUTDATED with both generations |
+//! | `endpoints-fixed` | `stage-change` | a newer generation adding an endpoint, or dropping a connection, is INVALID_SPEC naming `spec.endpoints` / `spec.connections`; the held generation stays |
+//! | `recover-held` | `stage-change`, `recover` offered | Recover of a held live lesson: the same spec answers its state, an older one GENERATION_OUTDATED, another spec SPEC_CONFLICT, a newer generation becomes READY |
 //! | `list-pages` | `provision-ready` | with two more live lessons READY, pages of 1 list all three once, in the same order as one page |
+//! | `watch-reconnect` | `list-pages`, `watch` offered | a second Watch's snapshot holds every live lesson List shows, in one message, at a revision no older than anything told before, each state no newer than it |
 //! | `plan-no-side-effects` | `handshake`, `plan` offered | Plan lists objects and creates nothing (Get NOT_FOUND, not in List) |
-//! | `watch-heartbeat` | `watch-snapshot`, `watch` offered | a heartbeat arrives when nothing changes (1 s interval) |
+//! | `plan-bad-spec` | `handshake`, `plan` offered | Plan of a broken spec is INVALID_SPEC with Provision's field; of a valid one, OK without error diagnostics; of an image the agent cannot run, OK |
+//! | `watch-heartbeat` | `handshake`, `watch` offered | on a quiet stream at a 1 s interval, heartbeats come at most 2 s apart at the snapshot's revision |
 //! | `deprovision` | `provision-ready` | every live lesson the suite provisioned is removed (waiting out TERMINATING), Get is NOT_FOUND, a second Deprovision is OK, List is empty |
-//! | `watch-deletions` | `watch-snapshot`, `deprovision`, `watch` offered | Watch sends a `deleted` event for each removed live lesson, revisions rising |
+//! | `watch-deletions` | `watch-snapshot`, `deprovision`, `watch` offered | Watch shows each removed live lesson TERMINATING, then one `deleted` event, revisions rising |
 //! | `watch-selector` | `list-pages`, `deprovision`, `watch` offered | a Watch selecting one live lesson (opened by `list-pages`) shows only that one's events, its deletion included |
 //! | `watch-resync` | `handshake`, `watch` offered | always SKIP: forcing a resync needs thousands of changes while a watcher stalls; the SDK's StateBook tests cover it |
+//! | `concurrent-provision` | `handshake` | five identical Provisions of a new live lesson at once all answer OK; it becomes READY and List shows it once |
+//! | `concurrent-deprovision` | `concurrent-provision` | five identical Deprovisions at once all answer OK; Get is NOT_FOUND; Watch tells one deletion |
+//! | `ready-delay` | `handshake` | with a 3 s ready delay, READY comes no sooner than 3 s after Provision, and again after a stage change |
+//! | `configuration-shell` | `handshake`, `stage.configuration` offered | a live lesson with a shell configuration becomes READY (unless the agent lists types without `configuration.shell`) |
+//! | `configuration-python` | `handshake`, `configuration.python` offered | a live lesson with a python configuration becomes READY |
+//! | `configuration-ansible` | `handshake`, `configuration.ansible` offered | a live lesson with an ansible playbook becomes READY |
+//! | `configuration-napalm` | `handshake`, `configuration.napalm` offered, `--napalm-image` given | a live lesson of the NAPALM image with a napalm configuration becomes READY |
+//! | `failed-image` | `handshake` | a live lesson of `--bad-image` is accepted, then FAILED with a reason naming the slug |
+//! | `failed-config` | `handshake`, `stage.configuration` offered | a live lesson whose configuration is `--failing-config` is FAILED with a reason naming the file |
+//! | `failed-probe` | `handshake`, `--silent-port` given | a live lesson with a presentation on `--silent-port` is FAILED with a reason naming the presentation |
+//! | `capacity-refusal` | `handshake` | filled to `max_live_lessons` (SKIP when 0, or more than 8 places free), one more is RESOURCE_EXHAUSTED, CAPACITY_EXHAUSTED; a held one is not refused; the handshake counts them; a removal frees a place; List shows nothing of them once removed |
+//! | `restart-recover` | `handshake`, `--restart-cmd` given | a READY live lesson, then the restart: a new instance id; the old stream ends; a new one does not show it; List shows it BOOTING and Get is NOT_FOUND, or List does not and Recover is NOT_FOUND; Recover (Provision without `recover`) takes it on |
+//! | `restart-adopt` | `restart-recover` | what outlived the restart becomes READY on the same addresses, no sooner than its ready delay after Recover (SKIP when nothing outlived it) |
 //!
 //! `--list` prints the same table from the code, one line per check.
 //!
 //! # Needs and `--check`
 //!
-//! A check runs when every check it needs has passed and the agent offers every capability it
-//! needs; otherwise it is reported SKIP with what is missing (`needs `provision-ready`, which
-//! failed`). Every check but `health` and `handshake` needs `handshake`, directly or through
-//! another check, since the handshake tells the capabilities (the specs the suite sends use the
-//! presentations and configuration the agent offers).
+//! A check runs when every check it needs has passed and the agent offers every capability and
+//! the suite was given every flag it needs; otherwise it is reported SKIP with what is missing
+//! (`needs `provision-ready`, which failed`). Every check but `health` and `handshake` needs
+//! `handshake`, directly or through another check, since the handshake tells the capabilities
+//! (the specs the suite sends use the presentations and configuration the agent offers).
 //!
 //! `--check NAME` (repeatable) runs only the named checks and, before them, every check they
 //! need (transitively); those run and are reported like the others. The run follows table order
@@ -66,8 +90,8 @@
 //!
 //! # Modules
 //!
-//! - `checks`: the table, the selection, the runner, and the check bodies by topic
-//!   (`handshake`, `codes`, `lifecycle`, `watch`).
+//! - `checks`: the table, the selection, the runner, typed-refusal checking, and the check
+//!   bodies by topic (`handshake`, `codes`, `lifecycle`, `watch`, `paths`, `restart`).
 //! - `suite`: the state checks share (connection, capabilities, the Watch stream, the live
 //!   lessons made) and the calls they make through it.
 //! - `watcher`: a Watch stream that checks its revisions as it reads.
@@ -127,6 +151,31 @@ struct Args {
     /// the backend needs to know, e.g. a test node that only runs one instance's pods.
     #[arg(long)]
     instance: Option<String>,
+    /// A curriculum image slug the agent cannot run: its endpoints never start.
+    #[arg(long, default_value = "ghost")]
+    bad_image: String,
+    /// A shell configuration that exits non-zero on `--image` (the default also carries the
+    /// test node's failure marker).
+    #[arg(
+        long,
+        default_value = "echo 'antidote-conformance: fails on purpose (fake-kubelet: fail)' >&2; exit 3"
+    )]
+    failing_config: String,
+    /// A port where `--image` accepts connections and never answers (0: none; `failed-probe`
+    /// is skipped).
+    #[arg(long, default_value_t = 9)]
+    silent_port: u32,
+    /// A curriculum image slug NAPALM can configure (for agents claiming
+    /// `configuration.napalm`).
+    #[arg(long)]
+    napalm_image: Option<String>,
+    /// The NAPALM driver of `--napalm-image` (its configuration is `hostname …`).
+    #[arg(long, default_value = "eos")]
+    napalm_driver: String,
+    /// A shell command that restarts the agent on the same address (`sh -c CMD`); the suite then
+    /// waits for a handshake with a new instance id. Without it the restart checks are skipped.
+    #[arg(long)]
+    restart_cmd: Option<String>,
 }
 
 #[tokio::main]
@@ -164,6 +213,12 @@ async fn main() -> ExitCode {
         http_port: args.http_port,
         ssh_port: args.ssh_port,
         ready_timeout: args.ready_timeout,
+        bad_image: args.bad_image,
+        failing_config: args.failing_config,
+        silent_port: args.silent_port,
+        napalm_image: args.napalm_image,
+        napalm_driver: args.napalm_driver,
+        restart_cmd: args.restart_cmd,
     };
     let mut suite = Suite::new(channel, settings, args.instance);
     let report = checks::run(&mut suite, &selection).await;

@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 use crate::report::{describe, summary};
 use crate::watcher::Watcher;
 
-/// What the test lesson runs, from the flags.
+/// What the test lessons run and how to reach the agent's operator side, from the flags.
 pub struct Settings {
     /// The curriculum image slug of every endpoint (the agent maps it to its own reference).
     pub image: String,
@@ -26,6 +26,54 @@ pub struct Settings {
     pub ssh_port: u32,
     /// How long a live lesson may take to become READY (and to go away).
     pub ready_timeout: Duration,
+    /// An image slug the agent cannot run (`failed-image`).
+    pub bad_image: String,
+    /// A shell configuration that exits non-zero on the image (`failed-config`).
+    pub failing_config: String,
+    /// A port where the image accepts and never answers (`failed-probe`); 0 when there is none.
+    pub silent_port: u32,
+    /// An image slug NAPALM can configure (`configuration-napalm`), if any.
+    pub napalm_image: Option<String>,
+    /// The NAPALM driver of that image.
+    pub napalm_driver: String,
+    /// A shell command that restarts the agent on the same address (the restart checks).
+    pub restart_cmd: Option<String>,
+}
+
+impl Settings {
+    /// Why `flag` counts as not given, for a SKIP line.
+    pub fn absence(&self, flag: &str) -> &'static str {
+        match flag {
+            "--silent-port" => "0: the image has no silent port",
+            _ => "not given",
+        }
+    }
+
+    /// Whether `flag` was given (for [`crate::checks::Need::Flag`]).
+    pub fn given(&self, flag: &str) -> bool {
+        match flag {
+            "--restart-cmd" => self.restart_cmd.is_some(),
+            "--napalm-image" => self.napalm_image.is_some(),
+            "--silent-port" => self.silent_port != 0,
+            _ => false,
+        }
+    }
+}
+
+/// The label every spec carries besides the guide's five, to prove that agents keep labels
+/// they do not know (PROTOCOL.md [L1]); its value is the run's instance id.
+pub const EXTRA_LABEL: &str = "conformance.antidote.io/run";
+
+/// The live lesson `restart-recover` made before restarting the agent, for `restart-adopt`.
+pub struct Restarted {
+    /// Its id.
+    pub id: String,
+    /// Its spec.
+    pub spec: proto::LessonSpec,
+    /// Its READY state before the restart.
+    pub before: proto::LiveLessonState,
+    /// When Recover (or Provision) adopted it.
+    pub adopted_at: tokio::time::Instant,
 }
 
 /// The live lesson `provision-ready` made READY, which later checks work on.
@@ -64,6 +112,8 @@ pub struct Suite {
     pub session: String,
     /// What the agent offers, learnt by `handshake` (empty until it passes).
     pub capabilities: Vec<String>,
+    /// The agent's instance id, learnt by `handshake` (a restart changes it).
+    pub instance_id: String,
     /// Live lessons provisioned, removed at the end whatever happened.
     pub created: BTreeSet<String>,
     /// The Watch `watch-snapshot` opened before anything was provisioned (selector: our
@@ -75,6 +125,11 @@ pub struct Suite {
     pub selected: Option<Selected>,
     /// The live lessons `deprovision` removed, for `watch-deletions`.
     pub removed: BTreeSet<String>,
+    /// The live lesson `concurrent-provision` made, for `concurrent-deprovision`.
+    pub concurrent: Option<String>,
+    /// What `restart-recover` found left after the restart, for `restart-adopt`: `None` until
+    /// it ran, `Some(None)` when nothing outlived the agent's process.
+    pub restarted: Option<Option<Restarted>>,
 }
 
 impl Suite {
@@ -87,11 +142,14 @@ impl Suite {
             instance: instance.unwrap_or_else(new_id),
             session: new_id(),
             capabilities: vec![],
+            instance_id: String::new(),
             created: BTreeSet::new(),
             watch: None,
             lesson: None,
             selected: None,
             removed: BTreeSet::new(),
+            concurrent: None,
+            restarted: None,
         }
     }
 
@@ -171,8 +229,19 @@ impl Suite {
                 (labels::SESSION.into(), self.session.clone()),
                 (labels::GENERATION.into(), generation.to_string()),
                 (labels::LESSON.into(), "conformance".into()),
+                (EXTRA_LABEL.into(), self.instance.clone()),
             ]),
         }
+    }
+
+    /// A one-endpoint spec (`solo`) for live lesson `id` at generation 1, for the checks that
+    /// try one thing at a time.
+    pub fn solo(&self, id: &str) -> proto::LessonSpec {
+        let mut spec = self.spec(id, 1, 0);
+        spec.endpoints.truncate(1);
+        spec.endpoints[0].name = "solo".into();
+        spec.connections.clear();
+        spec
     }
 
     /// Our instance's label selector.
@@ -311,6 +380,75 @@ impl Suite {
             ensure!(
                 tokio::time::Instant::now() < deadline,
                 "not READY within {timeout:?}: {}",
+                summary(&state)
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Get of `id`.
+    pub async fn get(&mut self, id: &str) -> Result<proto::LiveLessonState, tonic::Status> {
+        let state = self
+            .client
+            .get(proto::GetRequest {
+                live_lesson_id: id.to_owned(),
+            })
+            .await?
+            .into_inner()
+            .state;
+        state.ok_or_else(|| tonic::Status::internal("Get answered without a state"))
+    }
+
+    /// Deprovisions `id` and waits until Get says NOT_FOUND.
+    pub async fn remove(&mut self, id: &str) -> anyhow::Result<()> {
+        self.client
+            .deprovision(proto::DeprovisionRequest {
+                live_lesson_id: id.to_owned(),
+                handle: id.as_bytes().to_vec(),
+            })
+            .await
+            .map_err(|s| anyhow!("Deprovision of {id}: {}", describe(&s)))?;
+        let timeout = self.settings.ready_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.get(id).await {
+                Err(status) if status.code() == tonic::Code::NotFound => break,
+                _ if tokio::time::Instant::now() > deadline => {
+                    bail!("{id} not gone within {timeout:?} of its Deprovision")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        self.created.remove(id);
+        Ok(())
+    }
+
+    /// Waits until `generation` of live lesson `id` is READY or FAILED; returns that state.
+    pub async fn settled(
+        &mut self,
+        id: &str,
+        generation: u64,
+    ) -> anyhow::Result<proto::LiveLessonState> {
+        let timeout = self.settings.ready_timeout;
+        let settled = |s: &proto::LiveLessonState| {
+            s.generation == generation
+                && (s.phase == Phase::Ready as i32 || s.phase == Phase::Failed as i32)
+        };
+        if let Some(watcher) = self.watch.as_mut() {
+            return watcher.until_settled(id, timeout, settled).await;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let state = self
+                .get(id)
+                .await
+                .map_err(|s| anyhow!("Get: {}", describe(&s)))?;
+            if settled(&state) {
+                return Ok(state);
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "neither READY nor FAILED within {timeout:?}: {}",
                 summary(&state)
             );
             tokio::time::sleep(Duration::from_millis(250)).await;

@@ -22,6 +22,12 @@ pub struct Watcher {
     pub seen: HashMap<String, proto::LiveLessonState>,
     /// Live lessons the stream said were deleted.
     pub deleted: BTreeSet<String>,
+    /// How many `deleted` events came for each live lesson.
+    pub deletions: HashMap<String, usize>,
+    /// The phase each deleted live lesson had last been shown in before its `deleted` event.
+    pub phase_before_deletion: HashMap<String, i32>,
+    /// Live lessons shown `changed` after their `deleted` event.
+    pub changed_after_deletion: BTreeSet<String>,
     /// How many heartbeats arrived.
     pub heartbeats: usize,
 }
@@ -33,8 +39,16 @@ impl Watcher {
             last_revision: 0,
             seen: HashMap::new(),
             deleted: BTreeSet::new(),
+            deletions: HashMap::new(),
+            phase_before_deletion: HashMap::new(),
+            changed_after_deletion: BTreeSet::new(),
             heartbeats: 0,
         }
+    }
+
+    /// The newest revision the stream has told.
+    pub fn last_revision(&self) -> u64 {
+        self.last_revision
     }
 
     /// The next event, checking that revisions never go back (and rise on changes).
@@ -52,6 +66,10 @@ impl Watcher {
                     self.last_revision,
                     event.revision
                 );
+                if self.deleted.contains(&state.live_lesson_id) {
+                    self.changed_after_deletion
+                        .insert(state.live_lesson_id.clone());
+                }
                 self.seen
                     .insert(state.live_lesson_id.clone(), state.clone());
             }
@@ -62,7 +80,12 @@ impl Watcher {
                     self.last_revision,
                     event.revision
                 );
-                self.deleted.insert(deleted.live_lesson_id.clone());
+                let id = deleted.live_lesson_id.clone();
+                if let Some(state) = self.seen.get(&id) {
+                    self.phase_before_deletion.insert(id.clone(), state.phase);
+                }
+                *self.deletions.entry(id.clone()).or_default() += 1;
+                self.deleted.insert(id);
             }
             Some(Event::Heartbeat(_)) => self.heartbeats += 1,
             Some(Event::Snapshot(snapshot)) => {
@@ -82,6 +105,31 @@ impl Watcher {
         );
         self.last_revision = event.revision;
         Ok(event)
+    }
+
+    /// Reads the stream until `done` holds for the state of `id`, FAILED included.
+    pub async fn until_settled(
+        &mut self,
+        id: &str,
+        timeout: Duration,
+        done: impl Fn(&proto::LiveLessonState) -> bool,
+    ) -> anyhow::Result<proto::LiveLessonState> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(state) = self.seen.get(id).filter(|s| done(s)) {
+                return Ok(state.clone());
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            ensure!(
+                !left.is_zero(),
+                "not settled within {timeout:?}; last seen: {}",
+                self.seen
+                    .get(id)
+                    .map(summary)
+                    .unwrap_or_else(|| "nothing".into())
+            );
+            self.next(left).await?;
+        }
     }
 
     /// Reads the stream until `done` holds for the state of `id`; FAILED ends it early.

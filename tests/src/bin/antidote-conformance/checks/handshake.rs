@@ -6,7 +6,7 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-use super::expect_code;
+use super::expect_refusal;
 use crate::report::{Verdict, describe, pass};
 use crate::suite::Suite;
 
@@ -58,6 +58,7 @@ pub async fn handshake(suite: &mut Suite) -> Verdict {
         second.instance_id
     );
     ensure!(first.capacity.is_some(), "capacity is missing");
+    suite.instance_id = first.instance_id.clone();
     suite.capabilities = first.capabilities.clone();
     pass(format!(
         "{} {}, major 1, capabilities [{}]",
@@ -67,19 +68,27 @@ pub async fn handshake(suite: &mut Suite) -> Verdict {
     ))
 }
 
-/// `no-common-major`: a scheduler speaking only major 99 is refused, and told why.
+/// `no-common-major`: a scheduler speaking only major 99 is refused with NO_COMMON_MAJOR,
+/// whose metadata names both sides' majors.
 pub async fn no_common_major(suite: &mut Suite) -> Verdict {
     let request = proto::HandshakeRequest {
         supported_majors: vec![99],
         ..suite.handshake_request()
     };
-    let message = expect_code(
+    let refusal = expect_refusal(
         suite.client.handshake(request).await,
         Code::FailedPrecondition,
+        "NO_COMMON_MAJOR",
     )?;
+    refusal.expect("scheduler_majors", "99")?;
+    refusal.has("agent_majors")?;
     ensure!(
-        message.contains("99"),
-        "the message does not name the scheduler's majors: {message:?}"
+        refusal.metadata["agent_majors"]
+            .split(',')
+            .any(|m| m.trim() == proto::MAJOR.to_string()),
+        "agent_majors {:?} lacks {}, the major it chose before",
+        refusal.metadata["agent_majors"],
+        proto::MAJOR
     );
-    pass(message)
+    pass(refusal.message)
 }

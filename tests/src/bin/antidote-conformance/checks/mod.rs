@@ -1,21 +1,25 @@
 //! The checks: the table that drives a run ([`CHECKS`]), the selection `--check` makes, and
 //! the runner that skips a check whose needs are not met. The bodies live in one module per
-//! topic: `handshake` (health and handshake), `codes` (error codes for bad specs and unknown
-//! ids), `lifecycle` (a live lesson from Provision to Deprovision) and `watch` (the Watch
-//! stream).
+//! topic: `handshake` (health and handshake), `codes` (refusals: bad specs, unknown ids, typed
+//! error details), `lifecycle` (a live lesson from Provision to Deprovision), `watch` (the Watch
+//! stream), `paths` (ready delay, configuration types, the FAILED paths, retries, capacity) and
+//! `restart` (Recover and adoption after the agent restarts).
 
 mod codes;
 mod handshake;
 mod lifecycle;
+mod paths;
+mod restart;
 mod watch;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
 use antidote_proto::sdk::capabilities;
-use anyhow::bail;
+use anyhow::{bail, ensure};
 use futures::future::LocalBoxFuture;
 use tonic::Code;
+use tonic_types::{ErrorDetail, StatusExt as _};
 
 use crate::report::{Outcome, Report, Verdict, describe};
 use crate::suite::Suite;
@@ -42,6 +46,9 @@ pub enum Need {
     Check(&'static str),
     /// The agent offers this capability in its handshake.
     Capability(&'static str),
+    /// The suite was given this flag (e.g. `--restart-cmd`), which says how to do something
+    /// only the agent's operator knows.
+    Flag(&'static str),
 }
 
 impl fmt::Display for Need {
@@ -49,15 +56,21 @@ impl fmt::Display for Need {
         match self {
             Need::Check(name) => write!(f, "{name}"),
             Need::Capability(capability) => write!(f, "capability {capability}"),
+            Need::Flag(flag) => write!(f, "flag {flag}"),
         }
     }
 }
 
 const HANDSHAKE: Need = Need::Check("handshake");
 const PROVISION_READY: Need = Need::Check("provision-ready");
+const STAGE_CHANGE: Need = Need::Check("stage-change");
+const LIST_PAGES: Need = Need::Check("list-pages");
 const WATCH_SNAPSHOT: Need = Need::Check("watch-snapshot");
 const DEPROVISION: Need = Need::Check("deprovision");
 const WATCH: Need = Need::Capability(capabilities::WATCH);
+const RECOVER: Need = Need::Capability(capabilities::RECOVER);
+const PLAN: Need = Need::Capability(capabilities::PLAN);
+const CONFIGURATION: Need = Need::Capability(capabilities::STAGE_CONFIGURATION);
 
 /// Every check, in run order.
 pub const CHECKS: &[Check] = &[
@@ -75,19 +88,31 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "no-common-major",
-        what: "Handshake with no common major is FAILED_PRECONDITION",
+        what: "Handshake with no common major is FAILED_PRECONDITION (NO_COMMON_MAJOR)",
         needs: &[HANDSHAKE],
         run: |suite| Box::pin(handshake::no_common_major(suite)),
     },
     Check {
         name: "bad-spec-codes",
-        what: "bad specs are INVALID_ARGUMENT naming their field, and create nothing",
+        what: "bad specs are INVALID_ARGUMENT (INVALID_SPEC) naming their field, and create nothing",
         needs: &[HANDSHAKE],
         run: |suite| Box::pin(codes::bad_spec_codes(suite)),
     },
     Check {
+        name: "error-details",
+        what: "every refusal carries a google.rpc.ErrorInfo with its reason and metadata",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(codes::error_details(suite)),
+    },
+    Check {
+        name: "request-too-large",
+        what: "a request over 4 MiB is served or refused with REQUEST_TOO_LARGE",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(codes::request_too_large(suite)),
+    },
+    Check {
         name: "get-unknown",
-        what: "Get of an unknown id is NOT_FOUND",
+        what: "Get of an unknown id is NOT_FOUND (LIVE_LESSON_NOT_FOUND)",
         needs: &[HANDSHAKE],
         run: |suite| Box::pin(codes::get_unknown(suite)),
     },
@@ -99,8 +124,8 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "recover-unknown",
-        what: "Recover of an unknown id is NOT_FOUND",
-        needs: &[HANDSHAKE, Need::Capability(capabilities::RECOVER)],
+        what: "Recover of an unknown id is NOT_FOUND (LIVE_LESSON_NOT_FOUND)",
+        needs: &[HANDSHAKE, RECOVER],
         run: |suite| Box::pin(codes::recover_unknown(suite)),
     },
     Check {
@@ -123,7 +148,7 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "conflicting-spec",
-        what: "Provision with another spec at the same generation is ALREADY_EXISTS",
+        what: "another spec at the same generation is ALREADY_EXISTS (SPEC_CONFLICT)",
         needs: &[PROVISION_READY],
         run: |suite| Box::pin(lifecycle::conflicting_spec(suite)),
     },
@@ -134,6 +159,12 @@ pub const CHECKS: &[Check] = &[
         run: |suite| Box::pin(lifecycle::get_agrees(suite)),
     },
     Check {
+        name: "extra-labels",
+        what: "labels beyond the guide's five are kept and selectable",
+        needs: &[PROVISION_READY],
+        run: |suite| Box::pin(lifecycle::extra_labels(suite)),
+    },
+    Check {
         name: "stage-change",
         what: "a newer generation changes the stage in place",
         needs: &[PROVISION_READY],
@@ -141,14 +172,20 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "older-generation",
-        what: "an older generation is FAILED_PRECONDITION",
-        needs: &[Need::Check("stage-change")],
+        what: "an older generation is FAILED_PRECONDITION (GENERATION_OUTDATED)",
+        needs: &[STAGE_CHANGE],
         run: |suite| Box::pin(lifecycle::older_generation(suite)),
     },
     Check {
+        name: "endpoints-fixed",
+        what: "a newer generation that changes the endpoints or connections is INVALID_ARGUMENT",
+        needs: &[STAGE_CHANGE],
+        run: |suite| Box::pin(lifecycle::endpoints_fixed(suite)),
+    },
+    Check {
         name: "recover-held",
-        what: "Recover of a held live lesson returns its state",
-        needs: &[PROVISION_READY, Need::Capability(capabilities::RECOVER)],
+        what: "Recover of a held live lesson follows the Provision table",
+        needs: &[STAGE_CHANGE, RECOVER],
         run: |suite| Box::pin(lifecycle::recover_held(suite)),
     },
     Check {
@@ -158,15 +195,27 @@ pub const CHECKS: &[Check] = &[
         run: |suite| Box::pin(lifecycle::list_pages(suite)),
     },
     Check {
+        name: "watch-reconnect",
+        what: "a new Watch's snapshot is complete and current (v1 has no resume)",
+        needs: &[LIST_PAGES, WATCH],
+        run: |suite| Box::pin(watch::reconnect(suite)),
+    },
+    Check {
         name: "plan-no-side-effects",
         what: "Plan has no side effects",
-        needs: &[HANDSHAKE, Need::Capability(capabilities::PLAN)],
+        needs: &[HANDSHAKE, PLAN],
         run: |suite| Box::pin(lifecycle::plan_no_side_effects(suite)),
     },
     Check {
+        name: "plan-bad-spec",
+        what: "Plan refuses a broken spec like Provision and answers diagnostics otherwise",
+        needs: &[HANDSHAKE, PLAN],
+        run: |suite| Box::pin(lifecycle::plan_bad_spec(suite)),
+    },
+    Check {
         name: "watch-heartbeat",
-        what: "Watch heartbeats",
-        needs: &[WATCH_SNAPSHOT, WATCH],
+        what: "Watch heartbeats come every interval, at the stream's last revision",
+        needs: &[HANDSHAKE, WATCH],
         run: |suite| Box::pin(watch::heartbeat(suite)),
     },
     Check {
@@ -177,14 +226,14 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "watch-deletions",
-        what: "Watch reports deletions",
+        what: "Watch reports TERMINATING, then a deletion",
         needs: &[WATCH_SNAPSHOT, DEPROVISION, WATCH],
         run: |suite| Box::pin(watch::deletions(suite)),
     },
     Check {
         name: "watch-selector",
         what: "Watch filters by label selector",
-        needs: &[Need::Check("list-pages"), DEPROVISION, WATCH],
+        needs: &[LIST_PAGES, DEPROVISION, WATCH],
         run: |suite| Box::pin(watch::selector(suite)),
     },
     Check {
@@ -192,6 +241,88 @@ pub const CHECKS: &[Check] = &[
         what: "Watch resync",
         needs: &[HANDSHAKE, WATCH],
         run: |suite| Box::pin(watch::resync(suite)),
+    },
+    Check {
+        name: "concurrent-provision",
+        what: "identical Provisions at once all answer OK and create once",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(paths::concurrent_provision(suite)),
+    },
+    Check {
+        name: "concurrent-deprovision",
+        what: "identical Deprovisions at once all answer OK and delete once",
+        needs: &[Need::Check("concurrent-provision")],
+        run: |suite| Box::pin(paths::concurrent_deprovision(suite)),
+    },
+    Check {
+        name: "ready-delay",
+        what: "READY waits the lesson's ready delay, on every generation",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(paths::ready_delay(suite)),
+    },
+    Check {
+        name: "configuration-shell",
+        what: "a shell configuration is applied",
+        needs: &[HANDSHAKE, CONFIGURATION],
+        run: |suite| Box::pin(paths::configuration_shell(suite)),
+    },
+    Check {
+        name: "configuration-python",
+        what: "a python configuration is applied",
+        needs: &[HANDSHAKE, Need::Capability(paths::CONFIGURATION_PYTHON)],
+        run: |suite| Box::pin(paths::configuration_python(suite)),
+    },
+    Check {
+        name: "configuration-ansible",
+        what: "an ansible configuration is applied",
+        needs: &[HANDSHAKE, Need::Capability(paths::CONFIGURATION_ANSIBLE)],
+        run: |suite| Box::pin(paths::configuration_ansible(suite)),
+    },
+    Check {
+        name: "configuration-napalm",
+        what: "a napalm configuration is applied",
+        needs: &[
+            HANDSHAKE,
+            Need::Capability(paths::CONFIGURATION_NAPALM),
+            Need::Flag("--napalm-image"),
+        ],
+        run: |suite| Box::pin(paths::configuration_napalm(suite)),
+    },
+    Check {
+        name: "failed-image",
+        what: "an image that does not start makes the generation FAILED, naming it",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(paths::failed_image(suite)),
+    },
+    Check {
+        name: "failed-config",
+        what: "a configuration that exits non-zero makes the generation FAILED, naming it",
+        needs: &[HANDSHAKE, CONFIGURATION],
+        run: |suite| Box::pin(paths::failed_config(suite)),
+    },
+    Check {
+        name: "failed-probe",
+        what: "a presentation that never answers makes the generation FAILED, naming it",
+        needs: &[HANDSHAKE, Need::Flag("--silent-port")],
+        run: |suite| Box::pin(paths::failed_probe(suite)),
+    },
+    Check {
+        name: "capacity-refusal",
+        what: "a new live lesson beyond capacity is RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED)",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(paths::capacity_refusal(suite)),
+    },
+    Check {
+        name: "restart-recover",
+        what: "after a restart, List, Get, Watch and Recover agree on what is left",
+        needs: &[HANDSHAKE, Need::Flag("--restart-cmd")],
+        run: |suite| Box::pin(restart::recover(suite)),
+    },
+    Check {
+        name: "restart-adopt",
+        what: "what outlived the restart is adopted, not recreated",
+        needs: &[Need::Check("restart-recover")],
+        run: |suite| Box::pin(restart::adopt(suite)),
     },
 ];
 
@@ -269,7 +400,7 @@ fn missing(check: &Check, suite: &Suite, report: &Report) -> Vec<String> {
                 Some(Outcome::Skip(_)) => Some(format!("`{name}`, which was skipped")),
                 None => Some(format!("`{name}`, which did not run")),
             },
-            Need::Capability(_) => None,
+            Need::Capability(_) | Need::Flag(_) => None,
         })
         .collect();
     if !checks.is_empty() {
@@ -282,21 +413,103 @@ fn missing(check: &Check, suite: &Suite, report: &Report) -> Vec<String> {
             Need::Capability(capability) if !suite.offers(capability) => {
                 Some(format!("the agent to offer `{capability}`"))
             }
+            Need::Flag(flag) if !suite.settings.given(flag) => {
+                Some(format!("`{flag}` ({})", suite.settings.absence(flag)))
+            }
             _ => None,
         })
         .collect()
 }
 
-/// Expects `result` to be an error with `code`; returns its message.
-fn expect_code<T: fmt::Debug>(
+/// What a typed refusal said: its message and its ErrorInfo's metadata.
+pub struct Refusal {
+    /// The status message (for people: reported, never decided on).
+    pub message: String,
+    /// The ErrorInfo's metadata.
+    pub metadata: HashMap<String, String>,
+}
+
+impl Refusal {
+    /// Checks that the metadata has `key` = `value`.
+    pub fn expect(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        ensure!(
+            self.metadata.get(key).map(String::as_str) == Some(value),
+            "ErrorInfo metadata `{key}` is {:?}, expected {value:?} (metadata {:?})",
+            self.metadata.get(key),
+            self.metadata
+        );
+        Ok(())
+    }
+
+    /// Checks that the metadata has a non-empty `key`.
+    pub fn has(&self, key: &str) -> anyhow::Result<()> {
+        ensure!(
+            self.metadata.get(key).is_some_and(|v| !v.is_empty()),
+            "ErrorInfo metadata lacks `{key}` (metadata {:?})",
+            self.metadata
+        );
+        Ok(())
+    }
+}
+
+/// Expects `result` to be a refusal with `code` carrying exactly one `google.rpc.ErrorInfo` of
+/// domain `antidote.io` and `reason` (PROTOCOL.md, "Errors").
+fn expect_refusal<T: fmt::Debug>(
     result: Result<tonic::Response<T>, tonic::Status>,
     code: Code,
-) -> anyhow::Result<String> {
-    match result {
+    reason: &str,
+) -> anyhow::Result<Refusal> {
+    let status = match result {
         Ok(response) => bail!("expected {code:?}, got OK: {:?}", response.into_inner()),
-        Err(status) if status.code() == code => Ok(status.message().to_owned()),
-        Err(status) => bail!("expected {code:?}, got {}", describe(&status)),
-    }
+        Err(status) => status,
+    };
+    ensure!(
+        status.code() == code,
+        "expected {code:?} ({reason}), got {}",
+        describe(&status)
+    );
+    typed(&status, reason)
+}
+
+/// The refusal `status` is, checking its ErrorInfo says `reason`.
+fn typed(status: &tonic::Status, reason: &str) -> anyhow::Result<Refusal> {
+    let details = status.check_error_details_vec().map_err(|err| {
+        anyhow::anyhow!(
+            "{}: the details do not decode as google.rpc details: {err}",
+            describe(status)
+        )
+    })?;
+    let infos: Vec<_> = details
+        .into_iter()
+        .filter_map(|detail| match detail {
+            ErrorDetail::ErrorInfo(info) => Some(info),
+            _ => None,
+        })
+        .collect();
+    let [info] = infos.as_slice() else {
+        bail!(
+            "{}: {} google.rpc.ErrorInfo in the details, expected one",
+            describe(status),
+            infos.len()
+        );
+    };
+    ensure!(
+        info.domain == antidote_proto::sdk::errors::DOMAIN,
+        "{}: ErrorInfo domain {:?}, expected {:?}",
+        describe(status),
+        info.domain,
+        antidote_proto::sdk::errors::DOMAIN
+    );
+    ensure!(
+        info.reason == reason,
+        "{}: ErrorInfo reason {:?}, expected {reason:?}",
+        describe(status),
+        info.reason
+    );
+    Ok(Refusal {
+        message: status.message().to_owned(),
+        metadata: info.metadata.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -403,6 +616,7 @@ mod tests {
                 .map(|need| match need {
                     Need::Check(name) => format!("`{name}`"),
                     Need::Capability(capability) => format!("`{capability}` offered"),
+                    Need::Flag(flag) => format!("`{flag}` given"),
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
