@@ -88,6 +88,40 @@ pub struct AdminConfig {
     pub http_listen: Option<SocketAddr>,
     /// Static bearer tokens: high-entropy secrets configured by their SHA-256 only.
     pub tokens: Vec<AdminToken>,
+    /// OIDC JWTs from the operators' single sign-on, accepted beside the static tokens; unset:
+    /// only static tokens.
+    pub oidc: Option<OidcConfig>,
+}
+
+/// Which OIDC JWTs the admin API accepts: signed by a key of a JWKS file, from one issuer, for
+/// one audience, carrying the admin scopes in a claim.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OidcConfig {
+    /// The `iss` every token must carry: the identity provider's issuer URL, exactly.
+    pub issuer: String,
+    /// The `aud` every token must carry: the client id the provider issues tokens for.
+    pub audience: String,
+    /// The provider's public keys as a JWKS document (`{"keys": [...]}`), kept current by the
+    /// operator (re-read when it changes, so keys rotate without a restart).
+    pub jwks_file: PathBuf,
+    /// The claim holding the scopes `admin:read` / `admin:write`: a space-separated string (as
+    /// OAuth's `scope`) or an array of strings.
+    pub scope_claim: String,
+    /// The claim naming the caller, audited as `oidc:VALUE`.
+    pub identity_claim: String,
+}
+
+impl Default for OidcConfig {
+    fn default() -> Self {
+        Self {
+            issuer: String::new(),
+            audience: String::new(),
+            jwks_file: PathBuf::new(),
+            scope_claim: "scope".into(),
+            identity_claim: "sub".into(),
+        }
+    }
 }
 
 /// One static admin token.
@@ -120,6 +154,47 @@ impl Scope {
             Scope::Read => "admin:read",
             Scope::Write => "admin:write",
         }
+    }
+}
+
+impl OidcConfig {
+    /// Every field set, and a JWKS file that can be read now (its keys are read by the admin
+    /// API, which names any it cannot use).
+    fn validate(&self) -> Result<(), SettingsError> {
+        let invalid = |key: &str, reason: String| {
+            Err(SettingsError::Invalid {
+                key: format!("admin.oidc.{key}"),
+                reason,
+            })
+        };
+        for (key, value) in [
+            ("issuer", &self.issuer),
+            ("audience", &self.audience),
+            ("scope_claim", &self.scope_claim),
+            ("identity_claim", &self.identity_claim),
+        ] {
+            if value.is_empty() {
+                return invalid(key, "must be set".into());
+            }
+        }
+        if self.jwks_file.as_os_str().is_empty() {
+            return invalid("jwks_file", "must be set: the provider's JWKS document".into());
+        }
+        let path = self.jwks_file.display();
+        let text = match std::fs::read(&self.jwks_file) {
+            Ok(text) => text,
+            Err(err) => return invalid("jwks_file", format!("cannot read `{path}`: {err}")),
+        };
+        let keys = serde_json::from_slice::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|jwks| jwks.get("keys").map(serde_json::Value::is_array));
+        if keys != Some(true) {
+            return invalid(
+                "jwks_file",
+                format!("`{path}` is not a JWKS document (a JSON object with a `keys` array)"),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -398,11 +473,14 @@ impl Config {
             );
         }
         let admin_served = self.admin.listen.is_some() || self.admin.http_listen.is_some();
-        if admin_served && self.admin.tokens.is_empty() {
+        if admin_served && self.admin.tokens.is_empty() && self.admin.oidc.is_none() {
             return invalid(
                 "admin.tokens",
-                "the admin API is served (admin.listen or admin.http_listen) but no token can call it",
+                "the admin API is served (admin.listen or admin.http_listen) but no token can call it (set admin.tokens or admin.oidc)",
             );
+        }
+        if let Some(oidc) = &self.admin.oidc {
+            oidc.validate()?;
         }
         for (i, token) in self.admin.tokens.iter().enumerate() {
             if token.sha256.len() != 64 || !token.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -607,6 +685,49 @@ mod tests {
         .unwrap();
         assert!(!config.http.enabled);
         assert_eq!(config.http.cors_origins.len(), 2);
+    }
+
+    #[test]
+    fn admin_oidc_needs_issuer_audience_and_a_readable_jwks() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys": []}"#).unwrap();
+        let config = |oidc: &str| {
+            format!(
+                "admin.listen = \"127.0.0.1:0\"\n[admin.oidc]\n{}\n",
+                oidc.replace("JWKS", &jwks.display().to_string())
+            )
+        };
+        // With OIDC, no static token is needed; the claims have defaults.
+        let loaded = load_toml(&config(
+            "issuer = \"https://sso.example.org\"\naudience = \"antidote\"\njwks_file = \"JWKS\"",
+        ))
+        .unwrap();
+        let oidc = loaded.admin.oidc.unwrap();
+        assert!(loaded.admin.tokens.is_empty());
+        assert_eq!((oidc.scope_claim.as_str(), oidc.identity_claim.as_str()), ("scope", "sub"));
+        for (oidc, key) in [
+            ("audience = \"a\"\njwks_file = \"JWKS\"", "admin.oidc.issuer"),
+            ("issuer = \"i\"\njwks_file = \"JWKS\"", "admin.oidc.audience"),
+            ("issuer = \"i\"\naudience = \"a\"", "admin.oidc.jwks_file"),
+            (
+                "issuer = \"i\"\naudience = \"a\"\njwks_file = \"/nonexistent/jwks.json\"",
+                "admin.oidc.jwks_file",
+            ),
+            ("issuer = \"i\"\naudience = \"a\"\njwks_file = \"JWKS\"\nscope = \"x\"", "scope"),
+        ] {
+            let err = load_toml(&config(oidc)).unwrap_err();
+            assert!(err.to_string().contains(key), "{oidc}: {err}");
+        }
+        std::fs::write(&jwks, "not json").unwrap();
+        let err = load_toml(&config(
+            "issuer = \"i\"\naudience = \"a\"\njwks_file = \"JWKS\"",
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("not a JWKS document"), "{err}");
+        // Without OIDC, a served admin API still needs a static token.
+        let err = load_toml("admin.listen = \"127.0.0.1:0\"\n").unwrap_err();
+        assert!(err.to_string().contains("admin.tokens"), "{err}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod docker;
 mod k8s;
 mod lifecycle;
 mod negotiation;
+mod oidc;
 mod operability;
 mod reaping;
 mod restart;
