@@ -153,7 +153,10 @@ address = "{agent}"
         for id in ids {
             c.lessons
                 .clone()
-                .delete_live_lesson(api::DeleteLiveLessonRequest { id: id.to_string() })
+                .delete_live_lesson(antidote_tests::with_token(
+                    api::DeleteLiveLessonRequest { id: id.to_string() },
+                    c.tokens.of_lesson(id),
+                ))
                 .await
                 .unwrap();
         }
@@ -225,10 +228,13 @@ async fn docker_multi_endpoint_lesson_isolation_stage_change_and_cleanup() {
     let changed = c
         .lessons
         .clone()
-        .set_stage(api::SetStageRequest {
-            id: a.id.clone(),
-            stage: 1,
-        })
+        .set_stage(antidote_tests::with_token(
+            api::SetStageRequest {
+                id: a.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&a.id),
+        ))
         .await
         .unwrap()
         .into_inner();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Process, Scheduler, fetch, presentation, workspace_bin};
+use antidote_tests::{Process, Restartable, Scheduler, fetch, presentation, workspace_bin};
 use api::LiveLessonStatus as S;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
@@ -510,9 +510,28 @@ async fn agent_k8s_conforms() {
     let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
     let instance = format!("conformance-{}", &uuid::Uuid::new_v4().to_string()[..8]);
     let kubelet = fake_kubelet(dir.path(), &instance).await;
-    let (agent, _, _) = agent_k8s(dir.path(), &kubeconfig, &[]).await;
+    // Restartable (`--restart-cmd`), with room for what the suite holds at once, so that the
+    // restart and capacity checks run too.
+    let agent = Restartable::spawn(
+        &workspace_bin("agent-k8s"),
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--probe-timeout".into(),
+            "60s".into(),
+            "--max-live-lessons".into(),
+            "3".into(),
+        ],
+        &[("KUBECONFIG", kubeconfig.display().to_string())],
+        dir.path(),
+        "agent-k8s",
+    )
+    .await
+    .expect("agent-k8s starts");
+    let restart = agent.restart_cmd();
     let output = tokio::process::Command::new(workspace_bin("antidote-conformance"))
         .args(["--agent", &agent.url(), "--instance", &instance])
+        .args(["--restart-cmd", &restart])
         .output()
         .await
         .expect("antidote-conformance runs");
@@ -526,6 +545,9 @@ async fn agent_k8s_conforms() {
         kubelet.log_text()
     );
     assert!(report.contains("Namespace, NetworkPolicy, Pod"), "{report}");
+    for ran in ["restart-adopt", "capacity-refusal", "failed-probe", "failed-config"] {
+        assert!(report.contains(&format!("PASS  {ran}:")), "{report}");
+    }
 }
 
 /// The CustomResourceDefinition Multus installs, as its own deployment manifest declares it.

@@ -4,7 +4,9 @@
 //!
 //! - an endpoint pod gets a loopback address (`--ip-prefix`, e.g. 127.77.0.5) and, for every
 //!   container port, a real listener there: ports named `ssh-*` send an SSH banner, `http-*`
-//!   answer HTTP with a page naming the pod, others accept and close. Then it is Running.
+//!   answer HTTP with a page naming the pod, others accept and close; port `--silent-port` (9,
+//!   the conformance suite's default) accepts and never answers, whatever its name. Then it is
+//!   Running.
 //! - a Job's pod succeeds, unless its command contains `--fail-marker`: then it fails with exit
 //!   code 1 (the Job controller retries it up to the Job's backoffLimit).
 //! - a pod whose image contains `--missing-image` stays Waiting with ErrImagePull.
@@ -47,6 +49,9 @@ struct Args {
     /// A pod whose image contains this cannot pull it.
     #[arg(long, default_value = "ghost")]
     missing_image: String,
+    /// A container port with this number accepts connections and never answers (0: none).
+    #[arg(long, default_value_t = 9)]
+    silent_port: u16,
 }
 
 const MANAGER: &str = "fake-kubelet";
@@ -234,7 +239,11 @@ impl Kubelet {
                 let listener = tokio::net::TcpListener::bind(address)
                     .await
                     .with_context(|| format!("binding {address} for {namespace}/{name}"))?;
-                let kind = port.name.clone().unwrap_or_default();
+                let kind = if port.container_port as u16 == self.args.silent_port {
+                    "silent".to_owned()
+                } else {
+                    port.name.clone().unwrap_or_default()
+                };
                 let page = format!("{namespace}/{name} on {}\n", self.args.node);
                 listeners.push(tokio::spawn(serve(listener, kind, page)));
             }
@@ -277,7 +286,11 @@ async fn serve(listener: tokio::net::TcpListener, kind: String, page: String) {
         let kind = kind.clone();
         let page = page.clone();
         tokio::spawn(async move {
-            if kind.starts_with("ssh") {
+            if kind == "silent" {
+                // Read and say nothing until the client gives up.
+                let mut buf = [0u8; 1024];
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+            } else if kind.starts_with("ssh") {
                 let _ = stream.write_all(b"SSH-2.0-fake-kubelet\r\n").await;
             } else if kind.starts_with("http") {
                 let mut buf = [0u8; 1024];
