@@ -145,9 +145,7 @@ impl Error {
             | Error::CollectionNotFound(_) => Code::NotFound,
             Error::TooManySessions { .. }
             | Error::TooManyLiveLessons { .. }
-            | Error::TooManyStreams { .. } => {
-                Code::ResourceExhausted
-            }
+            | Error::TooManyStreams { .. } => Code::ResourceExhausted,
             Error::Busy { .. } => Code::FailedPrecondition,
             Error::StillTerminating(_) => Code::Aborted,
             Error::NoAgent { .. } => Code::Unavailable,
@@ -231,7 +229,10 @@ impl Error {
             ),
             Error::PermissionDenied { identity, scope } => (
                 R::PermissionDenied,
-                vec![("identity", identity.clone()), ("scope", (*scope).to_owned())],
+                vec![
+                    ("identity", identity.clone()),
+                    ("scope", (*scope).to_owned()),
+                ],
             ),
             Error::Agent {
                 agent,

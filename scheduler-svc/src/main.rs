@@ -103,7 +103,12 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let mut admin_http = None;
     for (address, key, label, slot) in [
         (config.admin.listen, "admin.listen", "admin", &mut admin),
-        (config.admin.http_listen, "admin.http_listen", "admin http", &mut admin_http),
+        (
+            config.admin.http_listen,
+            "admin.http_listen",
+            "admin http",
+            &mut admin_http,
+        ),
     ] {
         if let Some(address) = address {
             let listener = tokio::net::TcpListener::bind(address)

@@ -178,7 +178,10 @@ impl OidcConfig {
             }
         }
         if self.jwks_file.as_os_str().is_empty() {
-            return invalid("jwks_file", "must be set: the provider's JWKS document".into());
+            return invalid(
+                "jwks_file",
+                "must be set: the provider's JWKS document".into(),
+            );
         }
         let path = self.jwks_file.display();
         let text = match std::fs::read(&self.jwks_file) {
@@ -497,10 +500,22 @@ impl Config {
             }
         }
         for (key, value) in [
-            ("limits.connections_per_address", self.limits.connections_per_address),
-            ("limits.watches_per_session", self.limits.watches_per_session),
-            ("limits.watches_per_address", self.limits.watches_per_address),
-            ("limits.streams_per_connection", self.limits.streams_per_connection),
+            (
+                "limits.connections_per_address",
+                self.limits.connections_per_address,
+            ),
+            (
+                "limits.watches_per_session",
+                self.limits.watches_per_session,
+            ),
+            (
+                "limits.watches_per_address",
+                self.limits.watches_per_address,
+            ),
+            (
+                "limits.streams_per_connection",
+                self.limits.streams_per_connection,
+            ),
         ] {
             if value == 0 {
                 return invalid(key, "must be at least 1: every limit is bounded");
@@ -508,7 +523,10 @@ impl Config {
         }
         for (key, value) in [
             ("limits.request_timeout", self.limits.request_timeout),
-            ("limits.header_read_timeout", self.limits.header_read_timeout),
+            (
+                "limits.header_read_timeout",
+                self.limits.header_read_timeout,
+            ),
             ("ttl.live_lesson", self.ttl.live_lesson),
             ("ttl.session", self.ttl.session),
             ("reaper.interval", self.reaper.interval),
@@ -705,16 +723,28 @@ mod tests {
         .unwrap();
         let oidc = loaded.admin.oidc.unwrap();
         assert!(loaded.admin.tokens.is_empty());
-        assert_eq!((oidc.scope_claim.as_str(), oidc.identity_claim.as_str()), ("scope", "sub"));
+        assert_eq!(
+            (oidc.scope_claim.as_str(), oidc.identity_claim.as_str()),
+            ("scope", "sub")
+        );
         for (oidc, key) in [
-            ("audience = \"a\"\njwks_file = \"JWKS\"", "admin.oidc.issuer"),
-            ("issuer = \"i\"\njwks_file = \"JWKS\"", "admin.oidc.audience"),
+            (
+                "audience = \"a\"\njwks_file = \"JWKS\"",
+                "admin.oidc.issuer",
+            ),
+            (
+                "issuer = \"i\"\njwks_file = \"JWKS\"",
+                "admin.oidc.audience",
+            ),
             ("issuer = \"i\"\naudience = \"a\"", "admin.oidc.jwks_file"),
             (
                 "issuer = \"i\"\naudience = \"a\"\njwks_file = \"/nonexistent/jwks.json\"",
                 "admin.oidc.jwks_file",
             ),
-            ("issuer = \"i\"\naudience = \"a\"\njwks_file = \"JWKS\"\nscope = \"x\"", "scope"),
+            (
+                "issuer = \"i\"\naudience = \"a\"\njwks_file = \"JWKS\"\nscope = \"x\"",
+                "scope",
+            ),
         ] {
             let err = load_toml(&config(oidc)).unwrap_err();
             assert!(err.to_string().contains(key), "{oidc}: {err}");

@@ -290,7 +290,12 @@ async fn json_api_errors_openapi_and_cors() {
         .get(&format!("{base}/v1/live-lessons/{}", uuid::Uuid::new_v4()))
         .await
         .unwrap();
-    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{}", anonymous.body);
+    assert_eq!(
+        anonymous.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        anonymous.body
+    );
     assert_eq!(anonymous.json().unwrap()["reason"], "UNAUTHENTICATED");
     // A session: its token comes back as an HttpOnly, SameSite=Strict cookie (which this client
     // keeps, as a browser does) besides the JSON.
@@ -423,12 +428,22 @@ async fn json_api_errors_openapi_and_cors() {
         .get(&format!("{base}/v1/admin/live-lessons"))
         .await
         .unwrap();
-    assert_eq!(learners_admin.status, StatusCode::NOT_FOUND, "{}", learners_admin.body);
+    assert_eq!(
+        learners_admin.status,
+        StatusCode::NOT_FOUND,
+        "{}",
+        learners_admin.body
+    );
     let tokenless = web
         .get(&format!("{admin}/v1/admin/live-lessons"))
         .await
         .unwrap();
-    assert_eq!(tokenless.status, StatusCode::UNAUTHORIZED, "{}", tokenless.body);
+    assert_eq!(
+        tokenless.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        tokenless.body
+    );
     let no_route = web.get(&format!("{base}/v2/lessons")).await.unwrap();
     assert_eq!(no_route.status, StatusCode::NOT_FOUND);
     assert!(no_route.body.contains("openapi.json"), "{}", no_route.body);

@@ -12,8 +12,8 @@ pub mod web;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
@@ -325,7 +325,10 @@ pub struct Bearer {
 }
 
 impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if request.metadata().contains_key("authorization") {
             return Ok(request);
         }
@@ -443,7 +446,10 @@ impl Clients {
             .await?
             .into_inner();
         if let Some(token) = token {
-            self.tokens.book().by_lesson.insert(lesson.id.clone(), token);
+            self.tokens
+                .book()
+                .by_lesson
+                .insert(lesson.id.clone(), token);
         }
         Ok(lesson)
     }

@@ -194,9 +194,8 @@ pub fn retryable(err: &Error) -> bool {
     let Error::Agent { status, .. } = err else {
         return false;
     };
-    let hopeless = errors::reason(status).is_some_and(|(reason, _)| {
-        reason == agent::ErrorReason::RequestTooLarge.as_str_name()
-    });
+    let hopeless = errors::reason(status)
+        .is_some_and(|(reason, _)| reason == agent::ErrorReason::RequestTooLarge.as_str_name());
     crate::error::is_retryable(status.code()) && !hopeless
 }
 

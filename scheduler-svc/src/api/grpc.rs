@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::auth::{self, AdminAuth};
-use super::limits::Quota;
 use super::convert as wire;
+use super::limits::Quota;
 use crate::agents::{AgentState, Desired, Fleet};
 use crate::catalog::Catalog;
 use crate::drive::{Hub, Reconciler, placement};
@@ -618,8 +618,13 @@ impl AdminService for Api {
         request: Request<api::PersistSessionRequest>,
     ) -> Result<api::Session> {
         let target = request.get_ref().id.clone();
-        self.admin(&request, Scope::Write, "AdminService.PersistSession", &target)
-            .await?;
+        self.admin(
+            &request,
+            Scope::Write,
+            "AdminService.PersistSession",
+            &target,
+        )
+        .await?;
         let api::PersistSessionRequest { id, persistent } = request.into_inner();
         let id: SessionId = id.parse().map_err(Error::from)?;
         let session = self.store.persist_session(id, persistent).await?;

@@ -304,7 +304,10 @@ mod tests {
     #[tokio::test]
     async fn request_creates_touches_changes_and_retries() {
         let (_dir, store) = store().await;
-        let session = store.create_session(IP, [4; 32], 0, Millis(1)).await.unwrap();
+        let session = store
+            .create_session(IP, [4; 32], 0, Millis(1))
+            .await
+            .unwrap();
         let (first, outcome) = store
             .request_live_lesson(session.id, "intro", 0, 3, Millis(2))
             .await
@@ -367,7 +370,10 @@ mod tests {
     #[tokio::test]
     async fn live_lesson_limit_and_expiry() {
         let (_dir, store) = store().await;
-        let session = store.create_session(IP, [5; 32], 0, Millis(1)).await.unwrap();
+        let session = store
+            .create_session(IP, [5; 32], 0, Millis(1))
+            .await
+            .unwrap();
         store
             .request_live_lesson(session.id, "a", 0, 1, Millis(2))
             .await

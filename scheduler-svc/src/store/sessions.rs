@@ -53,14 +53,16 @@ impl Store {
 
     /// The live session whose token hashes to `token_hash`.
     pub async fn session_by_token(&self, token_hash: [u8; 32]) -> Result<Option<SessionId>> {
-        let id: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM sessions WHERE token_hash = ? AND expired = 0",
-        )
-        .bind(token_hash.to_vec())
-        .fetch_optional(&self.reader)
-        .await?;
-        id.map(|id| id.parse().map_err(|err: crate::model::BadId| Error::Corrupt(err.to_string())))
-            .transpose()
+        let id: Option<String> =
+            sqlx::query_scalar("SELECT id FROM sessions WHERE token_hash = ? AND expired = 0")
+                .bind(token_hash.to_vec())
+                .fetch_optional(&self.reader)
+                .await?;
+        id.map(|id| {
+            id.parse()
+                .map_err(|err: crate::model::BadId| Error::Corrupt(err.to_string()))
+        })
+        .transpose()
     }
 
     /// A live (unexpired) session.
@@ -133,7 +135,10 @@ mod tests {
     fn ipv6_addresses_count_by_their_64() {
         let net = |ip: &str| network(ip.parse().unwrap());
         assert_eq!(net("203.0.113.7"), "203.0.113.7");
-        assert_eq!(net("2001:db8:1:2::1"), net("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_eq!(
+            net("2001:db8:1:2::1"),
+            net("2001:db8:1:2:ffff:ffff:ffff:ffff")
+        );
         assert_eq!(net("2001:db8:1:2::1"), "2001:db8:1:2::/64");
         assert_ne!(net("2001:db8:1:2::1"), net("2001:db8:1:3::1"));
         assert_eq!(net("::ffff:203.0.113.7"), "203.0.113.7");

@@ -26,11 +26,11 @@ use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
 use antidote_proto::api::v1::ErrorReason;
-use antidote_proto::sdk::errors;
 use antidote_proto::api::v1::admin_service_server::AdminService;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService;
 use antidote_proto::api::v1::session_service_server::SessionService as _;
+use antidote_proto::sdk::errors;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
@@ -40,9 +40,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use futures::future::BoxFuture;
 use futures::{Stream, StreamExt as _};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor, SerializeOptions};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -366,10 +366,12 @@ pub async fn serve(
             continue;
         };
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            tower::ServiceExt::oneshot(app.clone(), request.map(axum::body::Body::new))
-        });
+        let service = hyper::service::service_fn(
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                tower::ServiceExt::oneshot(app.clone(), request.map(axum::body::Body::new))
+            },
+        );
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
@@ -779,10 +781,11 @@ fn session_cookie(headers: &HeaderMap) -> Option<&str> {
 /// for the API's paths, so a page's EventSource (which cannot send headers) is authenticated
 /// and scripts cannot read it.
 async fn create_session(api: Api, mut call: Call) -> Response {
-    let decoded = match decode::<api::CreateSessionRequest>(call.route, std::mem::take(&mut call.fields)) {
-        Ok(decoded) => decoded,
-        Err(status) => return status_response(&status),
-    };
+    let decoded =
+        match decode::<api::CreateSessionRequest>(call.route, std::mem::take(&mut call.fields)) {
+            Ok(decoded) => decoded,
+            Err(status) => return status_response(&status),
+        };
     match api.create_session(request(decoded, &call)).await {
         Ok(response) => {
             let session = response.into_inner();

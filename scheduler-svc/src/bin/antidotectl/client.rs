@@ -133,7 +133,11 @@ impl Clients {
     ) -> Result<Clients> {
         // The admin listener is dialled when an admin command first calls it.
         let admin = Endpoint::from_shared(admin_server.to_owned())
-            .map_err(|err| Failure(format!("--admin-server `{admin_server}` is not a URL: {err}")))?
+            .map_err(|err| {
+                Failure(format!(
+                    "--admin-server `{admin_server}` is not a URL: {err}"
+                ))
+            })?
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true)
             .connect_lazy();

@@ -137,7 +137,13 @@ pub async fn stage(
     let live = c
         .lessons
         .clone()
-        .set_stage(c.learner(api::SetStageRequest { id: id.clone(), stage }, &id))
+        .set_stage(c.learner(
+            api::SetStageRequest {
+                id: id.clone(),
+                stage,
+            },
+            &id,
+        ))
         .await?
         .into_inner();
     settle(c, out, live, no_follow).await

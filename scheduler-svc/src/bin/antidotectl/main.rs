@@ -54,7 +54,12 @@ struct Cli {
     #[arg(long, global = true, env = "ANTIDOTE_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// A learner's session token, overriding the ones `session create` kept.
-    #[arg(long, global = true, env = "ANTIDOTE_SESSION_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "ANTIDOTE_SESSION_TOKEN",
+        hide_env_values = true
+    )]
     session_token: Option<String>,
     /// How to print results.
     #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
