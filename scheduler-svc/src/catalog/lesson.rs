@@ -13,6 +13,7 @@ use super::model::{
     Author, Category, ConfigurationType, Connection, Endpoint, GuideType, Lesson, Presentation,
     PresentationKind, Stage, Tier,
 };
+use super::source::Source;
 use super::stage;
 use super::yaml::{self, Node, Report};
 
@@ -56,7 +57,13 @@ const LESSON_KEYS: &[&str] = &[
 ];
 
 /// Reads the lesson whose `lesson.meta.yaml` (already parsed into `value`) sits in `dir`.
-pub(super) fn read(dir: &Path, value: &Value, known: &Known<'_>, report: &mut Report) -> Draft {
+pub(super) fn read(
+    source: &dyn Source,
+    dir: &Path,
+    value: &Value,
+    known: &Known<'_>,
+    report: &mut Report,
+) -> Draft {
     // Name the lesson in every error, including the unknown-key errors that opening the node
     // reports before any field is read.
     if let Some(slug) = value.get("slug").and_then(Value::as_str)
@@ -91,7 +98,7 @@ pub(super) fn read(dir: &Path, value: &Value, known: &Known<'_>, report: &mut Re
     let ready_delay = ready_delay(&node, report);
     let (endpoints, endpoint_names) = endpoints(&node, known, report);
     let connections = connections(&node, &endpoint_names, report);
-    let stages = stages(dir, &node, &endpoints, report);
+    let stages = stages(source, dir, &node, &endpoints, report);
 
     if let Some(collection) = &collection {
         check_collection(&node, collection, tier, known, report);
@@ -373,8 +380,9 @@ fn subnet(field: &str, text: &str, report: &mut Report) -> Option<ipnet::IpNet> 
     }
 }
 
-/// `stages`, with each stage's files located on disk.
+/// `stages`, with each stage's files located in `source`.
 fn stages(
+    source: &dyn Source,
     dir: &Path,
     node: &Node<'_>,
     endpoints: &[(String, Endpoint)],
@@ -396,8 +404,15 @@ fn stages(
         let Some(guide_type) = guide_type else {
             continue;
         };
-        let Some(files) = stage::locate(dir, index, stage.path(), guide_type, endpoints, report)
-        else {
+        let Some(files) = stage::locate(
+            source,
+            dir,
+            index,
+            stage.path(),
+            guide_type,
+            endpoints,
+            report,
+        ) else {
             continue;
         };
         stages.push(Stage {

@@ -27,7 +27,10 @@
 //! the tier: `validate` at any tier finds the same problems. The tier only decides which valid
 //! lessons and collections land in the catalog.
 //!
-//! Loading reads files with blocking I/O; call it from `spawn_blocking` in async code.
+//! [`Catalog::load`] reads files with blocking I/O; call it from `spawn_blocking` in async code.
+//! [`Catalog::from_files`] validates a curriculum held in memory (a map of paths to contents)
+//! by the same rules, without touching the disk: the loader asks its questions of a `Source`,
+//! the disk or that map.
 //!
 //! # Modules
 //! - `model`: the typed curriculum ([`Lesson`], [`Image`], [`Collection`], the enums).
@@ -36,11 +39,13 @@
 //! - `meta`: `curriculum.meta.yaml`, `collection.meta.yaml`, `image.meta.yaml`; slug rules.
 //! - `lesson`: `lesson.meta.yaml` and the checks within one lesson.
 //! - `stage`: locating each stage's directory, guide and config files.
+//! - `source`: where files come from: the disk, or a map of paths to contents.
 
 mod error;
 mod lesson;
 mod meta;
 mod model;
+mod source;
 mod stage;
 mod yaml;
 
@@ -48,7 +53,6 @@ mod yaml;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use self::error::{CatalogError, CatalogErrors, UnknownVariant};
@@ -60,6 +64,7 @@ pub use self::model::{
 
 use self::lesson::Known;
 use self::meta::Parsed;
+use self::source::{Disk, Memory, Source};
 use self::yaml::Report;
 
 /// A loaded, validated curriculum.
@@ -103,7 +108,31 @@ impl Catalog {
     /// Loads and validates the curriculum in `dir`, keeping the lessons and collections at or
     /// above `tier`; returns all problems at once.
     pub fn load(dir: &Path, tier: Tier) -> Result<Catalog, CatalogErrors> {
-        if !dir.is_dir() {
+        Self::load_from(&Disk, dir, tier)
+    }
+
+    /// Validates the curriculum whose files are `files` (paths relative to the curriculum's
+    /// root, each with its contents) exactly as [`Catalog::load`] validates a directory holding
+    /// them, without any I/O. `root` is where the curriculum is said to live: every path in the
+    /// catalog and in its errors is under it. Directories are those the paths imply. A path no
+    /// directory could hold (absolute, with `..`, given twice, both a file and a directory) is
+    /// an error naming it.
+    pub fn from_files<P, C>(
+        root: &Path,
+        files: impl IntoIterator<Item = (P, C)>,
+        tier: Tier,
+    ) -> Result<Catalog, CatalogErrors>
+    where
+        P: AsRef<Path>,
+        C: AsRef<[u8]>,
+    {
+        let memory = Memory::new(root, files).map_err(CatalogErrors)?;
+        Self::load_from(&memory, root, tier)
+    }
+
+    /// Loads and validates the curriculum in `dir` as `source` shows it.
+    fn load_from(source: &dyn Source, dir: &Path, tier: Tier) -> Result<Catalog, CatalogErrors> {
+        if !source.is_dir(dir) {
             return Err(CatalogErrors(vec![CatalogError {
                 file: dir.to_owned(),
                 lesson: None,
@@ -116,7 +145,7 @@ impl Catalog {
         let meta = {
             let file = dir.join("curriculum.meta.yaml");
             let mut report = Report::new(file.clone());
-            let meta = yaml::read(&file, &mut report)
+            let meta = yaml::read(source, &file, &mut report)
                 .and_then(|value| meta::curriculum(&value, &mut report));
             errors.extend(report.into_errors());
             meta
@@ -126,9 +155,9 @@ impl Catalog {
         // last, once every lesson's slug and tier is known.
         let mut images = BTreeMap::new();
         let mut image_files = BTreeMap::new();
-        for file in discover(&dir.join("images"), "image.meta.yaml", &mut errors) {
+        for file in discover(source, &dir.join("images"), "image.meta.yaml", &mut errors) {
             let mut report = Report::new(file.clone());
-            let parsed = yaml::read(&file, &mut report)
+            let parsed = yaml::read(source, &file, &mut report)
                 .map_or_else(Parsed::nothing, |value| meta::image(&value, &mut report));
             if let Some(slug) = parsed.slug
                 && claim(&mut image_files, &slug, &file, &mut report)
@@ -144,14 +173,16 @@ impl Catalog {
         let mut collection_files = BTreeMap::new();
         let mut collection_tiers = BTreeMap::new();
         for file in discover(
+            source,
             &dir.join("collections"),
             "collection.meta.yaml",
             &mut errors,
         ) {
             let mut report = Report::new(file.clone());
-            let parsed = yaml::read(&file, &mut report).map_or_else(Parsed::nothing, |value| {
-                meta::collection(&value, &mut report)
-            });
+            let parsed = yaml::read(source, &file, &mut report)
+                .map_or_else(Parsed::nothing, |value| {
+                    meta::collection(&value, &mut report)
+                });
             if let Some(slug) = parsed.slug
                 && claim(&mut collection_files, &slug, &file, &mut report)
             {
@@ -175,15 +206,20 @@ impl Catalog {
         let mut drafts = Vec::new();
         let mut lesson_files = BTreeMap::new();
         let mut lesson_tiers = BTreeMap::new();
-        for file in discover(&dir.join("lessons"), "lesson.meta.yaml", &mut errors) {
+        for file in discover(
+            source,
+            &dir.join("lessons"),
+            "lesson.meta.yaml",
+            &mut errors,
+        ) {
             let mut report = Report::new(file.clone());
             // `discover` only returns files inside a directory, so there is always a parent.
             let lesson_dir = file.parent().unwrap_or(dir).to_owned();
-            let Some(value) = yaml::read(&file, &mut report) else {
+            let Some(value) = yaml::read(source, &file, &mut report) else {
                 errors.extend(report.into_errors());
                 continue;
             };
-            let draft = lesson::read(&lesson_dir, &value, &known, &mut report);
+            let draft = lesson::read(source, &lesson_dir, &value, &known, &mut report);
             if let Some(slug) = &draft.parsed.slug
                 && claim(&mut lesson_files, slug, &file, &mut report)
             {
@@ -321,10 +357,15 @@ fn check_prereqs(
 const MAX_DEPTH: usize = 8;
 
 /// Finds every `file_name` under `dir`, sorted; a missing `dir` holds none.
-fn discover(dir: &Path, file_name: &str, errors: &mut Vec<CatalogError>) -> Vec<PathBuf> {
+fn discover(
+    source: &dyn Source,
+    dir: &Path,
+    file_name: &str,
+    errors: &mut Vec<CatalogError>,
+) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    if dir.is_dir() {
-        walk(dir, file_name, 0, &mut found, errors);
+    if source.is_dir(dir) {
+        walk(source, dir, file_name, 0, &mut found, errors);
     }
     found.sort();
     found
@@ -332,6 +373,7 @@ fn discover(dir: &Path, file_name: &str, errors: &mut Vec<CatalogError>) -> Vec<
 
 /// One step of [`discover`].
 fn walk(
+    source: &dyn Source,
     dir: &Path,
     file_name: &str,
     depth: usize,
@@ -339,12 +381,12 @@ fn walk(
     errors: &mut Vec<CatalogError>,
 ) {
     let candidate = dir.join(file_name);
-    if candidate.is_file() {
+    if source.is_file(&candidate) {
         // An item's directory is its own (stage directories, Dockerfiles): not searched on.
         found.push(candidate);
         return;
     }
-    let entries = match fs::read_dir(dir) {
+    let entries = match source.list(dir) {
         Ok(entries) => entries,
         Err(error) => {
             errors.push(CatalogError {
@@ -357,14 +399,12 @@ fn walk(
         }
     };
     let mut subdirs = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
+    for (name, path) in entries {
         let name = name.to_string_lossy();
         if name.starts_with('.') {
             continue;
         }
-        let path = entry.path();
-        if path.is_dir() {
+        if source.is_dir(&path) {
             subdirs.push(path);
         } else if depth > 0 && is_misnamed(&name, file_name) {
             // Without this, a lesson whose meta file is misspelt would silently not exist.
@@ -381,7 +421,7 @@ fn walk(
     }
     subdirs.sort();
     for subdir in subdirs {
-        walk(&subdir, file_name, depth + 1, found, errors);
+        walk(source, &subdir, file_name, depth + 1, found, errors);
     }
 }
 

@@ -1,15 +1,16 @@
-//! Finding a stage's files on disk: its directory, its guide and each endpoint's config file.
+//! Finding a stage's files in the curriculum's source: its directory, its guide and each
+//! endpoint's config file.
 //!
 //! Problems are reported against the `lesson.meta.yaml` field that asked for the file (the
 //! stage, its `guideType`, the endpoint's `configurationType`), with the missing file named
 //! relative to the lesson directory.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, StageConfig};
+use super::source::Source;
 use super::yaml::Report;
 
 /// A stage's files, found.
@@ -23,6 +24,7 @@ pub(super) struct StageFiles {
 /// Locates stage `index` of the lesson in `dir`. `field` is the stage's path in the lesson file
 /// (`stages[1]`); `endpoints` pairs each cleanly read endpoint with its path (`endpoints[0]`).
 pub(super) fn locate(
+    source: &dyn Source,
     dir: &Path,
     index: u32,
     field: &str,
@@ -32,7 +34,7 @@ pub(super) fn locate(
 ) -> Option<StageFiles> {
     let stage_name = format!("stage{index}");
     let stage_dir = dir.join(&stage_name);
-    if !stage_dir.is_dir() {
+    if !source.is_dir(&stage_dir) {
         // Without the directory every file in it is missing too; one error says it all.
         report.error(
             field,
@@ -43,7 +45,7 @@ pub(super) fn locate(
     let before = report.count();
 
     let guide = stage_dir.join(guide_type.file_name());
-    if !guide.is_file() {
+    if !source.is_file(&guide) {
         report.error(
             format!("{field}.guideType"),
             format!(
@@ -60,10 +62,10 @@ pub(super) fn locate(
         };
         let field = format!("{endpoint_field}.configurationType");
         let found = match plain_extension(configuration_type) {
-            None => find_napalm(&stage_dir, &stage_name, endpoint, &field, report),
+            None => find_napalm(source, &stage_dir, &stage_name, endpoint, &field, report),
             Some(extension) => {
                 let file_name = format!("{}.{extension}", endpoint.name);
-                if stage_dir.join("configs").join(&file_name).is_file() {
+                if source.is_file(&stage_dir.join("configs").join(&file_name)) {
                     Some((file_name, None))
                 } else {
                     report.error(
@@ -82,7 +84,7 @@ pub(super) fn locate(
         };
         let path = stage_dir.join("configs").join(&file_name);
         let shown = format!("{stage_name}/configs/{file_name}");
-        match fs::read_to_string(&path) {
+        match source.read(&path) {
             Ok(contents) => {
                 configs.insert(
                     endpoint.name.clone(),
@@ -117,6 +119,7 @@ fn plain_extension(configuration_type: ConfigurationType) -> Option<&'static str
 /// Finds the one `<endpoint>-<driver>.txt` in the stage's `configs/`, returning its file name
 /// and driver.
 fn find_napalm(
+    source: &dyn Source,
     stage_dir: &Path,
     stage_name: &str,
     endpoint: &Endpoint,
@@ -126,9 +129,9 @@ fn find_napalm(
     let prefix = format!("{}-", endpoint.name);
     let mut matches = Vec::new();
     // A missing configs/ directory simply holds no config; other files may sit beside ours.
-    if let Ok(entries) = fs::read_dir(stage_dir.join("configs")) {
-        for entry in entries.flatten() {
-            let Ok(file_name) = entry.file_name().into_string() else {
+    if let Ok(entries) = source.list(&stage_dir.join("configs")) {
+        for (file_name, path) in entries {
+            let Ok(file_name) = file_name.into_string() else {
                 continue;
             };
             let driver = file_name
@@ -136,7 +139,7 @@ fn find_napalm(
                 .and_then(|rest| rest.strip_suffix(".txt"));
             if let Some(driver) = driver
                 && NAPALM_DRIVERS.contains(&driver)
-                && entry.path().is_file()
+                && source.is_file(&path)
             {
                 matches.push((file_name.clone(), Some(driver.to_owned())));
             }

@@ -1,13 +1,17 @@
 //! Data-driven tests: each writes a small curriculum to a temporary directory through [`check`]
-//! and compares the error lines (or their absence) with what is expected.
+//! and compares the error lines (or their absence) with what is expected. [`check`] also
+//! validates the same files held in memory ([`Catalog::from_files`]) and asserts that both give
+//! the same answer, so every case here is also a test that the two sources agree.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::num::NonZeroU16;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    Catalog, Category, CollectionType, ConfigurationType, Flavor, GuideType, PresentationKind, Tier,
+    Catalog, CatalogErrors, Category, CollectionType, ConfigurationType, Flavor, GuideType,
+    PresentationKind, Tier,
 };
 
 /// Marks a [`BASE`] file that a test wants absent.
@@ -75,8 +79,8 @@ fn one(yaml: &str) -> Vec<(&str, &str)> {
 
 /// Writes [`BASE`] overlaid with `files` (paths relative to the curriculum root, contents
 /// dedented) to a fresh directory, loads it at `tier`, and asserts that the error lines, with
-/// the directory's path removed, are exactly `expect`. With nothing expected, returns the
-/// catalog.
+/// the directory's path removed, are exactly `expect`, and that the same files held in memory
+/// give the same result. With nothing expected, returns the catalog.
 #[track_caller]
 fn check(files: &[(&str, &str)], tier: Tier, expect: &[&str]) -> Option<Catalog> {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -85,16 +89,20 @@ fn check(files: &[(&str, &str)], tier: Tier, expect: &[&str]) -> Option<Catalog>
         all.retain(|(base, _)| base != path);
         all.push((path, contents));
     }
+    let mut memory = BTreeMap::new();
     for (path, contents) in all {
         if contents == ABSENT {
             continue;
         }
+        memory.insert(path, dedent(contents));
         let path = dir.path().join(path);
         fs::create_dir_all(path.parent().expect("files are below the root")).expect("mkdir");
         fs::write(&path, dedent(contents)).expect("write");
     }
     let prefix = format!("{}/", dir.path().display());
-    match Catalog::load(dir.path(), tier) {
+    let loaded = Catalog::load(dir.path(), tier);
+    same(&loaded, &Catalog::from_files(dir.path(), &memory, tier));
+    match loaded {
         Ok(catalog) => {
             assert!(
                 expect.is_empty(),
@@ -112,6 +120,42 @@ fn check(files: &[(&str, &str)], tier: Tier, expect: &[&str]) -> Option<Catalog>
             None
         }
     }
+}
+
+/// Asserts that loading from disk and from memory gave the same catalog or the same errors.
+#[track_caller]
+fn same(disk: &Result<Catalog, CatalogErrors>, memory: &Result<Catalog, CatalogErrors>) {
+    match (disk, memory) {
+        (Ok(disk), Ok(memory)) => {
+            assert_eq!(disk.root, memory.root);
+            assert_eq!(disk.meta, memory.meta);
+            assert_eq!(disk.collections, memory.collections);
+            assert_eq!(disk.images, memory.images);
+            assert_eq!(disk.lessons, memory.lessons);
+            assert_eq!(disk.skipped, memory.skipped);
+            assert_eq!(disk.skipped_collections, memory.skipped_collections);
+        }
+        (Err(disk), Err(memory)) => assert_eq!(disk, memory, "disk and memory disagree"),
+        (disk, memory) => panic!("disk and memory disagree:\n{disk:?}\n{memory:?}"),
+    }
+}
+
+/// Every file under `dir` (hidden ones too), by path relative to it, as bytes.
+fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        for entry in fs::read_dir(dir).expect("list") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                walk(root, &path, files);
+            } else {
+                let relative = path.strip_prefix(root).expect("below the root").to_owned();
+                files.insert(relative, fs::read(&path).expect("read"));
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
 }
 
 /// Like [`check`], expecting success.
@@ -526,7 +570,7 @@ fn unknown_fields_are_reported_everywhere_at_once() {
           presentations:
           - {name: page, prot: 8080, port: 8080, type: http}
         connections:
-        - {a: web, b: web2, subnetz: 10.0.0.0/24}
+        - {a: web, b: web2, subnetz: 10.0.0.0/24, \"\": x}
         stages:
         - {guideType: markdown, guide: x}
         ");
@@ -539,7 +583,7 @@ fn unknown_fields_are_reported_everywhere_at_once() {
             "collections/examples/collection.meta.yaml",
             "{slug: examples, title: E, type: vendor, tier: prod, enabled: false, id: 1}",
         ),
-        ("curriculum.meta.yaml", "{name: test, version: 2}"),
+        ("curriculum.meta.yaml", "{name: test, version: 2, '': 3}"),
     ]);
     check(
         &files,
@@ -548,6 +592,7 @@ fn unknown_fields_are_reported_everywhere_at_once() {
             "collections/examples/collection.meta.yaml: `enabled`: unknown field",
             "collections/examples/collection.meta.yaml: `id`: unknown field",
             "curriculum.meta.yaml: `version`: unknown field",
+            "curriculum.meta.yaml: `\"\"`: unknown field",
             "images/box/image.meta.yaml: `privileged`: unknown field",
             "lessons/one/lesson.meta.yaml: lesson `one`: `lessonId`: unknown field",
             "lessons/one/lesson.meta.yaml: lesson `one`: `short_description`: unknown field (did you mean `shortDescription`?)",
@@ -555,6 +600,7 @@ fn unknown_fields_are_reported_everywhere_at_once() {
             "lessons/one/lesson.meta.yaml: lesson `one`: `endpoints[0].imag`: unknown field (did you mean `image`?)",
             "lessons/one/lesson.meta.yaml: lesson `one`: `endpoints[0].presentations[0].prot`: unknown field (did you mean `port`?)",
             "lessons/one/lesson.meta.yaml: lesson `one`: `connections[0].subnetz`: unknown field (did you mean `subnet`?)",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `connections[0].\"\"`: unknown field",
             "lessons/one/lesson.meta.yaml: lesson `one`: `connections[0].b`: no endpoint named `web2` in this lesson",
             "lessons/one/lesson.meta.yaml: lesson `one`: `stages[0].guide`: unknown field",
         ],
@@ -1141,6 +1187,57 @@ fn config_files_must_be_text() {
         "`stage0/configs/sh.sh` is not valid utf-8"
     );
     assert_eq!(errors.0[0].field, "endpoints[0].configurationType");
+    same(
+        &Err(errors),
+        &Catalog::from_files(root, files_under(root), Tier::Prod),
+    );
+}
+
+// ---- curricula held in memory ----
+
+#[test]
+fn in_memory_paths_must_be_files_inside_the_curriculum() {
+    let root = Path::new("/curriculum");
+    let errors = Catalog::from_files(
+        root,
+        [
+            ("../outside.yaml", "x"),
+            ("/etc/passwd", "x"),
+            ("", "x"),
+            ("lessons/one", "x"),
+            ("lessons/one/lesson.meta.yaml", "x"),
+            ("images/a.yaml", "x"),
+            ("./images/a.yaml", "y"),
+        ],
+        Tier::Prod,
+    )
+    .expect_err("paths no directory could hold");
+    let lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "/curriculum/: not a file path inside the curriculum (relative, without `..`)",
+            "/curriculum/../outside.yaml: not a file path inside the curriculum (relative, without `..`)",
+            "/curriculum/./images/a.yaml: given twice",
+            "/curriculum/lessons/one: is both a file and a directory",
+            "/etc/passwd: not a file path inside the curriculum (relative, without `..`)",
+        ],
+        "sorted by file, as every list of curriculum errors is"
+    );
+}
+
+#[test]
+fn an_empty_map_is_a_curriculum_without_its_meta_file() {
+    let errors = Catalog::from_files(
+        Path::new("c"),
+        BTreeMap::<String, String>::new(),
+        Tier::Prod,
+    )
+    .expect_err("no curriculum.meta.yaml");
+    assert_eq!(
+        errors.to_string(),
+        "1 curriculum error:\nc/curriculum.meta.yaml: file does not exist"
+    );
 }
 
 #[test]
@@ -1305,4 +1402,15 @@ fn example_curriculum_loads_without_errors() {
 
     let prod = Catalog::load(&dir, Tier::Prod).expect("loads at prod too");
     assert_eq!(prod.skipped, local);
+}
+
+#[test]
+fn example_curriculum_loads_the_same_from_memory() {
+    let dir = example_curriculum();
+    for tier in Tier::ALL {
+        same(
+            &Catalog::load(&dir, *tier),
+            &Catalog::from_files(&dir, files_under(&dir), *tier),
+        );
+    }
 }

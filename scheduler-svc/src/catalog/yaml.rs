@@ -5,7 +5,6 @@
 //! [`Node`], which reports unknown keys, missing keys and wrong types into a [`Report`] with the
 //! field's full path, and hands back whatever it could read.
 
-use std::fs;
 use std::io;
 use std::num::NonZeroU16;
 use std::path::{Path, PathBuf};
@@ -14,6 +13,7 @@ use std::str::FromStr;
 use serde_yaml::{Mapping, Value};
 
 use super::error::{CatalogError, UnknownVariant};
+use super::source::Source;
 
 /// The problems found in one file.
 pub(super) struct Report {
@@ -60,8 +60,8 @@ impl Report {
 }
 
 /// Reads and parses `path`, reporting an unreadable file or malformed YAML as one error.
-pub(super) fn read(path: &Path, report: &mut Report) -> Option<Value> {
-    let text = match fs::read_to_string(path) {
+pub(super) fn read(source: &dyn Source, path: &Path, report: &mut Report) -> Option<Value> {
+    let text = match source.read(path) {
         Ok(text) => text,
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
             report.error("", "file does not exist");
@@ -127,10 +127,15 @@ impl<'v> Node<'v> {
             };
             if !known.contains(&name.as_str()) {
                 let reason = match suggest(&name, known) {
-                    Some(close) => format!("unknown field (did you mean `{close}`?)"),
-                    None => "unknown field".to_owned(),
+                    Some(close) if !name.is_empty() => {
+                        format!("unknown field (did you mean `{close}`?)")
+                    }
+                    _ => "unknown field".to_owned(),
                 };
-                report.error(node.field(&name), reason);
+                // An empty key would make a path that names nothing (empty, or ending in a
+                // dot); it is shown as YAML writes it.
+                let shown = if name.is_empty() { "\"\"" } else { &name };
+                report.error(node.field(shown), reason);
             }
         }
         Some(node)
