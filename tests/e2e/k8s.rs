@@ -545,7 +545,12 @@ async fn agent_k8s_conforms() {
         kubelet.log_text()
     );
     assert!(report.contains("Namespace, NetworkPolicy, Pod"), "{report}");
-    for ran in ["restart-adopt", "capacity-refusal", "failed-probe", "failed-config"] {
+    for ran in [
+        "restart-adopt",
+        "capacity-refusal",
+        "failed-probe",
+        "failed-config",
+    ] {
         assert!(report.contains(&format!("PASS  {ran}:")), "{report}");
     }
 }
