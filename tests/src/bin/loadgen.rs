@@ -82,9 +82,7 @@ async fn main() -> anyhow::Result<()> {
     let scheduler = Scheduler::start(dir.path(), &config).await?;
     let mut clients = Vec::new();
     for _ in 0..args.connections {
-        clients.push(
-            Clients::connect(scheduler.process.addr, scheduler.process.extra["admin"]).await?,
-        );
+        clients.push(Clients::connect(scheduler.process.addr, scheduler.process.extra["admin"]).await?);
     }
     let mut agents = Vec::new();
     for _ in 0..args.connections {
