@@ -17,8 +17,16 @@ use futures::StreamExt;
 use proto::{Phase, PresentationType};
 use tonic::Status;
 
-use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON};
+use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON, Run};
+use crate::firewall::{Confinement, Firewall};
 use crate::settings::Settings;
+
+/// How much of a failed configuration's output the FAILED reason quotes (the agent keeps more,
+/// [`engine::OUTPUT_KEPT`], but reasons are stored and shown with every event).
+const REASON_TAIL: usize = 1024;
+
+/// The condition saying whether a live lesson's networks are cut off from the engine's host.
+pub const HOST_CONFINED: &str = "HostConfined";
 
 /// The capabilities agent-docker offers.
 pub const CAPABILITIES: &[&str] = &[
@@ -36,17 +44,25 @@ pub const CAPABILITIES: &[&str] = &[
 pub struct Docker {
     docker: bollard::Docker,
     settings: Arc<Settings>,
+    /// The host firewall confining lesson networks (or why it cannot).
+    firewall: Arc<Firewall>,
     /// The runtime's state book, for changes that happen on their own (a container dies).
     book: Arc<StateBook>,
 }
 
 impl Docker {
-    /// A backend driving `docker`, reporting through `book` (give the same book to
-    /// [`sdk::Agent::with_book`]).
-    pub fn new(docker: bollard::Docker, settings: Settings, book: Arc<StateBook>) -> Docker {
+    /// A backend driving `docker`, confining lesson networks with `firewall`, reporting
+    /// through `book` (give the same book to [`sdk::Agent::with_book`]).
+    pub fn new(
+        docker: bollard::Docker,
+        settings: Settings,
+        firewall: Firewall,
+        book: Arc<StateBook>,
+    ) -> Docker {
         Docker {
             docker,
             settings: Arc::new(settings),
+            firewall: Arc::new(firewall),
             book,
         }
     }
@@ -116,8 +132,8 @@ impl Docker {
             // A missing image surfaces from the container's creation (404), named there.
             report.phase(Phase::Booting, "creating networks and containers");
         }
-        let placed = match start {
-            Start::Create => engine::create(docker, settings, spec).await,
+        let (placed, confinement) = match start {
+            Start::Create => engine::create(docker, settings, &self.firewall, spec).await,
             Start::Change | Start::Adopt => self.locate(spec).await,
         }
         .map_err(|err| err.to_string())?;
@@ -126,6 +142,18 @@ impl Docker {
             s.phase = Phase::Configuring as i32;
             s.reason = format!("configuring stage {}", spec.stage);
             s.endpoints = endpoints.clone();
+            s.conditions.retain(|c| c.r#type != HOST_CONFINED);
+            if let Confinement::Unconfined(why) = &confinement {
+                s.conditions.push(proto::Condition {
+                    r#type: HOST_CONFINED.into(),
+                    status: false,
+                    reason: "FirewallUnavailable".into(),
+                    message: format!(
+                        "endpoints can reach the engine's host and the metadata address: {why}"
+                    ),
+                    last_transition: Some(std::time::SystemTime::now().into()),
+                });
+            }
         });
 
         for endpoint in &spec.endpoints {
@@ -145,13 +173,21 @@ impl Docker {
             let mut last = String::new();
             let mut done = false;
             for attempt in 1..=settings.config_tries.max(1) {
-                match engine::exec_shell(docker, &container, &script).await {
-                    Ok((0, _)) => {
+                match engine::exec_shell(docker, &container, &script, settings.config_timeout).await
+                {
+                    Ok((Run::Exited(0), _)) => {
                         done = true;
                         break;
                     }
-                    Ok((code, output)) => {
-                        last = format!("exit code {code}: {}", tail(&output, 2000));
+                    Ok((Run::Exited(code), output)) => {
+                        last = format!("exit code {code}: {}", tail(&output.text(), REASON_TAIL));
+                    }
+                    Ok((Run::TimedOut, output)) => {
+                        last = format!(
+                            "did not finish within {:?} and was killed; output ends: {}",
+                            settings.config_timeout,
+                            tail(&output.text(), REASON_TAIL)
+                        );
                     }
                     Err(err) => last = err.to_string(),
                 }
@@ -204,11 +240,15 @@ impl Docker {
         Ok(states)
     }
 
-    /// Where an existing live lesson's endpoints are (for stage changes and recovery).
+    /// Where an existing live lesson's endpoints are (for stage changes and recovery), with its
+    /// networks' firewall rules put back if they went missing (a host reboot, an agent killed
+    /// between creating a network and confining it).
     async fn locate(
         &self,
         spec: &proto::LessonSpec,
-    ) -> Result<HashMap<String, engine::Placed>, EngineError> {
+    ) -> Result<(HashMap<String, engine::Placed>, Confinement), EngineError> {
+        let confinement =
+            engine::confine_networks(&self.docker, &self.firewall, &spec.live_lesson_id).await?;
         let lesson_net = engine::lesson_network(&spec.live_lesson_id);
         let mut placed = HashMap::new();
         for endpoint in &spec.endpoints {
@@ -218,7 +258,7 @@ impl Docker {
                 engine::inspect(&self.docker, &name, &lesson_net).await?,
             );
         }
-        Ok(placed)
+        Ok((placed, confinement))
     }
 }
 
@@ -298,7 +338,7 @@ impl Backend for Docker {
     }
 
     async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
-        engine::remove(&self.docker, live_lesson_id)
+        engine::remove(&self.docker, &self.firewall, live_lesson_id)
             .await
             .map_err(unavailable)
     }

@@ -17,6 +17,7 @@ use bollard::query_parameters::{
 };
 use futures::StreamExt;
 
+use crate::firewall::{Confinement, Firewall, FirewallError};
 use crate::settings::Settings;
 
 /// The label naming a live lesson (from the spec's labels).
@@ -26,12 +27,39 @@ pub const LABEL_ENDPOINT: &str = "antidote.io/endpoint";
 /// The label marking objects this agent manages.
 pub const LABEL_MANAGED: &str = "antidote.io/managed-by";
 
+/// The capabilities of an unprivileged endpoint, after dropping all: NET_ADMIN and NET_RAW for
+/// the lesson's own networking (addresses, routes, ping, captures; they act only on the
+/// container's network namespace), and of the runtime's usual set what SSH servers, shells and
+/// services on low ports need (switching users, owning files, chroot, audit records, binding
+/// ports below 1024). MKNOD, SETFCAP and SETPCAP are left out.
+pub const CAPABILITIES: &[&str] = &[
+    "NET_ADMIN",
+    "NET_RAW",
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
+/// How much of a configuration run's output is kept: the last 64 KiB (older bytes are dropped
+/// as new ones arrive, so a script printing without end costs the agent no more than this).
+pub const OUTPUT_KEPT: usize = 64 * 1024;
+
 /// A Docker failure, with the engine's words.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The engine said no, or could not be reached.
     #[error("docker: {0}")]
     Docker(#[from] DockerError),
+    /// The host firewall rules of a lesson network could not be installed or removed.
+    #[error("firewall: {0}")]
+    Firewall(#[from] FirewallError),
     /// An image is missing; no registry is used, so it must be built locally.
     #[error(
         "image `{image}` for endpoint `{endpoint}` is not present on the Docker engine (no registry is used: build it locally, e.g. tests/docker/images.sh)"
@@ -143,8 +171,9 @@ async fn ensure_network(
 pub async fn create(
     docker: &Docker,
     settings: &Settings,
+    firewall: &Firewall,
     spec: &proto::LessonSpec,
-) -> Result<HashMap<String, Placed>, EngineError> {
+) -> Result<(HashMap<String, Placed>, Confinement), EngineError> {
     let id = &spec.live_lesson_id;
     let labels = labels(spec);
     let lesson_net = lesson_network(id);
@@ -158,6 +187,8 @@ pub async fn create(
         // isolation between bridges.
         ensure_network(docker, &connection_network(id, index), &labels, false, None).await?;
     }
+    // Before any container exists, so that no endpoint ever runs unconfined.
+    let confinement = confine_networks(docker, firewall, id).await?;
     let mut placed = HashMap::new();
     for endpoint in &spec.endpoints {
         let name = container_name(id, &endpoint.name);
@@ -187,6 +218,7 @@ pub async fn create(
                 proto::Flavor::try_from(image.flavor),
                 Ok(proto::Flavor::Trusted | proto::Flavor::Legacy)
             );
+            let privileged = trusted && settings.trusted_privileged;
             let body = ContainerCreateBody {
                 image: Some(settings.image(&image.slug)),
                 hostname: Some(endpoint.name.clone()),
@@ -195,11 +227,15 @@ pub async fn create(
                 host_config: Some(HostConfig {
                     network_mode: Some(lesson_net.clone()),
                     port_bindings: Some(port_bindings),
-                    privileged: Some(trusted && settings.trusted_privileged),
-                    // NET_ADMIN acts only on the container's own network namespace; every
-                    // endpoint needs it to address its links (stage configuration runs inside
-                    // it). Untrusted endpoints get nothing more.
-                    cap_add: Some(vec!["NET_ADMIN".to_owned(), "NET_RAW".to_owned()]),
+                    privileged: Some(privileged),
+                    // Privileged means every capability: dropping some would be a lie.
+                    cap_drop: (!privileged).then(|| vec!["ALL".to_owned()]),
+                    cap_add: (!privileged)
+                        .then(|| CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
+                    // No setuid binary (su, sudo) raises a process's privileges. The opt-in
+                    // privileged endpoints are the operator's call and keep them.
+                    security_opt: (!privileged).then(|| vec!["no-new-privileges:true".to_owned()]),
+                    pids_limit: (settings.pids_limit > 0).then_some(settings.pids_limit),
                     memory: (settings.memory_mib > 0)
                         .then(|| (settings.memory_mib * 1024 * 1024) as i64),
                     nano_cpus: (settings.cpus > 0.0).then_some((settings.cpus * 1e9) as i64),
@@ -274,7 +310,41 @@ pub async fn create(
             inspect(docker, &name, &lesson_net).await?,
         );
     }
-    Ok(placed)
+    Ok((placed, confinement))
+}
+
+/// Installs the host firewall rules of every network of a live lesson (idempotent): the lesson's
+/// bridges may not reach the host, nor beyond themselves unless egress is allowed.
+pub async fn confine_networks(
+    docker: &Docker,
+    firewall: &Firewall,
+    live_lesson_id: &str,
+) -> Result<Confinement, EngineError> {
+    let networks = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(HashMap::from([(
+                "label".to_owned(),
+                vec![format!("{LABEL_LIVE_LESSON}={live_lesson_id}")],
+            )])),
+        }))
+        .await?;
+    let mut outcome = Confinement::Confined;
+    for network in networks {
+        let (Some(name), Some(id)) = (network.name, network.id) else {
+            continue;
+        };
+        // Docker names a bridge `br-<first 12 of the network id>` unless told otherwise.
+        let bridge = network
+            .options
+            .as_ref()
+            .and_then(|o| o.get("com.docker.network.bridge.name"))
+            .cloned()
+            .unwrap_or_else(|| format!("br-{}", &id[..12.min(id.len())]));
+        if let Confinement::Unconfined(why) = firewall.confine(&name, &bridge).await? {
+            outcome = Confinement::Unconfined(why);
+        }
+    }
+    Ok(outcome)
 }
 
 /// Where a container's ports are published and its address on the lesson network.
@@ -311,34 +381,216 @@ pub async fn inspect(docker: &Docker, name: &str, lesson_net: &str) -> Result<Pl
     })
 }
 
-/// Runs a shell script in a container; returns the exit code and the combined output.
+/// How a configuration run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// It exited with this code.
+    Exited(i64),
+    /// It was still going when its time was up, and was killed.
+    TimedOut,
+}
+
+/// The last bytes of a stream: at most `limit` are kept, older ones are dropped as new ones
+/// arrive, so that memory stays bounded whatever a script prints.
+#[derive(Debug)]
+pub struct Tail {
+    /// The kept bytes, oldest first.
+    kept: std::collections::VecDeque<u8>,
+    /// The most bytes kept.
+    limit: usize,
+    /// How many bytes were dropped from the front.
+    dropped: u64,
+}
+
+impl Tail {
+    /// An empty tail keeping at most `limit` bytes.
+    pub fn new(limit: usize) -> Tail {
+        Tail {
+            kept: std::collections::VecDeque::new(),
+            limit,
+            dropped: 0,
+        }
+    }
+
+    /// Appends `bytes`, dropping the oldest beyond the limit.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if bytes.len() >= self.limit {
+            self.dropped += (self.kept.len() + bytes.len() - self.limit) as u64;
+            self.kept.clear();
+            self.kept.extend(&bytes[bytes.len() - self.limit..]);
+            return;
+        }
+        self.kept.extend(bytes);
+        let over = self.kept.len().saturating_sub(self.limit);
+        if over > 0 {
+            self.kept.drain(..over);
+            self.dropped += over as u64;
+        }
+    }
+
+    /// The kept bytes as text (invalid UTF-8, such as a character cut at the front, replaced).
+    pub fn text(&self) -> String {
+        let (front, back) = self.kept.as_slices();
+        let mut bytes = Vec::with_capacity(self.kept.len());
+        bytes.extend_from_slice(front);
+        bytes.extend_from_slice(back);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// How many bytes were dropped from the front.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+/// The command a configuration runs as: a shell that reports its pid on stderr's first line,
+/// then becomes the script's shell. `docker exec` starts it as a session and process group
+/// leader, so the pid names the whole group when the run has to be killed.
+const CONFIG_WRAPPER: &str = "echo $$ >&2; exec sh -c \"$1\"";
+
+/// The pid line a [`CONFIG_WRAPPER`] run prints before anything else.
+#[derive(Debug, Default)]
+struct PidLine {
+    /// Bytes of the line so far; None once it has been read (or given up on).
+    line: Option<Vec<u8>>,
+    /// The pid, once read.
+    pid: Option<u32>,
+}
+
+impl PidLine {
+    fn new() -> PidLine {
+        PidLine {
+            line: Some(Vec::new()),
+            pid: None,
+        }
+    }
+
+    /// Takes the pid line from the front of stderr; the rest of `message` goes to `tail`.
+    fn feed(&mut self, message: &[u8], tail: &mut Tail) {
+        let Some(line) = self.line.as_mut() else {
+            tail.push(message);
+            return;
+        };
+        match message.iter().position(|b| *b == b'\n') {
+            Some(end) => {
+                line.extend_from_slice(&message[..end]);
+                self.pid = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|l| l.trim().parse().ok());
+                self.line = None;
+                tail.push(&message[end + 1..]);
+            }
+            None if line.len() + message.len() > 32 => {
+                // Not our pid line after all: keep it as output.
+                tail.push(line);
+                tail.push(message);
+                self.line = None;
+            }
+            None => line.extend_from_slice(message),
+        }
+    }
+}
+
+/// Runs a shell script in a container for at most `timeout`. Returns how it ended and the
+/// last [`OUTPUT_KEPT`] bytes of its combined output. A run still going at the timeout is
+/// killed with its process group (best effort: the engine offers no way to stop an exec).
 pub async fn exec_shell(
     docker: &Docker,
     container: &str,
     script: &str,
-) -> Result<(i64, String), EngineError> {
+    timeout: std::time::Duration,
+) -> Result<(Run, Tail), EngineError> {
     let exec = docker
         .create_exec(
             container,
             ExecConfig {
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
-                cmd: Some(vec!["sh".into(), "-c".into(), script.to_owned()]),
+                cmd: Some(vec![
+                    "sh".into(),
+                    "-c".into(),
+                    CONFIG_WRAPPER.into(),
+                    "antidote-config".into(),
+                    script.to_owned(),
+                ]),
                 ..Default::default()
             },
         )
         .await?;
-    let mut output = String::new();
-    if let bollard::exec::StartExecResults::Attached {
-        output: mut stream, ..
-    } = docker.start_exec(&exec.id, None).await?
-    {
-        while let Some(chunk) = stream.next().await {
-            output.push_str(&chunk?.to_string());
+    let mut output = Tail::new(OUTPUT_KEPT);
+    let mut pid = PidLine::new();
+    let streamed = async {
+        if let bollard::exec::StartExecResults::Attached {
+            output: mut stream, ..
+        } = docker.start_exec(&exec.id, None).await?
+        {
+            while let Some(chunk) = stream.next().await {
+                match chunk? {
+                    bollard::container::LogOutput::StdErr { message } => {
+                        pid.feed(&message, &mut output)
+                    }
+                    other => output.push(other.as_ref()),
+                }
+            }
+        }
+        Ok::<_, EngineError>(())
+    };
+    match tokio::time::timeout(timeout, streamed).await {
+        Ok(streamed) => {
+            streamed?;
+            let inspected = docker.inspect_exec(&exec.id).await?;
+            Ok((Run::Exited(inspected.exit_code.unwrap_or(-1)), output))
+        }
+        Err(_) => {
+            match pid.pid {
+                Some(pid) if pid > 1 => kill_group(docker, container, pid).await,
+                _ => tracing::warn!(
+                    container,
+                    "a timed-out configuration run left no pid to kill"
+                ),
+            }
+            Ok((Run::TimedOut, output))
         }
     }
-    let inspected = docker.inspect_exec(&exec.id).await?;
-    Ok((inspected.exit_code.unwrap_or(-1), output))
+}
+
+/// Kills a configuration run's process group inside the container (busybox's `kill` takes no
+/// `--`, hence the second form).
+async fn kill_group(docker: &Docker, container: &str, pid: u32) {
+    let kill = async {
+        let exec = docker
+            .create_exec(
+                container,
+                ExecConfig {
+                    cmd: Some(vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "kill -KILL -- \"-$1\" 2>/dev/null || kill -KILL \"-$1\"".into(),
+                        "antidote-kill".into(),
+                        pid.to_string(),
+                    ]),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        docker
+            .start_exec(
+                &exec.id,
+                Some(bollard::exec::StartExecOptions {
+                    detach: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+        Ok::<_, DockerError>(())
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(10), kill).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(container, error = %err, "could not kill a timed-out configuration run")
+        }
+        Err(_) => tracing::warn!(container, "killing a timed-out configuration run timed out"),
+    }
 }
 
 /// Containers with every label of `selector` (all states), as (name, labels, state).
@@ -395,8 +647,13 @@ pub async fn network_lessons(
         .collect())
 }
 
-/// Removes every container and network of a live lesson; idempotent.
-pub async fn remove(docker: &Docker, live_lesson_id: &str) -> Result<(), EngineError> {
+/// Removes every container and network of a live lesson, then the networks' firewall rules;
+/// idempotent.
+pub async fn remove(
+    docker: &Docker,
+    firewall: &Firewall,
+    live_lesson_id: &str,
+) -> Result<(), EngineError> {
     let selector = HashMap::from([(LABEL_LIVE_LESSON.to_owned(), live_lesson_id.to_owned())]);
     for (name, _, _) in containers(docker, &selector).await? {
         match docker
@@ -435,5 +692,51 @@ pub async fn remove(docker: &Docker, live_lesson_id: &str) -> Result<(), EngineE
             Err(err) => return Err(err.into()),
         }
     }
+    // After the networks: their bridges are gone, so nothing slips out between the two.
+    firewall.release(&stem(live_lesson_id)).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_keeps_only_the_last_bytes() {
+        let mut tail = Tail::new(8);
+        tail.push(b"abc");
+        tail.push(b"defgh");
+        assert_eq!((tail.text().as_str(), tail.dropped()), ("abcdefgh", 0));
+        tail.push(b"ij");
+        assert_eq!((tail.text().as_str(), tail.dropped()), ("cdefghij", 2));
+        tail.push(b"0123456789");
+        assert_eq!((tail.text().as_str(), tail.dropped()), ("23456789", 12));
+        // A million small writes never hold more than the limit.
+        for _ in 0..1_000_000 {
+            tail.push(b"xyz");
+        }
+        assert_eq!(tail.kept.len(), 8);
+        assert_eq!(tail.dropped(), 12 + 3_000_000);
+    }
+
+    #[test]
+    fn the_pid_line_is_taken_from_the_front_of_stderr() {
+        let mut tail = Tail::new(64);
+        let mut pid = PidLine::new();
+        pid.feed(b"4", &mut tail);
+        pid.feed(b"2\nfirst words", &mut tail);
+        pid.feed(b" and more\n", &mut tail);
+        assert_eq!(pid.pid, Some(42));
+        assert_eq!(tail.text(), "first words and more\n");
+
+        // Anything else is output, not lost.
+        let mut tail = Tail::new(64);
+        let mut pid = PidLine::new();
+        pid.feed(
+            b"sh: something went wrong before the wrapper ran",
+            &mut tail,
+        );
+        assert_eq!(pid.pid, None);
+        assert!(tail.text().starts_with("sh: something"), "{}", tail.text());
+    }
 }

@@ -5,7 +5,10 @@
 //! - [`backend`], the SDK `Backend`: takes one generation of a live lesson to READY (create or
 //!   find, configure by exec, probe through the published ports), removes and discovers by
 //!   label, plans; the SDK's `Agent` applies the protocol's rules around it.
-//! - [`engine`], every Docker call: networks, containers, exec, inspection, events.
+//! - [`engine`], every Docker call: networks, containers (confined: capabilities, pids,
+//!   memory, CPU, no-new-privileges), exec (bounded in time and output), inspection.
+//! - [`firewall`], the host iptables rules that keep lesson networks off the engine's host and
+//!   the metadata address.
 //! - [`settings`], the agent's configuration.
 //!
 //! Every object carries the labels of the spec (instance, live lesson, session, generation,
@@ -15,4 +18,5 @@
 
 pub mod backend;
 pub mod engine;
+pub mod firewall;
 pub mod settings;

@@ -2,11 +2,14 @@
 //! ctrl-c. The engine is the one Docker's own clients would use: `DOCKER_HOST` (a unix socket,
 //! or `tcp://HOST:PORT`; with `DOCKER_TLS_VERIFY=1` the connection uses TLS with the `ca.pem`,
 //! `cert.pem` and `key.pem` in `DOCKER_CERT_PATH`, default `~/.docker`), else the default
-//! socket. Spans go to `$OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
+//! socket. Spans go to `$OTEL_EXPORTER_OTLP_ENDPOINT` when it is set. On the engine's own host
+//! (a unix socket, iptables at hand, root) it confines lesson networks with firewall rules;
+//! elsewhere it says once that it cannot.
 
 use std::sync::Arc;
 
 use agent_docker::backend::Docker;
+use agent_docker::firewall::Firewall;
 use agent_docker::settings::Settings;
 use antidote_proto::sdk::{self, Agent, StateBook};
 use anyhow::Context as _;
@@ -28,19 +31,40 @@ async fn main() -> anyhow::Result<()> {
     })?;
     let version = docker.version().await?;
     tracing::info!(engine = ?version.version, api = ?version.api_version, "connected to Docker");
+    let firewall = Firewall::detect(
+        settings.firewall,
+        settings.allow_egress,
+        std::env::var("DOCKER_HOST").ok().as_deref(),
+    )
+    .await;
+    if let Some(why) = firewall.unavailable() {
+        if firewall.required() {
+            anyhow::bail!("--firewall required, but lesson networks cannot be confined: {why}");
+        }
+        firewall.warn_at_start();
+    }
+    match firewall.sweep().await {
+        Ok(0) => {}
+        Ok(count) => tracing::info!(
+            count,
+            "removed firewall rules of lesson networks that are gone"
+        ),
+        Err(err) => tracing::warn!(error = %err, "could not sweep stale firewall rules"),
+    }
 
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
+    let signal = sdk::shutdown_signal();
     println!("listening on {}", listener.local_addr()?);
     let book = Arc::new(StateBook::default());
-    let backend = Docker::new(docker, settings, book.clone());
+    let backend = Docker::new(docker, settings, firewall, book.clone());
     let shutdown = CancellationToken::new();
     tokio::spawn(backend.clone().follow_events(shutdown.clone()));
     let agent = Agent::with_book(backend, book);
     sdk::run(agent, listener, metrics, telemetry, async move {
-        sdk::shutdown_signal().await;
+        signal.await;
         shutdown.cancel();
     })
     .await

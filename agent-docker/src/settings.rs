@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::firewall::Mode;
+
 /// Configuration of agent-docker.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -43,14 +45,31 @@ pub struct Settings {
     /// Tries of a stage's configuration before the live lesson FAILs.
     #[arg(long, env = "ANTIDOTE_DOCKER_CONFIG_TRIES", default_value_t = 3)]
     pub config_tries: u32,
+    /// How long one run of a stage's configuration may take; a run still going then is killed
+    /// and counts as a failed try.
+    #[arg(long, env = "ANTIDOTE_DOCKER_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub config_timeout: Duration,
     /// Extra wait after readiness, added to the lesson's own ready delay.
     #[arg(long, env = "ANTIDOTE_DOCKER_READY_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub ready_delay: Duration,
-    /// Run trusted (and legacy) images privileged. With `false` they get NET_ADMIN and NET_RAW
-    /// only: for engines that cannot grant every capability (such as nested sandboxes, where
-    /// `--privileged` fails with "unable to apply caps").
-    #[arg(long, env = "ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Run trusted (and legacy) images `--privileged`: an operator's opt-in, for network
+    /// operating systems that need it, on engines that can grant it. Off, every endpoint gets the
+    /// same confined set of capabilities (NET_ADMIN and NET_RAW for the lesson's networking).
+    #[arg(long, env = "ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED", default_value_t = false, action = clap::ArgAction::Set)]
     pub trusted_privileged: bool,
+    /// The most processes (and threads) one endpoint may run: a fork bomb stops there (0: no
+    /// limit).
+    #[arg(long, env = "ANTIDOTE_DOCKER_PIDS_LIMIT", default_value_t = 1024)]
+    pub pids_limit: i64,
+    /// Let endpoints reach beyond their lesson's networks (the internet). The engine's host and
+    /// the link-local metadata range stay out of reach either way.
+    #[arg(long, env = "ANTIDOTE_DOCKER_ALLOW_EGRESS", default_value_t = false)]
+    pub allow_egress: bool,
+    /// Host firewall rules confining lesson networks (see `firewall`): `auto` installs them
+    /// where the agent runs on the engine's host and warns once where it cannot; `required`
+    /// refuses to run lessons it cannot confine; `off` never installs them.
+    #[arg(long, env = "ANTIDOTE_DOCKER_FIREWALL", value_enum, default_value_t = Mode::Auto)]
+    pub firewall: Mode,
     /// The most live lessons this agent takes (0: no limit).
     #[arg(long, env = "ANTIDOTE_DOCKER_MAX_LIVE_LESSONS", default_value_t = 0)]
     pub max_live_lessons: u32,

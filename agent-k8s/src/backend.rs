@@ -38,6 +38,10 @@ pub const CAPABILITIES: &[&str] = &[
     capabilities::RECOVER,
 ];
 
+/// How long after a configuration Job's deadline the agent still waits for the Job controller
+/// to mark it failed.
+const JOB_VERDICT_GRACE: Duration = Duration::from_secs(30);
+
 /// The NetworkAttachmentDefinition resource (Multus).
 fn attachment_resource() -> ApiResource {
     ApiResource {
@@ -258,19 +262,27 @@ impl Kubernetes {
             let file = configuration.file_name.clone();
             let endpoint_name = endpoint.name.clone();
             let jobs = jobs.clone();
-            let timeout = self.settings.config_timeout;
+            // The Job controller ends the Job at its deadline; the agent waits a little longer
+            // so that the controller's verdict (and its reason) is what the learner sees.
+            let deadline = self.settings.config_job_deadline();
+            let run = Duration::from_secs(self.settings.config_run_seconds());
+            let patience = deadline + JOB_VERDICT_GRACE;
             let tries = self.settings.config_backoff_limit + 1;
             let stage = spec.stage;
             waits.push(async move {
+                let what = format!("configuration {file} of endpoint `{endpoint_name}` for stage {stage}");
                 let finished = |job: Option<&Job>| job_outcome(job).is_some();
-                let job = tokio::time::timeout(timeout, await_condition(jobs, &name, finished))
+                let job = tokio::time::timeout(patience, await_condition(jobs, &name, finished))
                     .await
-                    .map_err(|_| format!("configuration {file} of endpoint `{endpoint_name}` for stage {stage} did not finish within {timeout:?}"))?
+                    .map_err(|_| format!("{what} did not finish within {deadline:?} (Job {name} was not ended by its deadline)"))?
                     .map_err(|e| format!("watching Job {name}: {e}"))?;
                 match job_outcome(job.as_ref()) {
                     Some(Ok(())) => Ok(()),
+                    Some(Err(why)) if why.starts_with("DeadlineExceeded") => Err(format!(
+                        "{what} did not finish within {deadline:?} (up to {tries} tries of {run:?}, Job {name}): {why}"
+                    )),
                     Some(Err(why)) => Err(format!(
-                        "configuration {file} of endpoint `{endpoint_name}` for stage {stage} failed ({tries} tries, Job {name}): {why}"
+                        "{what} failed ({tries} tries of at most {run:?}, Job {name}): {why}"
                     )),
                     None => Err(format!("Job {name} disappeared")),
                 }
@@ -529,9 +541,12 @@ impl Backend for Kubernetes {
                 format!("{ns}/antidote-isolation"),
                 vec![],
                 if self.settings.allow_egress {
-                    "ingress from the lesson's pods and access namespaces; egress allowed".into()
+                    "ingress from the lesson's pods and access namespaces; egress anywhere but the metadata range".into()
                 } else {
-                    "ingress from the lesson's pods and access namespaces; egress to the lesson's pods and DNS".into()
+                    format!(
+                        "ingress from the lesson's pods and access namespaces; egress to the lesson's pods and the DNS pods ({} in {})",
+                        self.settings.dns_pod_label, self.settings.dns_namespace
+                    )
                 },
             ),
         ];
@@ -578,8 +593,11 @@ impl Backend for Kubernetes {
                     format!("{ns}/{}", cluster::job_name(&e.name, spec.generation)),
                     vec![],
                     format!(
-                        "stage {} configuration, backoffLimit {}",
-                        spec.stage, self.settings.config_backoff_limit
+                        "stage {} configuration, backoffLimit {}, {}s per try, {}s in all",
+                        spec.stage,
+                        self.settings.config_backoff_limit,
+                        self.settings.config_run_seconds(),
+                        self.settings.config_job_deadline().as_secs()
                     ),
                 ));
             }

@@ -2,7 +2,8 @@
 //! server-side apply that creates or updates them.
 //!
 //! Per live lesson: a namespace `antidote-<id>` with the spec's labels; a deny-by-default
-//! NetworkPolicy (the lesson's own pods, DNS, and namespaces carrying the access label);
+//! NetworkPolicy (the lesson's own pods, the cluster's DNS pods, and namespaces carrying the
+//! access label); containers without privilege (see [`security_context`]);
 //! one pod per endpoint (lesson order; every pod after the first is kept on the first one's
 //! node); a Service per endpoint; an Ingress per http presentation; a
 //! NetworkAttachmentDefinition per connection where Multus is installed; a configuration Job per
@@ -26,6 +27,57 @@ pub const LABEL_MANAGED: &str = "antidote.io/managed-by";
 pub const LABEL_ENDPOINT: &str = "antidote.io/endpoint";
 /// Marks configuration Jobs (value: the stage).
 pub const LABEL_CONFIG_STAGE: &str = "antidote.io/config-stage";
+
+/// The capabilities of a lesson container, after dropping all: NET_ADMIN and NET_RAW for the
+/// lesson's own networking (they act only on the pod's network namespace), and of the runtime's
+/// usual set what SSH servers, shells and services on low ports need. MKNOD, SETFCAP and
+/// SETPCAP are left out. (agent-docker gives its containers the same set.)
+pub const CAPABILITIES: &[&str] = &[
+    "NET_ADMIN",
+    "NET_RAW",
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
+/// The link-local range of cloud metadata services (169.254.169.254), closed even to lessons
+/// that may reach the internet.
+pub const METADATA_RANGE: &str = "169.254.0.0/16";
+
+/// A lesson container's security context: privileged only for a trusted image on an agent
+/// whose operator opted in; otherwise no privilege escalation, every capability dropped but
+/// [`CAPABILITIES`], the runtime's default seccomp profile.
+pub fn security_context(privileged: bool) -> Value {
+    if privileged {
+        // The API server refuses allowPrivilegeEscalation: false beside privileged: true.
+        json!({ "privileged": true })
+    } else {
+        json!({
+            "allowPrivilegeEscalation": false,
+            "capabilities": { "drop": ["ALL"], "add": CAPABILITIES },
+            "seccompProfile": { "type": "RuntimeDefault" },
+        })
+    }
+}
+
+/// Memory and CPU limits of a lesson container (requests default to them).
+fn resources(settings: &Settings) -> Value {
+    let mut limits = serde_json::Map::new();
+    if settings.memory_mib > 0 {
+        limits.insert("memory".into(), json!(format!("{}Mi", settings.memory_mib)));
+    }
+    if settings.millicpus > 0 {
+        limits.insert("cpu".into(), json!(format!("{}m", settings.millicpus)));
+    }
+    json!({ "limits": limits })
+}
 
 /// The namespace of a live lesson.
 pub fn namespace(live_lesson_id: &str) -> String {
@@ -124,16 +176,30 @@ pub fn namespace_manifest(spec: &proto::LessonSpec) -> Value {
 }
 
 /// Deny by default: ingress only from the lesson's own pods and from namespaces carrying the
-/// access label; egress only to the lesson's own pods and DNS, unless egress is allowed.
+/// access label; egress only to the lesson's own pods and the cluster's DNS pods, or, when
+/// egress is allowed, anywhere but the metadata range. DNS goes to the DNS pods only (not to
+/// every namespace): a lesson must not be able to probe other lessons' namespaces.
 pub fn network_policy_manifest(settings: &Settings, spec: &proto::LessonSpec) -> Value {
     let (access_key, access_value) = settings.access_label();
+    let (dns_key, dns_value) = settings.dns_pod_label();
     let egress = if settings.allow_egress {
-        json!([{}])
+        json!([
+            { "to": [{ "podSelector": {} }, { "namespaceSelector": {} }] },
+            { "to": [
+                { "ipBlock": { "cidr": "0.0.0.0/0", "except": [METADATA_RANGE] } },
+                { "ipBlock": { "cidr": "::/0", "except": ["fd00:ec2::254/128"] } },
+            ] },
+        ])
     } else {
         json!([
             { "to": [{ "podSelector": {} }] },
             {
-                "to": [{ "namespaceSelector": {} }],
+                "to": [{
+                    "namespaceSelector": { "matchLabels": {
+                        "kubernetes.io/metadata.name": settings.dns_namespace,
+                    } },
+                    "podSelector": { "matchLabels": { dns_key: dns_value } },
+                }],
                 "ports": [
                     { "protocol": "UDP", "port": 53 },
                     { "protocol": "TCP", "port": 53 },
@@ -204,18 +270,6 @@ pub fn pod_manifest(
         Flavor::try_from(image.flavor),
         Ok(Flavor::Trusted | Flavor::Legacy)
     );
-    let security = if trusted {
-        json!({ "privileged": true })
-    } else {
-        json!({ "capabilities": { "add": ["NET_ADMIN", "NET_RAW"] } })
-    };
-    let mut limits = serde_json::Map::new();
-    if settings.memory_mib > 0 {
-        limits.insert("memory".into(), json!(format!("{}Mi", settings.memory_mib)));
-    }
-    if settings.millicpus > 0 {
-        limits.insert("cpu".into(), json!(format!("{}m", settings.millicpus)));
-    }
     let mut pod_spec = json!({
         "hostname": endpoint.name,
         // Learners get a shell on these pods: no API credentials, no service links.
@@ -229,8 +283,8 @@ pub fn pod_manifest(
                 .into_iter()
                 .map(|(name, port)| json!({ "name": name, "containerPort": port, "protocol": "TCP" }))
                 .collect::<Vec<_>>(),
-            "securityContext": security,
-            "resources": { "limits": limits },
+            "securityContext": security_context(trusted && settings.trusted_privileged),
+            "resources": resources(settings),
         }],
     });
     if index > 0 {
@@ -364,7 +418,10 @@ pub fn attachment_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
 }
 
 /// The configuration Job of one endpoint for the spec's stage: the endpoint's image runs the
-/// shell script with the endpoint's Service name in `ANTIDOTE_ENDPOINT`.
+/// shell script with the endpoint's Service name in `ANTIDOTE_ENDPOINT`, unprivileged (it runs
+/// in a pod of its own, so privilege would give it nothing over the endpoint), each try bounded
+/// by the pod's `activeDeadlineSeconds` and the whole Job by its own. The Job's output stays in
+/// the cluster (the kubelet bounds container logs); the agent never reads it.
 pub fn job_manifest(
     settings: &Settings,
     spec: &proto::LessonSpec,
@@ -385,10 +442,12 @@ pub fn job_manifest(
         },
         "spec": {
             "backoffLimit": settings.config_backoff_limit,
+            "activeDeadlineSeconds": settings.config_job_deadline().as_secs(),
             "template": {
                 "metadata": { "labels": job_labels },
                 "spec": {
                     "restartPolicy": "Never",
+                    "activeDeadlineSeconds": settings.config_run_seconds(),
                     "automountServiceAccountToken": false,
                     "enableServiceLinks": false,
                     "containers": [{
@@ -399,7 +458,8 @@ pub fn job_manifest(
                             { "name": "ANTIDOTE_ENDPOINT", "value": endpoint.name },
                             { "name": "ANTIDOTE_STAGE", "value": spec.stage.to_string() },
                         ],
-                        "securityContext": { "capabilities": { "add": ["NET_ADMIN", "NET_RAW"] } },
+                        "securityContext": security_context(false),
+                        "resources": resources(settings),
                     }],
                 },
             },
@@ -478,23 +538,45 @@ mod tests {
         }
     }
 
+    /// A container with no privilege: no escalation, everything dropped but the confined set.
+    fn assert_confined(context: &Value) {
+        assert!(context["privileged"].is_null(), "{context}");
+        assert_eq!(context["allowPrivilegeEscalation"], false, "{context}");
+        assert_eq!(context["capabilities"]["drop"], json!(["ALL"]), "{context}");
+        let added = context["capabilities"]["add"].as_array().unwrap();
+        assert!(added.contains(&json!("NET_ADMIN")) && added.contains(&json!("NET_RAW")));
+        assert!(!added.contains(&json!("SYS_ADMIN")) && !added.contains(&json!("ALL")));
+        assert_eq!(context["seccompProfile"]["type"], "RuntimeDefault");
+    }
+
     #[test]
-    fn pods_follow_the_first_one_and_flavours_decide_privilege() {
+    fn pods_follow_the_first_one_and_get_no_privilege_by_default() {
         let settings = settings(&["--untrusted-runtime-class", "gvisor"]);
         let spec = spec();
         let client = pod_manifest(&settings, &spec, 0, false);
         assert!(client["spec"]["affinity"].is_null(), "the first pod leads");
         assert_eq!(client["spec"]["runtimeClassName"], "gvisor");
-        assert!(client["spec"]["containers"][0]["securityContext"]["privileged"].is_null());
+        assert_confined(&client["spec"]["containers"][0]["securityContext"]);
+        assert_eq!(
+            client["spec"]["containers"][0]["resources"]["limits"],
+            json!({ "memory": "256Mi", "cpu": "1000m" })
+        );
         assert_eq!(client["spec"]["automountServiceAccountToken"], false);
         assert_eq!(
             client["spec"]["containers"][0]["ports"][0]["name"],
             "ssh-22"
         );
+        // The router's image is trusted: still not privileged unless the operator says so.
         let router = pod_manifest(&settings, &spec, 1, false);
+        assert_confined(&router["spec"]["containers"][0]["securityContext"]);
+        let opted_in = settings_privileged();
+        let router_privileged = pod_manifest(&opted_in, &spec, 1, false);
         assert_eq!(
-            router["spec"]["containers"][0]["securityContext"]["privileged"],
-            true
+            router_privileged["spec"]["containers"][0]["securityContext"],
+            json!({ "privileged": true })
+        );
+        assert_confined(
+            &pod_manifest(&opted_in, &spec, 0, false)["spec"]["containers"][0]["securityContext"],
         );
         assert!(router["spec"]["runtimeClassName"].is_null());
         let term = &router["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -541,6 +623,46 @@ mod tests {
             config["bridge"].as_str().unwrap().len() <= 15,
             "a Linux interface name"
         );
+    }
+
+    fn settings_privileged() -> Settings {
+        settings(&["--trusted-privileged", "true"])
+    }
+
+    #[test]
+    fn configuration_jobs_are_confined_and_bounded_in_time() {
+        let settings = settings(&["--config-timeout", "90s", "--config-backoff-limit", "1"]);
+        let job = job_manifest(&settings, &spec(), 1, "ip route");
+        assert_eq!(job["spec"]["activeDeadlineSeconds"], 90 * 2 + 10);
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(pod["activeDeadlineSeconds"], 90);
+        assert_confined(&pod["containers"][0]["securityContext"]);
+        assert_eq!(
+            pod["containers"][0]["resources"]["limits"]["memory"],
+            "256Mi"
+        );
+        // Even for a trusted image on an agent that opted in.
+        let job = job_manifest(&settings_privileged(), &spec(), 1, "ip route");
+        assert_confined(&job["spec"]["template"]["spec"]["containers"][0]["securityContext"]);
+    }
+
+    #[test]
+    fn dns_goes_to_the_cluster_dns_pods_only() {
+        let policy = network_policy_manifest(&settings(&[]), &spec());
+        let egress = policy["spec"]["egress"].as_array().unwrap();
+        assert_eq!(egress[0], json!({ "to": [{ "podSelector": {} }] }));
+        assert_eq!(
+            egress[1]["to"],
+            json!([{
+                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "kube-system" } },
+                "podSelector": { "matchLabels": { "k8s-app": "kube-dns" } },
+            }])
+        );
+        assert_eq!(egress.len(), 2);
+        // With egress allowed, still not the metadata address.
+        let open = network_policy_manifest(&settings(&["--allow-egress"]), &spec());
+        let text = open["spec"]["egress"].to_string();
+        assert!(text.contains("\"except\":[\"169.254.0.0/16\"]"), "{text}");
     }
 
     #[test]

@@ -26,9 +26,10 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
     let backend = Kubernetes::new(client, settings);
+    let shutdown = sdk::shutdown_signal();
     println!("listening on {}", listener.local_addr()?);
     let agent = Agent::new(backend);
-    sdk::run(agent, listener, metrics, telemetry, sdk::shutdown_signal())
+    sdk::run(agent, listener, metrics, telemetry, shutdown)
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }

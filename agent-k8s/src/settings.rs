@@ -56,15 +56,38 @@ pub struct Settings {
     /// How long pods may take to run and presentations to answer before the live lesson FAILs.
     #[arg(long, env = "ANTIDOTE_K8S_PROBE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
     pub probe_timeout: Duration,
-    /// Retries of a stage's configuration Job (`backoffLimit`).
-    #[arg(long, env = "ANTIDOTE_K8S_CONFIG_BACKOFF_LIMIT", default_value_t = 3)]
+    /// Retries of a stage's configuration Job (`backoffLimit`): 2, so 3 tries in all as
+    /// PROTOCOL.md's [R3] says.
+    #[arg(long, env = "ANTIDOTE_K8S_CONFIG_BACKOFF_LIMIT", default_value_t = 2)]
     pub config_backoff_limit: u32,
-    /// How long a configuration Job may take.
-    #[arg(long, env = "ANTIDOTE_K8S_CONFIG_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    /// How long one run (one pod) of a stage's configuration Job may take, rounded up to whole
+    /// seconds: the pod's `activeDeadlineSeconds`. The Job as a whole gets every try's time plus
+    /// the Job controller's back-off between tries ([`Settings::config_job_deadline`]).
+    #[arg(long, env = "ANTIDOTE_K8S_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub config_timeout: Duration,
     /// Extra wait after readiness, added to the lesson's own ready delay.
     #[arg(long, env = "ANTIDOTE_K8S_READY_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub ready_delay: Duration,
+    /// Run trusted (and legacy) images privileged: an operator's opt-in, for network operating
+    /// systems that need it. Off, every lesson container gets the same confined security
+    /// context. deploy/k8s's admission policy refuses privileged pods from the agent until the
+    /// operator removes that check too.
+    #[arg(long, env = "ANTIDOTE_K8S_TRUSTED_PRIVILEGED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub trusted_privileged: bool,
+    /// The namespace of the cluster's DNS pods: lesson pods may send DNS there and nowhere else.
+    #[arg(
+        long,
+        env = "ANTIDOTE_K8S_DNS_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub dns_namespace: String,
+    /// The label (key=value) of the cluster's DNS pods in `--dns-namespace`.
+    #[arg(
+        long,
+        env = "ANTIDOTE_K8S_DNS_POD_LABEL",
+        default_value = "k8s-app=kube-dns"
+    )]
+    pub dns_pod_label: String,
     /// Memory limit per endpoint pod, in MiB (0: none).
     #[arg(long, env = "ANTIDOTE_K8S_MEMORY_MIB", default_value_t = 256)]
     pub memory_mib: u64,
@@ -84,9 +107,68 @@ impl Settings {
 
     /// The access label as (key, value).
     pub fn access_label(&self) -> (String, String) {
-        match self.access_label.split_once('=') {
-            Some((k, v)) => (k.to_owned(), v.to_owned()),
-            None => (self.access_label.clone(), "true".to_owned()),
+        label(&self.access_label)
+    }
+
+    /// The DNS pods' label as (key, value).
+    pub fn dns_pod_label(&self) -> (String, String) {
+        label(&self.dns_pod_label)
+    }
+
+    /// One configuration run's time limit in whole seconds (at least 1), for
+    /// `activeDeadlineSeconds`.
+    pub fn config_run_seconds(&self) -> u64 {
+        self.config_timeout.as_secs_f64().ceil().max(1.0) as u64
+    }
+
+    /// How long a configuration Job may live in all: every try its full time, plus the Job
+    /// controller's back-off before each retry (10 s, doubling, at most 6 min).
+    pub fn config_job_deadline(&self) -> Duration {
+        let tries = u64::from(self.config_backoff_limit) + 1;
+        let mut seconds = self.config_run_seconds() * tries;
+        let mut backoff = 10u64;
+        for _ in 0..self.config_backoff_limit {
+            seconds += backoff.min(360);
+            backoff = backoff.saturating_mul(2);
         }
+        Duration::from_secs(seconds)
+    }
+}
+
+/// `key=value` as (key, value); a bare key means `key=true`.
+fn label(text: &str) -> (String, String) {
+    match text.split_once('=') {
+        Some((k, v)) => (k.to_owned(), v.to_owned()),
+        None => (text.to_owned(), "true".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[test]
+    fn a_configuration_job_gets_every_try_and_the_back_off_between_them() {
+        let settings = |args: &[&str]| {
+            Settings::parse_from(std::iter::once("agent-k8s").chain(args.iter().copied()))
+        };
+        let defaults = settings(&[]);
+        assert!(!defaults.trusted_privileged, "privilege is an opt-in");
+        assert_eq!(defaults.config_run_seconds(), 300);
+        // 3 tries of 5 min ([R3]), and 10 + 20 s of back-off.
+        assert_eq!(defaults.config_backoff_limit, 2);
+        assert_eq!(
+            defaults.config_job_deadline(),
+            Duration::from_secs(3 * 300 + 30)
+        );
+        let short = settings(&["--config-timeout", "1500ms", "--config-backoff-limit", "0"]);
+        assert_eq!(short.config_run_seconds(), 2);
+        assert_eq!(short.config_job_deadline(), Duration::from_secs(2));
+        assert_eq!(
+            short.dns_pod_label(),
+            ("k8s-app".to_owned(), "kube-dns".to_owned())
+        );
     }
 }

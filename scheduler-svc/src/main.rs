@@ -121,12 +121,13 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (key `listen`)", config.listen))?;
+    let signal = antidote_proto::sdk::shutdown_signal();
     // Tests and scripts read this line (last) to learn the port when `listen` asks for port 0.
     println!("listening on {}", listener.local_addr()?);
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        signal.await;
         tracing::info!("shutting down");
         trigger.cancel();
     });
@@ -139,26 +140,4 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let result = scheduler_svc::run(config, catalog, listeners, shutdown).await;
     telemetry.shutdown().await;
     result
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -4,7 +4,8 @@
 //! strict field validation and every server warning an error, in a namespace that warns about
 //! anything the `restricted` Pod Security profile forbids. Deliberately broken copies go through
 //! the same check and must be refused, which proves it can fail. The scheduler configurations
-//! shipped with the manifests and with `deploy/compose` must start the real scheduler.
+//! shipped with the manifests and with `deploy/compose` must start the real scheduler. No
+//! deployment runs lessons privileged unless the operator opts in.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -359,4 +360,70 @@ async fn deploy_scheduler_configurations_start_the_scheduler() {
     scheduler_accepts("deploy/k8s/scheduler.yaml's ConfigMap", &configmap).await;
     let compose = std::fs::read_to_string(repo().join("deploy/compose/antidote.toml")).unwrap();
     scheduler_accepts("deploy/compose/antidote.toml", &compose).await;
+}
+
+/// The value of environment variable `name` in the first container of the Deployment in
+/// `documents`, if it is set there.
+fn deployment_env(documents: &mut [Value], name: &str) -> Option<String> {
+    object(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].as_str().unwrap_or_default().to_owned())
+}
+
+#[test]
+fn deploy_runs_no_lesson_privileged_unless_the_operator_opts_in() {
+    // agent-k8s: privilege off, and the admission policy refusing privileged pods in place.
+    let mut agent = documents(&k8s_dir().join("agent-k8s.yaml"));
+    let privileged = deployment_env(&mut agent, "ANTIDOTE_K8S_TRUSTED_PRIVILEGED");
+    assert!(
+        matches!(privileged.as_deref(), None | Some("false")),
+        "agent-k8s.yaml runs trusted images privileged: {privileged:?}"
+    );
+    let rbac = documents(&k8s_dir().join("agent-k8s-rbac.yaml"));
+    let pods_policy = rbac
+        .iter()
+        .find(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy"
+                && d["metadata"]["name"] == "antidote-agent-k8s-pods"
+        })
+        .expect("agent-k8s-rbac.yaml has the antidote-agent-k8s-pods policy");
+    assert!(
+        pods_policy
+            .to_string()
+            .contains("securityContext.privileged"),
+        "{pods_policy}"
+    );
+    for name in ["antidote-agent-k8s-namespaces", "antidote-agent-k8s-pods"] {
+        assert!(
+            rbac.iter()
+                .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding"
+                    && d["spec"]["policyName"] == name
+                    && d["spec"]["validationActions"] == json!(["Deny"])),
+            "no binding denies by {name}"
+        );
+    }
+
+    // agent-docker in Compose: off unless the operator's environment says otherwise.
+    let compose: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("deploy/compose/compose.yaml")).unwrap(),
+    )
+    .unwrap();
+    let setting =
+        compose["services"]["agent-docker"]["environment"]["ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED"]
+            .as_str()
+            .unwrap_or("false");
+    assert!(
+        setting == "false" || setting.ends_with(":-false}"),
+        "compose.yaml runs trusted images privileged by default: {setting}"
+    );
+
+    // The quickstart only ever turns it off (when an opt-in cannot be honoured).
+    let quickstart = std::fs::read_to_string(repo().join("deploy/local/run")).unwrap();
+    assert!(
+        !quickstart.contains("export ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED=true"),
+        "deploy/local/run opts in to privileged endpoints"
+    );
 }

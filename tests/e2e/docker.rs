@@ -1,11 +1,17 @@
 //! agent-docker against a real Docker engine (DOCKER_HOST; `tests/run` starts a private one and
-//! builds the example curriculum's images), driven through the scheduler's public API.
+//! builds the example curriculum's images), driven through the scheduler's public API. Besides
+//! lifecycles: endpoints get no privilege (HostConfig inspected), no route to the host or the
+//! metadata address (a listener on every host address, 169.254.169.254 added to `lo`), a pids
+//! limit that stops a fork bomb, and configuration runs bounded in time and output (the agent's
+//! peak RSS read from /proc).
 
 use std::path::Path;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Process, Scheduler, example_curriculum, fetch, presentation, workspace_bin};
+use antidote_tests::{
+    Process, Scheduler, example_curriculum, fetch, presentation, with_token, workspace_bin,
+};
 use api::LiveLessonStatus as S;
 use tempfile::TempDir;
 use tokio::io::AsyncReadExt;
@@ -18,6 +24,8 @@ struct DockerEnv {
     dir: TempDir,
     agent: Process,
     agent_args: Vec<String>,
+    /// The agent's [`AGENT_TAG`] value.
+    tag: String,
     scheduler: Scheduler,
     instance: String,
 }
@@ -40,31 +48,37 @@ fn docker(args: &[&str]) -> (bool, String) {
     (output.status.success(), text)
 }
 
-async fn start_agent(dir: &Path, args: &[String]) -> Process {
+/// Starts agent-docker; `tag` goes into its environment so the test can find its process.
+async fn start_agent(dir: &Path, args: &[String], tag: &str) -> Process {
     let log = dir.join(format!("agent-docker-{}.log", uuid::Uuid::new_v4()));
-    Process::spawn(&workspace_bin("agent-docker"), args, log)
-        .await
-        .expect("agent-docker starts")
+    Process::spawn_with_env(
+        &workspace_bin("agent-docker"),
+        args,
+        &[(AGENT_TAG, tag.to_owned())],
+        log,
+    )
+    .await
+    .expect("agent-docker starts")
 }
+
+/// The environment variable that tags a test's agent process (see [`agent_pid`]).
+const AGENT_TAG: &str = "ANTIDOTE_TEST_AGENT_TAG";
 
 impl DockerEnv {
     async fn start(instance: &str, curriculum: &Path, agent_extra: &[&str]) -> DockerEnv {
         docker_host();
         let dir = tempfile::tempdir().unwrap();
-        // This machine's engine runs inside a sandbox that cannot grant every capability, so
-        // trusted images run with NET_ADMIN instead of --privileged here.
-        let privileged =
-            std::env::var("ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED").unwrap_or_else(|_| "false".into());
+        // The agent's defaults: trusted images are not privileged (an operator's opt-in, which
+        // this machine's engine could not grant anyway), lesson networks are confined.
         let mut agent_args: Vec<String> = vec![
             "--listen".into(),
             "127.0.0.1:0".into(),
-            "--trusted-privileged".into(),
-            privileged,
             "--probe-timeout".into(),
             "30s".into(),
         ];
         agent_args.extend(agent_extra.iter().map(|a| a.to_string()));
-        let agent = start_agent(dir.path(), &agent_args).await;
+        let tag = uuid::Uuid::new_v4().to_string();
+        let agent = start_agent(dir.path(), &agent_args, &tag).await;
         // Restarts reuse the port the first start got.
         let pinned = agent.addr.to_string();
         agent_args[1] = pinned;
@@ -97,6 +111,7 @@ address = "{agent}"
             dir,
             agent,
             agent_args,
+            tag,
             scheduler,
             instance: instance.to_owned(),
         }
@@ -153,7 +168,7 @@ address = "{agent}"
         for id in ids {
             c.lessons
                 .clone()
-                .delete_live_lesson(antidote_tests::with_token(
+                .delete_live_lesson(with_token(
                     api::DeleteLiveLessonRequest { id: id.to_string() },
                     c.tokens.of_lesson(id),
                 ))
@@ -228,7 +243,7 @@ async fn docker_multi_endpoint_lesson_isolation_stage_change_and_cleanup() {
     let changed = c
         .lessons
         .clone()
-        .set_stage(antidote_tests::with_token(
+        .set_stage(with_token(
             api::SetStageRequest {
                 id: a.id.clone(),
                 stage: 1,
@@ -325,7 +340,7 @@ async fn docker_agent_kill_9_mid_provision_recovers_without_recreating_and_orpha
     let web = container(&lesson.id, "web");
     let (_, before) = docker(&["inspect", "-f", "{{.Id}}", &web]);
     env.agent.kill9().await;
-    env.agent = start_agent(env.dir.path(), &env.agent_args).await;
+    env.agent = start_agent(env.dir.path(), &env.agent_args, &env.tag).await;
 
     let ready = env.ready(&lesson.id).await;
     let (_, after) = docker(&["inspect", "-f", "{{.Id}}", &web]);
@@ -386,5 +401,531 @@ async fn docker_agent_kill_9_mid_provision_recovers_without_recreating_and_orpha
     );
     docker(&["rm", "-f", &container(&foreign, "stray")]);
 
+    env.delete_all(&[&lesson.id]).await;
+}
+
+/// `docker inspect` of one object, as JSON.
+fn inspect(name: &str) -> serde_json::Value {
+    let output = std::process::Command::new("docker")
+        .args(["inspect", name])
+        .env("DOCKER_HOST", docker_host())
+        .output()
+        .expect("the docker CLI runs");
+    assert!(
+        output.status.success(),
+        "docker inspect {name}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    all[0].clone()
+}
+
+/// A container's capabilities to add, without the `CAP_` prefix the engine may put on them.
+fn cap_add(host_config: &serde_json::Value) -> Vec<String> {
+    host_config["CapAdd"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str())
+        .map(|c| c.trim_start_matches("CAP_").to_owned())
+        .collect()
+}
+
+/// Checks that an endpoint got no privilege: not privileged, every capability dropped but the
+/// confined set (NET_ADMIN and NET_RAW among them, nothing like SYS_ADMIN), no-new-privileges,
+/// a pids limit, memory and CPU limits.
+fn assert_confined(name: &str, pids_limit: i64) {
+    let host_config = inspect(name)["HostConfig"].clone();
+    assert_eq!(host_config["Privileged"], false, "{name}: {host_config}");
+    let dropped: Vec<&str> = host_config["CapDrop"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str())
+        .collect();
+    assert!(
+        dropped
+            .iter()
+            .any(|c| c.trim_start_matches("CAP_") == "ALL"),
+        "{name}: {host_config}"
+    );
+    let added = cap_add(&host_config);
+    for needed in ["NET_ADMIN", "NET_RAW"] {
+        assert!(added.iter().any(|c| c == needed), "{name}: {added:?}");
+    }
+    for never in ["SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE", "MKNOD", "ALL"] {
+        assert!(!added.iter().any(|c| c == never), "{name}: {added:?}");
+    }
+    assert!(
+        host_config["SecurityOpt"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|o| o == "no-new-privileges:true"),
+        "{name}: {host_config}"
+    );
+    assert_eq!(
+        host_config["PidsLimit"], pids_limit,
+        "{name}: {host_config}"
+    );
+    assert!(host_config["Memory"].as_i64().unwrap_or(0) > 0, "{name}");
+    assert!(host_config["NanoCpus"].as_i64().unwrap_or(0) > 0, "{name}");
+}
+
+/// A system binary (tests run as root, whose PATH may still lack the sbin directories).
+fn system_bin(name: &str) -> std::path::PathBuf {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(Into::into))
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{name} is not installed"))
+}
+
+/// The host firewall rules tagged with a live lesson's networks, in both iptables variants.
+fn firewall_rules(live_lesson: &str) -> Vec<String> {
+    let stem = container(live_lesson, "");
+    let mut rules = Vec::new();
+    for variant in ["iptables-nft", "iptables-legacy"] {
+        for chain in ["INPUT", "DOCKER-USER"] {
+            let Ok(output) = std::process::Command::new(system_bin(variant))
+                .args(["-w", "-S", chain])
+                .output()
+            else {
+                continue;
+            };
+            rules.extend(
+                String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .filter(|line| line.contains(&stem))
+                    .map(str::to_owned),
+            );
+        }
+    }
+    rules
+}
+
+/// An address on the host's loopback interface for the length of a test (here: the cloud
+/// metadata address, so that something answers there the way a metadata service would).
+struct LoopbackAddress(&'static str);
+
+impl LoopbackAddress {
+    fn add(cidr: &'static str) -> LoopbackAddress {
+        let output = std::process::Command::new(system_bin("ip"))
+            .args(["addr", "add", cidr, "dev", "lo"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() || stderr.contains("exists") || stderr.contains("already"),
+            "ip addr add {cidr} dev lo: {stderr}"
+        );
+        LoopbackAddress(cidr)
+    }
+}
+
+impl Drop for LoopbackAddress {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(system_bin("ip"))
+            .args(["addr", "del", self.0, "dev", "lo"])
+            .output();
+    }
+}
+
+/// Every IPv4 address of the host but loopback's 127/8: its LAN address, Docker's bridges'
+/// gateways (this lesson's among them), anything added to `lo`.
+fn host_addresses() -> Vec<String> {
+    let output = std::process::Command::new(system_bin("ip"))
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .unwrap();
+    let mut addresses: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3))
+        .filter_map(|cidr| cidr.split('/').next())
+        .filter(|ip| !ip.starts_with("127."))
+        .map(str::to_owned)
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    addresses
+}
+
+/// The host's own private address: the source of its default route.
+fn primary_address() -> String {
+    let output = std::process::Command::new(system_bin("ip"))
+        .args(["-4", "-o", "route", "get", "1.1.1.1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut words = text.split_whitespace();
+    words
+        .by_ref()
+        .find(|w| *w == "src")
+        .and_then(|_| words.next())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no default route to find the host's address by: {text}"))
+}
+
+/// A TCP listener on every host address, recording who connects.
+struct HostListener {
+    port: u16,
+    arrivals: tokio::sync::mpsc::UnboundedReceiver<std::net::SocketAddr>,
+}
+
+impl HostListener {
+    async fn bind() -> HostListener {
+        let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((_, peer)) = listener.accept().await {
+                if tx.send(peer).is_err() {
+                    return;
+                }
+            }
+        });
+        HostListener { port, arrivals }
+    }
+
+    /// Who connected since the last call.
+    fn arrived(&mut self) -> Vec<std::net::SocketAddr> {
+        let mut peers = Vec::new();
+        while let Ok(peer) = self.arrivals.try_recv() {
+            peers.push(peer);
+        }
+        peers
+    }
+}
+
+/// Tries every address at once from inside a container; returns those it reached.
+fn reached_from(container: &str, addresses: &[String], port: u16) -> Vec<String> {
+    let script = format!(
+        "for a in \"$@\"; do (timeout 10 nc -w 2 \"$a\" {port} </dev/null >/dev/null 2>&1 && echo \"reached $a\") & done; wait"
+    );
+    let mut args = vec!["exec", container, "sh", "-c", &script, "sh"];
+    args.extend(addresses.iter().map(String::as_str));
+    let (_, output) = docker(&args);
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("reached "))
+        .map(str::to_owned)
+        .collect()
+}
+
+// Multi-threaded: the host listener's accept loop must run while the test waits on the docker
+// CLI (a blocking call), or a connection that does arrive would never be answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_endpoints_get_no_privilege_and_no_route_to_the_host() {
+    // A rule left behind for a bridge that no longer exists (its engine was purged under a
+    // running lesson): the agent sweeps it away when it starts.
+    let stale = [
+        "INPUT",
+        "-i",
+        "br-0000deadbeef",
+        "-m",
+        "comment",
+        "--comment",
+        "antidote-0000deadbeef-lesson",
+        "-j",
+        "DROP",
+    ];
+    let iptables = |op: &str| {
+        let mut args = vec!["-w", op];
+        args.extend(stale);
+        std::process::Command::new(system_bin("iptables"))
+            .args(&args)
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(iptables("-I"), "adding a stale rule");
+    let env = DockerEnv::start("e2e-docker-confined", &example_curriculum(), &[]).await;
+    if iptables("-C") {
+        iptables("-D");
+        panic!("the agent left a rule for a bridge that is gone");
+    }
+    let _metadata = LoopbackAddress::add("169.254.169.254/32");
+    let mut listener = HostListener::bind().await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "routing-basics", 0).await.unwrap();
+    let lesson = env.ready(&lesson.id).await;
+
+    // The router's image is trusted; it is no more privileged than the untrusted client.
+    for endpoint in ["router", "client", "server"] {
+        assert_confined(&container(&lesson.id, endpoint), 1024);
+    }
+
+    // Presentations still answer on the host, endpoints still reach each other.
+    let page = fetch(presentation(&lesson, "server", "web")).await;
+    assert!(page.starts_with("HTTP/1."), "{page}");
+    let client = container(&lesson.id, "client");
+    assert!(ping(&client, "server"), "{}", env.logs());
+
+    // No endpoint reaches the metadata address or any address of the host.
+    let mut targets = host_addresses();
+    targets.push("169.254.169.254".into());
+    targets.push(primary_address());
+    targets.sort();
+    targets.dedup();
+    for endpoint in ["client", "router"] {
+        let reached = reached_from(&container(&lesson.id, endpoint), &targets, listener.port);
+        assert!(
+            reached.is_empty(),
+            "{endpoint} reached the host at {reached:?}\n{}",
+            env.logs()
+        );
+    }
+    let arrived = listener.arrived();
+    assert!(arrived.is_empty(), "the host listener saw {arrived:?}");
+
+    // The same attempt from a container the agent did not make (Docker's default bridge)
+    // arrives: the check above can fail.
+    for target in ["169.254.169.254".to_owned(), primary_address()] {
+        let port = listener.port.to_string();
+        let (ok, output) = docker(&[
+            "run",
+            "--rm",
+            "--entrypoint",
+            "timeout",
+            "antidote/busybox:latest",
+            "10",
+            "nc",
+            "-w",
+            "2",
+            &target,
+            &port,
+        ]);
+        let arrived = listener.arrived();
+        assert!(
+            !arrived.is_empty(),
+            "an unconfined container did not reach {target}:{port} ({ok}: {output})"
+        );
+    }
+
+    // Two rules per network (to the host; out of the bridge), removed with the networks.
+    let rules = firewall_rules(&lesson.id);
+    assert_eq!(rules.len(), 2 * 3, "{rules:#?}");
+    env.delete_all(&[&lesson.id]).await;
+    let left = firewall_rules(&lesson.id);
+    assert!(left.is_empty(), "rules outlived their networks: {left:#?}");
+}
+
+#[tokio::test]
+async fn docker_trusted_endpoints_are_privileged_only_when_the_agent_is_told_so() {
+    let env = DockerEnv::start(
+        "e2e-docker-opt-in",
+        &example_curriculum(),
+        &["--trusted-privileged", "true"],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "routing-basics", 0).await.unwrap();
+    // READY where the engine can grant every capability; FAILED where it cannot (nested
+    // sandboxes such as this machine's): the containers were created either way.
+    let lesson = env.settle(&lesson.id).await;
+    let router = inspect(&container(&lesson.id, "router"))["HostConfig"].clone();
+    assert_eq!(router["Privileged"], true, "{router}");
+    assert_confined(&container(&lesson.id, "client"), 1024);
+    env.delete_all(&[&lesson.id]).await;
+}
+
+#[tokio::test]
+async fn docker_fork_bomb_in_an_endpoint_is_stopped_by_the_pids_limit() {
+    const LIMIT: u64 = 64;
+    let env = DockerEnv::start(
+        "e2e-docker-pids",
+        &example_curriculum(),
+        &["--pids-limit", &LIMIT.to_string()],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "hello-web", 0).await.unwrap();
+    let lesson = env.ready(&lesson.id).await;
+    let web = container(&lesson.id, "web");
+    assert_confined(&web, LIMIT as i64);
+
+    // Every shell starts two more and stays (a bomb whose shells exit dies out by itself when
+    // forks start failing, and would prove nothing).
+    let (ok, output) = docker(&[
+        "exec",
+        "-d",
+        &web,
+        "sh",
+        "-c",
+        "b() { b & b & sleep 1000; }; b",
+    ]);
+    assert!(ok, "{output}");
+    // The kernel refuses its forks at the limit (the pids cgroup counts each refusal), and the
+    // endpoint never holds more than the limit.
+    let cgroup = PidsCgroup::of(&web);
+    let refused = async {
+        loop {
+            let (current, refusals) = cgroup.read();
+            assert!(
+                current <= LIMIT,
+                "{current} processes in an endpoint limited to {LIMIT}"
+            );
+            if refusals > 0 {
+                return (current, refusals);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let (current, refusals) = tokio::time::timeout(PATIENCE, refused)
+        .await
+        .expect("the bomb reaches the endpoint's pids limit");
+    println!(
+        "fork bomb: {current} processes in the endpoint (limit {LIMIT}), {refusals} forks refused"
+    );
+    // The endpoint, bomb and all, goes with its live lesson.
+    env.delete_all(&[&lesson.id]).await;
+}
+
+/// An endpoint's pids cgroup on this host (the tests run on the engine's host), read directly:
+/// `docker stats` cannot tell a limit that was hit from one that was not.
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+    fn of(container: &str) -> PidsCgroup {
+        let pid = inspect(container)["State"]["Pid"].as_u64().unwrap();
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        // cgroup v1's pids hierarchy if there is one, else the unified (v2) one.
+        let v1 = cgroups
+            .lines()
+            .find_map(|l| l.split_once(":pids:").map(|(_, p)| p));
+        let dir = match v1 {
+            Some(path) => format!("/sys/fs/cgroup/pids{path}"),
+            None => {
+                let path = cgroups
+                    .lines()
+                    .find_map(|l| l.strip_prefix("0::"))
+                    .expect("a pids cgroup");
+                format!("/sys/fs/cgroup{path}")
+            }
+        };
+        PidsCgroup(dir.into())
+    }
+
+    /// (processes now, forks refused at the limit so far).
+    fn read(&self) -> (u64, u64) {
+        let read = |file: &str| std::fs::read_to_string(self.0.join(file)).unwrap();
+        let current = read("pids.current").trim().parse().unwrap();
+        let refusals = read("pids.events")
+            .lines()
+            .find_map(|l| l.strip_prefix("max "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        (current, refusals)
+    }
+}
+
+/// The agent process started with `tag` (its children, such as iptables, inherit the tag but
+/// have another name).
+fn agent_pid(tag: &str) -> u32 {
+    let needle = format!("{AGENT_TAG}={tag}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            comm.trim() == "agent-docker"
+                && environ
+                    .split(|b| *b == 0)
+                    .any(|var| var == needle.as_bytes())
+        })
+        .expect("the agent's process")
+}
+
+/// A process's peak resident set size (VmHWM), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+#[tokio::test]
+async fn docker_configuration_that_never_ends_fails_after_its_timeout() {
+    let curriculum = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/docker-curriculum");
+    let env = DockerEnv::start(
+        "e2e-docker-endless",
+        &curriculum,
+        &["--config-timeout", "2s"],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "endless-config", 0).await.unwrap();
+    let lesson = env.settle(&lesson.id).await;
+    assert_eq!(lesson.status(), S::Failed, "{}", env.logs());
+    for words in [
+        "failed 3 times",
+        "did not finish within 2s",
+        "still configuring",
+    ] {
+        assert!(
+            lesson.failure_reason.contains(words),
+            "{words:?} in {}",
+            lesson.failure_reason
+        );
+    }
+    // Each run was killed with everything it started.
+    let box_ = container(&lesson.id, "box");
+    let killed = async {
+        loop {
+            let (_, ps) = docker(&["exec", &box_, "ps"]);
+            if !ps.contains("sleep 10000") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), killed)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "timed-out runs still sleep: {}",
+                docker(&["exec", &box_, "ps"]).1
+            )
+        });
+    env.delete_all(&[&lesson.id]).await;
+}
+
+#[tokio::test]
+async fn docker_configuration_printing_100_mb_leaves_the_agent_memory_bounded() {
+    let curriculum = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/docker-curriculum");
+    let env = DockerEnv::start("e2e-docker-loud", &curriculum, &["--config-tries", "1"]).await;
+    let pid = agent_pid(&env.tag);
+    let before = peak_rss_kib(pid);
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "loud-config", 0).await.unwrap();
+    let lesson = env.settle(&lesson.id).await;
+    let after = peak_rss_kib(pid);
+    println!("agent-docker peak RSS: {before} KiB before, {after} KiB after 100 MB of output");
+    assert_eq!(lesson.status(), S::Failed, "{}", env.logs());
+    let reason = &lesson.failure_reason;
+    assert!(
+        reason.contains("exit code 4") && reason.contains("loud-done"),
+        "{reason}"
+    );
+    assert!(
+        reason.len() < 2048,
+        "a short tail, not {} bytes",
+        reason.len()
+    );
+    assert!(
+        after.saturating_sub(before) < 32 * 1024,
+        "the agent's peak RSS grew from {before} KiB to {after} KiB"
+    );
     env.delete_all(&[&lesson.id]).await;
 }

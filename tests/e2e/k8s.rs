@@ -1,7 +1,9 @@
 //! agent-k8s against a real kube-apiserver, etcd and kube-controller-manager
 //! (`tests/k8s/controlplane.sh`, started by `tests/run`, which exports KUBECONFIG), with
 //! `fake-kubelet` as the node. The agent runs with a token of the ServiceAccount bound to
-//! `deploy/k8s/agent-k8s-rbac.yaml`, not as admin. Every object is checked through the API.
+//! `deploy/k8s/agent-k8s-rbac.yaml`, not as admin, so that file's admission policies apply to it
+//! as they would in production (and a test checks, with that token, what they refuse). Every
+//! object is checked through the API.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +15,7 @@ use api::LiveLessonStatus as S;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::runtime::conditions;
 use kube::runtime::wait::await_condition;
@@ -59,6 +61,8 @@ async fn agent_kubeconfig(client: &kube::Client, dir: &Path) -> PathBuf {
             "ServiceAccount" => "serviceaccounts",
             "ClusterRole" => "clusterroles",
             "ClusterRoleBinding" => "clusterrolebindings",
+            "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
             other => panic!("unexpected kind {other} in the RBAC manifest"),
         };
         let resource = ApiResource {
@@ -255,7 +259,8 @@ async fn k8s_lesson_objects_stage_change_and_delete() {
     assert_eq!(labels["antidote.io/lesson"], "two-tier");
     assert_eq!(labels["antidote.io/managed-by"], "agent-k8s");
 
-    // Deny by default, DNS allowed.
+    // Deny by default; DNS allowed to the cluster's DNS pods only, not to every namespace
+    // (where it would reach other lessons' pods too).
     let policy = env
         .namespaced::<NetworkPolicy>(&id)
         .get("antidote-isolation")
@@ -268,13 +273,35 @@ async fn k8s_lesson_objects_stage_change_and_delete() {
         egress.contains("\"port\":53") && egress.contains("UDP"),
         "{egress}"
     );
+    for rule in policy_spec.egress.iter().flatten() {
+        for peer in rule.to.iter().flatten() {
+            if let Some(namespaces) = &peer.namespace_selector {
+                let pods = peer.pod_selector.as_ref();
+                assert_eq!(
+                    namespaces
+                        .match_labels
+                        .as_ref()
+                        .map(|l| l["kubernetes.io/metadata.name"].as_str()),
+                    Some("kube-system"),
+                    "{egress}"
+                );
+                assert_eq!(
+                    pods.and_then(|p| p.match_labels.as_ref())
+                        .map(|l| l["k8s-app"].as_str()),
+                    Some("kube-dns"),
+                    "{egress}"
+                );
+            }
+        }
+    }
     let ingress_rules = serde_json::to_string(&policy_spec.ingress).unwrap();
     assert!(
         ingress_rules.contains("antidote.io/access"),
         "{ingress_rules}"
     );
 
-    // Pods in lesson order on one node; trusted privileged, untrusted not; no API token.
+    // Pods in lesson order on one node; none privileged (the router's image is trusted, but the
+    // agent was not told to run trusted images privileged); no API token.
     let pods: Vec<Pod> = env
         .namespaced::<Pod>(&id)
         .list(&ListParams::default())
@@ -298,22 +325,27 @@ async fn k8s_lesson_objects_stage_change_and_delete() {
     );
     assert!(web.metadata.creation_timestamp <= router.metadata.creation_timestamp);
     assert_eq!(web_spec.automount_service_account_token, Some(false));
-    assert_eq!(
-        router_spec.containers[0]
-            .security_context
-            .as_ref()
-            .unwrap()
-            .privileged,
-        Some(true)
-    );
-    assert_eq!(
-        web_spec.containers[0]
-            .security_context
-            .as_ref()
-            .unwrap()
-            .privileged,
-        None
-    );
+    for spec in [&router_spec, &web_spec] {
+        let container = &spec.containers[0];
+        let context = container.security_context.clone().unwrap();
+        assert_eq!(context.privileged, None, "{context:?}");
+        assert_eq!(
+            context.allow_privilege_escalation,
+            Some(false),
+            "{context:?}"
+        );
+        let capabilities = context.capabilities.unwrap();
+        assert_eq!(capabilities.drop.unwrap(), ["ALL"]);
+        let added = capabilities.add.unwrap();
+        assert!(
+            added.contains(&"NET_ADMIN".to_owned()) && !added.contains(&"SYS_ADMIN".to_owned())
+        );
+        let limits = container.resources.clone().unwrap().limits.unwrap();
+        assert!(
+            limits.contains_key("memory") && limits.contains_key("cpu"),
+            "{limits:?}"
+        );
+    }
 
     // A Service per endpoint, an Ingress per http presentation.
     let service = env.namespaced::<Service>(&id).get("web").await.unwrap();
@@ -350,7 +382,14 @@ async fn k8s_lesson_objects_stage_change_and_delete() {
     // The stage's configuration ran as a Job; a stage change runs a new one, old ones go.
     let jobs: Api<Job> = env.namespaced(&id);
     let job = jobs.get("config-web-g1").await.unwrap();
-    assert_eq!(job.spec.unwrap().backoff_limit, Some(3));
+    let job_spec = job.spec.unwrap();
+    assert_eq!(job_spec.backoff_limit, Some(2));
+    // Bounded: 5 minutes per try, every try plus the controller's back-off in all.
+    assert_eq!(job_spec.active_deadline_seconds, Some(3 * 300 + 30));
+    assert_eq!(
+        job_spec.template.spec.unwrap().active_deadline_seconds,
+        Some(300)
+    );
     let c = &env.scheduler.clients;
     c.request(&ready.session_id, "two-tier", 1).await.unwrap();
     let (_, staged) = c
@@ -688,4 +727,250 @@ async fn k8s_connections_become_attachments_where_multus_is_installed() {
     );
     // Leave the cluster as we found it for the other tests.
     crds.delete(crd_name, &Default::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn k8s_configuration_that_never_ends_fails_at_its_deadline() {
+    let env = K8sEnv::start(
+        "k8s-endless",
+        &["--config-timeout", "2s", "--config-backoff-limit", "0"],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "endless-job", 0).await.unwrap();
+    let (_, lesson) = c
+        .follow(&lesson.id, PATIENCE, |l| {
+            matches!(l.status(), S::Failed | S::Ready)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", env.logs()));
+    assert_eq!(lesson.status(), S::Failed, "{}", env.logs());
+    for words in [
+        "configuration box.sh",
+        "did not finish within 2s",
+        "DeadlineExceeded",
+    ] {
+        assert!(
+            lesson.failure_reason.contains(words),
+            "{words:?} in {}",
+            lesson.failure_reason
+        );
+    }
+    // The cluster bounds it, not only the agent: the Job and its pods carry the deadline.
+    let job = env
+        .namespaced::<Job>(&lesson.id)
+        .get("config-box-g1")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(job.active_deadline_seconds, Some(2));
+    assert_eq!(job.template.spec.unwrap().active_deadline_seconds, Some(2));
+}
+
+/// A kube client with the credentials of a kubeconfig file.
+async fn client_of(kubeconfig: &Path) -> kube::Client {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The API server's answer to a write, for [`refused`].
+type Answer = Result<(), kube::Error>;
+
+/// Waits until `attempt` is refused by the API server with a message containing `because`,
+/// and fails if it is still accepted after a while. Admission policies take effect once the
+/// API server has loaded them (a second or two after they are applied), hence the retries;
+/// every attempt is a dry run, so an accepted one changes nothing.
+async fn refused<F, Fut>(what: &str, because: &str, attempt: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Answer>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match attempt().await {
+            Err(kube::Error::Api(status)) if status.message.contains(because) => return,
+            Err(kube::Error::Api(status)) => {
+                panic!("{what} was refused, but not because {because:?}: {status:?}")
+            }
+            Err(other) => panic!("{what}: {other}"),
+            Ok(()) if tokio::time::Instant::now() > deadline => {
+                panic!("{what} was allowed with the agent's token")
+            }
+            Ok(()) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+#[tokio::test]
+async fn k8s_agent_token_writes_only_in_the_namespaces_it_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin = admin().await;
+    let agent = client_of(&agent_kubeconfig(&admin, dir.path()).await).await;
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let pod = |extra: serde_json::Value| -> Pod {
+        let mut pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": "intruder" },
+            "spec": { "containers": [{ "name": "c", "image": "antidote/busybox:latest" }] },
+        });
+        if let (Some(spec), Some(extra)) = (pod["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        serde_json::from_value(pod).unwrap()
+    };
+    let namespace = |name: &str, labels: serde_json::Value| -> Namespace {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": { "name": name, "labels": labels },
+        }))
+        .unwrap()
+    };
+    const CONFINED: &str = "antidote-agent-k8s-namespaces";
+    const HOST: &str = "antidote-agent-k8s-pods";
+    let namespaces: Api<Namespace> = Api::all(agent.clone());
+
+    // Outside its namespaces: refused, by the policy.
+    let kube_system: Api<Pod> = Api::namespaced(agent.clone(), "kube-system");
+    refused("a pod in kube-system", CONFINED, || async {
+        kube_system
+            .create(&dry, &pod(serde_json::json!({})))
+            .await
+            .map(drop)
+    })
+    .await;
+    let delete_dry = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deleted = namespaces.delete("kube-system", &delete_dry).await;
+    assert!(
+        matches!(&deleted, Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422),
+        "deleting kube-system: {deleted:?}"
+    );
+    // kube-system is protected anyway (NamespaceLifecycle); a namespace that is not is
+    // protected by the policy.
+    let foreign = format!("foreign-{}", &uuid::Uuid::new_v4().to_string()[..8]);
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &namespace(&foreign, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    refused(
+        "deleting a namespace it did not label",
+        CONFINED,
+        || async { namespaces.delete(&foreign, &delete_dry).await.map(drop) },
+    )
+    .await;
+    refused("labelling kube-system as its own", CONFINED, || async {
+        let patch = serde_json::json!({
+            "metadata": { "labels": { "antidote.io/managed-by": "agent-k8s" } },
+        });
+        let params = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        namespaces
+            .patch("kube-system", &params, &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    })
+    .await;
+    refused("a namespace without its label", CONFINED, || async {
+        let name = format!("antidote-{}", uuid::Uuid::new_v4());
+        namespaces
+            .create(&dry, &namespace(&name, serde_json::json!({})))
+            .await
+            .map(drop)
+    })
+    .await;
+    refused("a namespace with the access label", CONFINED, || async {
+        let name = format!("antidote-{}", uuid::Uuid::new_v4());
+        let labels = serde_json::json!({
+            "antidote.io/managed-by": "agent-k8s",
+            "antidote.io/access": "true",
+        });
+        namespaces
+            .create(&dry, &namespace(&name, labels))
+            .await
+            .map(drop)
+    })
+    .await;
+
+    // Inside a namespace it labelled: allowed, but nothing that reaches into the node.
+    let own = format!("antidote-{}", uuid::Uuid::new_v4());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &namespace(
+                &own,
+                serde_json::json!({ "antidote.io/managed-by": "agent-k8s" }),
+            ),
+        )
+        .await
+        .expect("the agent creates a namespace it labels");
+    let pods: Api<Pod> = Api::namespaced(agent.clone(), &own);
+    pods.create(&dry, &pod(serde_json::json!({})))
+        .await
+        .expect("the agent creates pods in its own namespace");
+    refused("a privileged pod", HOST, || async {
+        let privileged = serde_json::json!({ "containers": [{
+            "name": "c", "image": "antidote/busybox:latest",
+            "securityContext": { "privileged": true },
+        }] });
+        pods.create(&dry, &pod(privileged)).await.map(drop)
+    })
+    .await;
+    refused("a pod on the host's network", HOST, || async {
+        pods.create(&dry, &pod(serde_json::json!({ "hostNetwork": true })))
+            .await
+            .map(drop)
+    })
+    .await;
+    refused("a pod mounting the node's root", HOST, || async {
+        let volumes =
+            serde_json::json!({ "volumes": [{ "name": "root", "hostPath": { "path": "/" } }] });
+        pods.create(&dry, &pod(volumes)).await.map(drop)
+    })
+    .await;
+    refused("a Job with a privileged pod", HOST, || async {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": { "name": "intruder" },
+            "spec": { "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "c", "image": "antidote/busybox:latest",
+                    "securityContext": { "privileged": true },
+                }],
+            } } },
+        }))
+        .unwrap();
+        Api::<Job>::namespaced(agent.clone(), &own)
+            .create(&dry, &job)
+            .await
+            .map(drop)
+    })
+    .await;
+    namespaces
+        .delete(&own, &DeleteParams::default())
+        .await
+        .expect("the agent deletes a namespace it labelled");
+    Api::<Namespace>::all(admin)
+        .delete(&foreign, &DeleteParams::default())
+        .await
+        .unwrap();
 }

@@ -99,18 +99,31 @@ pub async fn run<B: Backend>(
     result
 }
 
-/// Completes on SIGTERM or ctrl-c.
-pub async fn shutdown_signal() {
+/// A future that completes on SIGTERM or SIGINT (ctrl-c).
+///
+/// The handlers are installed when this is called, not when the future is first polled: call it
+/// before announcing readiness (printing `listening on`), so that a supervisor's SIGTERM sent
+/// right after that line is never missed and never kills the process with the default action.
+///
+/// # Panics
+///
+/// Outside a Tokio runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        match (term, interrupt) {
+            (Ok(mut term), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
+                one.recv().await;
+            }
+            (Err(_), Err(_)) => std::future::pending().await,
         }
     }
 }

@@ -3,12 +3,13 @@
 //! it (there is no kube-scheduler either), and "runs" them:
 //!
 //! - an endpoint pod gets a loopback address (`--ip-prefix`, e.g. 127.77.0.5) and, for every
-//!   container port, a real listener there: ports named `ssh-*` send an SSH banner, `http-*`
-//!   answer HTTP with a page naming the pod, others accept and close; port `--silent-port` (9,
-//!   the conformance suite's default) accepts and never answers, whatever its name. Then it is
-//!   Running.
+//!   container port, a real listener there: `--silent-port` accepts and never says a word (the
+//!   conformance suite's `failed-probe`), ports named `ssh-*` send an SSH banner, `http-*`
+//!   answer HTTP with a page naming the pod, others accept and close. Then it is Running.
 //! - a Job's pod succeeds, unless its command contains `--fail-marker`: then it fails with exit
-//!   code 1 (the Job controller retries it up to the Job's backoffLimit).
+//!   code 1 (the Job controller retries it up to the Job's backoffLimit), or `--hang-marker`:
+//!   then it runs until something deletes it (the Job controller does, at the Job's
+//!   `activeDeadlineSeconds`; a real kubelet would also end it at the pod's own).
 //! - a pod whose image contains `--missing-image` stays Waiting with ErrImagePull.
 //! - a pod being deleted (its namespace is) is removed at once, listeners closed.
 //!
@@ -46,12 +47,16 @@ struct Args {
     /// A Job pod whose command contains this fails.
     #[arg(long, default_value = "fake-kubelet: fail")]
     fail_marker: String,
+    /// A Job pod whose command contains this never ends.
+    #[arg(long, default_value = "fake-kubelet: hang")]
+    hang_marker: String,
+    /// A container port whose listener accepts connections and never answers, whatever its
+    /// name (antidote-conformance's `--silent-port`, 9 by default).
+    #[arg(long, default_value_t = 9)]
+    silent_port: u16,
     /// A pod whose image contains this cannot pull it.
     #[arg(long, default_value = "ghost")]
     missing_image: String,
-    /// A container port with this number accepts connections and never answers (0: none).
-    #[arg(long, default_value_t = 9)]
-    silent_port: u16,
 }
 
 const MANAGER: &str = "fake-kubelet";
@@ -192,20 +197,33 @@ impl Kubelet {
                 .join(" ");
             let failed = command.contains(&self.args.fail_marker);
             self.running.insert(uid, vec![]);
-            json!({
-                "phase": if failed { "Failed" } else { "Succeeded" },
-                "startTime": now,
-                "containerStatuses": [{
-                    "name": container.name, "image": container.image.clone().unwrap_or_default(), "imageID": "",
-                    "ready": false, "restartCount": 0,
-                    "state": { "terminated": {
-                        "exitCode": if failed { 1 } else { 0 },
-                        "reason": if failed { "Error" } else { "Completed" },
-                        "message": if failed { "the script failed (fake-kubelet fail marker)" } else { "" },
-                        "startedAt": now, "finishedAt": now,
-                    } },
-                }],
-            })
+            if command.contains(&self.args.hang_marker) {
+                json!({
+                    "phase": "Running",
+                    "hostIP": "127.0.0.1",
+                    "startTime": now,
+                    "containerStatuses": [{
+                        "name": container.name, "image": container.image.clone().unwrap_or_default(), "imageID": "",
+                        "ready": true, "started": true, "restartCount": 0,
+                        "state": { "running": { "startedAt": now } },
+                    }],
+                })
+            } else {
+                json!({
+                    "phase": if failed { "Failed" } else { "Succeeded" },
+                    "startTime": now,
+                    "containerStatuses": [{
+                        "name": container.name, "image": container.image.clone().unwrap_or_default(), "imageID": "",
+                        "ready": false, "restartCount": 0,
+                        "state": { "terminated": {
+                            "exitCode": if failed { 1 } else { 0 },
+                            "reason": if failed { "Error" } else { "Completed" },
+                            "message": if failed { "the script failed (fake-kubelet fail marker)" } else { "" },
+                            "startedAt": now, "finishedAt": now,
+                        } },
+                    }],
+                })
+            }
         } else if container
             .image
             .as_deref()
@@ -239,7 +257,7 @@ impl Kubelet {
                 let listener = tokio::net::TcpListener::bind(address)
                     .await
                     .with_context(|| format!("binding {address} for {namespace}/{name}"))?;
-                let kind = if port.container_port as u16 == self.args.silent_port {
+                let kind = if address.port() == self.args.silent_port {
                     "silent".to_owned()
                 } else {
                     port.name.clone().unwrap_or_default()
@@ -287,7 +305,7 @@ async fn serve(listener: tokio::net::TcpListener, kind: String, page: String) {
         let page = page.clone();
         tokio::spawn(async move {
             if kind == "silent" {
-                // Read and say nothing until the client gives up.
+                // Hold the connection open, saying nothing, until the client gives up.
                 let mut buf = [0u8; 1024];
                 while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
             } else if kind.starts_with("ssh") {

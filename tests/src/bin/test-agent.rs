@@ -537,8 +537,9 @@ async fn main() -> anyhow::Result<()> {
         args,
         entries: Mutex::new(HashMap::new()),
     });
+    let shutdown = sdk::shutdown_signal();
     println!("listening on {}", listener.local_addr()?);
-    sdk::run(agent, listener, metrics, telemetry, sdk::shutdown_signal())
+    sdk::run(agent, listener, metrics, telemetry, shutdown)
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }
