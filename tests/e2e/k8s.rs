@@ -463,7 +463,7 @@ async fn k8s_failing_job_and_a_refused_object_fail_with_reasons() {
     assert_eq!(broken.status(), S::Failed, "{}", env.logs());
     assert!(
         broken.failure_reason.contains("configuration box.sh")
-            && broken.failure_reason.contains("4 tries")
+            && broken.failure_reason.contains("3 tries")
             && broken.failure_reason.contains("BackoffLimitExceeded"),
         "{}",
         broken.failure_reason
