@@ -17,6 +17,7 @@ use futures::StreamExt;
 use proto::{Phase, PresentationType};
 use tonic::Status;
 
+use crate::configurator;
 use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON, Run};
 use crate::firewall::{Confinement, Firewall};
 use crate::settings::Settings;
@@ -48,6 +49,8 @@ pub struct Docker {
     firewall: Arc<Firewall>,
     /// The runtime's state book, for changes that happen on their own (a container dies).
     book: Arc<StateBook>,
+    /// Whether the configurator image is there, so python, ansible and napalm run.
+    configurator: bool,
 }
 
 impl Docker {
@@ -64,7 +67,15 @@ impl Docker {
             settings: Arc::new(settings),
             firewall: Arc::new(firewall),
             book,
+            configurator: false,
         }
+    }
+
+    /// Offers python, ansible and napalm configurations when `available` (the configurator
+    /// image is on the engine: [`crate::configurator::available`]).
+    pub fn with_configurator(mut self, available: bool) -> Docker {
+        self.configurator = available;
+        self
     }
 
     /// Follows the engine's container events: a container of a READY live lesson that dies
@@ -127,7 +138,6 @@ impl Docker {
     ) -> Result<Vec<proto::EndpointState>, String> {
         let docker = &self.docker;
         let settings = &self.settings;
-        let id = &spec.live_lesson_id;
         if start == Start::Create {
             // A missing image surfaces from the container's creation (404), named there.
             report.phase(Phase::Booting, "creating networks and containers");
@@ -156,54 +166,25 @@ impl Docker {
             }
         });
 
-        for endpoint in &spec.endpoints {
-            let Some(configuration) = &endpoint.configuration else {
-                continue;
-            };
-            if configuration.r#type != proto::ConfigurationType::Shell as i32 {
-                return Err(format!(
-                    "endpoint `{}`: configuration type {:?} is not supported by agent-docker (only shell scripts run in containers)",
-                    endpoint.name,
-                    proto::ConfigurationType::try_from(configuration.r#type)
-                        .unwrap_or(proto::ConfigurationType::Unspecified)
-                ));
-            }
-            let script = String::from_utf8_lossy(&configuration.contents);
-            let container = engine::container_name(id, &endpoint.name);
-            let mut last = String::new();
-            let mut done = false;
-            for attempt in 1..=settings.config_tries.max(1) {
-                match engine::exec_shell(docker, &container, &script, settings.config_timeout).await
-                {
-                    Ok((Run::Exited(0), _)) => {
-                        done = true;
-                        break;
-                    }
-                    Ok((Run::Exited(code), output)) => {
-                        last = format!("exit code {code}: {}", tail(&output.text(), REASON_TAIL));
-                    }
-                    Ok((Run::TimedOut, output)) => {
-                        last = format!(
-                            "did not finish within {:?} and was killed; output ends: {}",
-                            settings.config_timeout,
-                            tail(&output.text(), REASON_TAIL)
-                        );
-                    }
-                    Err(err) => last = err.to_string(),
-                }
-                tracing::warn!(live_lesson.id = %id, endpoint = %endpoint.name, attempt, "configuration failed");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            if !done {
-                return Err(format!(
-                    "configuration {} of endpoint `{}` for stage {} failed {} times; last: {last}",
-                    configuration.file_name,
-                    endpoint.name,
-                    spec.stage,
-                    settings.config_tries.max(1)
-                ));
-            }
+        // Python, ansible and napalm run from one configurator container for the whole stage,
+        // removed when the stage's configuration is over, whatever its outcome.
+        let mut configurator = None;
+        if spec.endpoints.iter().any(|e| {
+            e.configuration
+                .as_ref()
+                .is_some_and(configurator::runs_here)
+        }) {
+            configurator = Some(
+                configurator::Configurator::start(docker, settings, spec)
+                    .await
+                    .map_err(|err| format!("starting the configurator: {err}"))?,
+            );
         }
+        let configured = self.configure(spec, configurator.as_ref()).await;
+        if let Some(configurator) = configurator {
+            configurator.finish(docker).await;
+        }
+        configured?;
 
         // Readiness, from the host through the published ports.
         let deadline = tokio::time::Instant::now() + settings.probe_timeout;
@@ -238,6 +219,77 @@ impl Docker {
             tokio::time::sleep(delay).await;
         }
         Ok(states)
+    }
+
+    /// Runs the stage's configuration of every endpoint, in lesson order: shell scripts by exec
+    /// in the endpoint, the other types in `configurator`. Each is tried `--config-tries` times
+    /// ([R3]), each try killed at `--config-timeout`; the error names the file and ends with the
+    /// last try's output.
+    async fn configure(
+        &self,
+        spec: &proto::LessonSpec,
+        configurator: Option<&configurator::Configurator>,
+    ) -> Result<(), String> {
+        let docker = &self.docker;
+        let settings = &self.settings;
+        let id = &spec.live_lesson_id;
+        let tries = settings.config_tries.max(1);
+        for endpoint in &spec.endpoints {
+            let Some(configuration) = &endpoint.configuration else {
+                continue;
+            };
+            let mut last = String::new();
+            let mut done = false;
+            for attempt in 1..=tries {
+                let run = match configurator {
+                    Some(configurator) if configurator::runs_here(configuration) => {
+                        configurator
+                            .run(
+                                docker,
+                                endpoint,
+                                configuration,
+                                spec.stage,
+                                settings.config_timeout,
+                            )
+                            .await
+                    }
+                    _ => {
+                        let script = String::from_utf8_lossy(&configuration.contents);
+                        let container = engine::container_name(id, &endpoint.name);
+                        engine::exec_shell(docker, &container, &script, settings.config_timeout)
+                            .await
+                    }
+                };
+                match run {
+                    Ok((Run::Exited(0), _)) => {
+                        done = true;
+                        break;
+                    }
+                    Ok((Run::Exited(code), output)) => {
+                        last = format!("exit code {code}: {}", tail(&output.text(), REASON_TAIL));
+                    }
+                    Ok((Run::TimedOut, output)) => {
+                        last = format!(
+                            "did not finish within {:?} and was killed; output ends: {}",
+                            settings.config_timeout,
+                            tail(&output.text(), REASON_TAIL)
+                        );
+                    }
+                    Err(err) => last = err.to_string(),
+                }
+                tracing::warn!(live_lesson.id = %id, endpoint = %endpoint.name, attempt, "configuration failed");
+                if attempt < tries {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+            if !done {
+                return Err(format!(
+                    "configuration {} of endpoint `{}` for stage {} failed {tries} times; last: {last}",
+                    configuration.file_name, endpoint.name, spec.stage,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Where an existing live lesson's endpoints are (for stage changes and recovery), with its
@@ -321,8 +373,9 @@ fn unavailable(err: EngineError) -> Status {
 #[tonic::async_trait]
 impl Backend for Docker {
     fn describe(&self) -> Description {
-        let mut description =
-            Description::new("agent-docker", env!("CARGO_PKG_VERSION"), CAPABILITIES);
+        let mut offered = CAPABILITIES.to_vec();
+        offered.extend(configurator::capabilities(self.configurator));
+        let mut description = Description::new("agent-docker", env!("CARGO_PKG_VERSION"), &offered);
         description.max_live_lessons = self.settings.max_live_lessons;
         description.labels = HashMap::from([("backend".to_owned(), "docker".to_owned())]);
         description
@@ -417,6 +470,21 @@ impl Backend for Docker {
                     .chain(e.additional_ports.iter().copied())
                     .collect(),
                 detail: format!("image {image}"),
+            });
+        }
+        if spec.endpoints.iter().any(|e| {
+            e.configuration
+                .as_ref()
+                .is_some_and(configurator::runs_here)
+        }) {
+            objects.push(proto::PlannedObject {
+                kind: "container".into(),
+                name: configurator::container_name(id),
+                ports: vec![],
+                detail: format!(
+                    "image {}; runs stage {}'s python, ansible and napalm configurations, then removed",
+                    self.settings.configurator_image, spec.stage
+                ),
             });
         }
         Ok(proto::PlanResponse {

@@ -444,9 +444,10 @@ impl Tail {
 }
 
 /// The command a configuration runs as: a shell that reports its pid on stderr's first line,
-/// then becomes the script's shell. `docker exec` starts it as a session and process group
-/// leader, so the pid names the whole group when the run has to be killed.
-const CONFIG_WRAPPER: &str = "echo $$ >&2; exec sh -c \"$1\"";
+/// then becomes the command (for a shell script: `sh -c SCRIPT`). `docker exec` starts it as a
+/// session and process group leader, so the pid names the whole group when the run has to be
+/// killed.
+const CONFIG_WRAPPER: &str = "echo $$ >&2; exec \"$@\"";
 
 /// The pid line a [`CONFIG_WRAPPER`] run prints before anything else.
 #[derive(Debug, Default)]
@@ -500,19 +501,45 @@ pub async fn exec_shell(
     script: &str,
     timeout: std::time::Duration,
 ) -> Result<(Run, Tail), EngineError> {
+    exec_command(
+        docker,
+        container,
+        &["sh".to_owned(), "-c".to_owned(), script.to_owned()],
+        vec![],
+        None,
+        timeout,
+    )
+    .await
+}
+
+/// Runs `argv` in a container with `env` (`NAME=value`; secrets go here, never in `argv`: the
+/// engine shows an exec's command line to anyone who inspects it) in `working_dir`, for at most
+/// `timeout`, as [`exec_shell`] runs a script: how it ended and the last [`OUTPUT_KEPT`] bytes
+/// of its combined output; a run still going at the timeout is killed with its process group.
+pub async fn exec_command(
+    docker: &Docker,
+    container: &str,
+    argv: &[String],
+    env: Vec<String>,
+    working_dir: Option<String>,
+    timeout: std::time::Duration,
+) -> Result<(Run, Tail), EngineError> {
+    let mut cmd = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        CONFIG_WRAPPER.to_owned(),
+        "antidote-config".to_owned(),
+    ];
+    cmd.extend(argv.iter().cloned());
     let exec = docker
         .create_exec(
             container,
             ExecConfig {
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
-                cmd: Some(vec![
-                    "sh".into(),
-                    "-c".into(),
-                    CONFIG_WRAPPER.into(),
-                    "antidote-config".into(),
-                    script.to_owned(),
-                ]),
+                cmd: Some(cmd),
+                env: (!env.is_empty()).then_some(env),
+                working_dir,
                 ..Default::default()
             },
         )

@@ -5,6 +5,8 @@
 //! - [`backend`], the SDK `Backend`: takes one generation of a live lesson to READY (create or
 //!   find, configure by exec, probe through the published ports), removes and discovers by
 //!   label, plans; the SDK's `Agent` applies the protocol's rules around it.
+//! - [`configurator`], python, ansible and napalm configurations from one configurator
+//!   container per stage run on the lesson's network.
 //! - [`engine`], every Docker call: networks, containers (confined: capabilities, pids,
 //!   memory, CPU, no-new-privileges), exec (bounded in time and output), inspection.
 //! - [`firewall`], the host iptables rules that keep lesson networks off the engine's host and
@@ -17,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod configurator;
 pub mod engine;
 pub mod firewall;
 pub mod settings;

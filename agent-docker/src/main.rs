@@ -52,18 +52,28 @@ async fn main() -> anyhow::Result<()> {
         Err(err) => tracing::warn!(error = %err, "could not sweep stale firewall rules"),
     }
 
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    // With --connect the agent dials in and opens no listening socket at all.
+    let transport: sdk::Transport = match settings.connect.dial_in(&settings.tls)? {
+        Some(dial) => dial.into(),
+        None => {
+            let listener = tokio::net::TcpListener::bind(settings.listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", settings.listen))?;
+            // mTLS, or plaintext where that is safe or the operator's explicit choice.
+            settings.tls.listener(listener)?.into()
+        }
+    };
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
     let signal = sdk::shutdown_signal();
-    println!("listening on {}", listener.local_addr()?);
+    println!("{}", transport.announce());
     let book = Arc::new(StateBook::default());
-    let backend = Docker::new(docker, settings, firewall, book.clone());
+    let configurator = agent_docker::configurator::available(&docker, &settings).await;
+    let backend =
+        Docker::new(docker, settings, firewall, book.clone()).with_configurator(configurator);
     let shutdown = CancellationToken::new();
     tokio::spawn(backend.clone().follow_events(shutdown.clone()));
     let agent = Agent::with_book(backend, book);
-    sdk::run(agent, listener, metrics, telemetry, async move {
+    sdk::run(agent, transport, metrics, telemetry, async move {
         signal.await;
         shutdown.cancel();
     })

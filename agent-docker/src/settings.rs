@@ -19,6 +19,14 @@ pub struct Settings {
     /// Where to serve Prometheus `/metrics` (off when unset; port 0: any, printed).
     #[arg(long, env = "ANTIDOTE_DOCKER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// mTLS towards the scheduler (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
+    /// `--tls-require-identity`; `ANTIDOTE_AGENT_TLS_*`), or `--insecure-plaintext` off loopback.
+    #[command(flatten)]
+    pub tls: antidote_proto::sdk::tls::TlsArgs,
+    /// Dial in to the scheduler instead of listening (`--connect https://SCHEDULER:PORT`,
+    /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
+    #[command(flatten)]
+    pub connect: antidote_proto::sdk::dial::ConnectArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,
@@ -49,6 +57,24 @@ pub struct Settings {
     /// and counts as a failed try.
     #[arg(long, env = "ANTIDOTE_DOCKER_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub config_timeout: Duration,
+    /// The image python, ansible and napalm configurations run in, one container per stage run
+    /// on the lesson's network (built locally by tests/docker/configurator.sh). Checked at
+    /// start: when the engine lacks it (or it is empty) the agent runs shell configurations only
+    /// and does not offer the other types.
+    #[arg(
+        long,
+        env = "ANTIDOTE_DOCKER_CONFIGURATOR_IMAGE",
+        default_value = crate::configurator::DEFAULT_IMAGE
+    )]
+    pub configurator_image: String,
+    /// Memory limit of a configurator container, in MiB (0: none): ansible and NAPALM need more
+    /// than an endpoint.
+    #[arg(
+        long,
+        env = "ANTIDOTE_DOCKER_CONFIGURATOR_MEMORY_MIB",
+        default_value_t = 1024
+    )]
+    pub configurator_memory_mib: u64,
     /// Extra wait after readiness, added to the lesson's own ready delay.
     #[arg(long, env = "ANTIDOTE_DOCKER_READY_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub ready_delay: Duration,

@@ -16,7 +16,7 @@ use antidote_proto::agent::v1 as proto;
 use antidote_proto::sdk::probe;
 use antidote_proto::sdk::{self, Backend, Description, Report, Start, capabilities, labels};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PropagationPolicy};
 use kube::discovery::ApiResource;
@@ -25,6 +25,7 @@ use proto::Phase;
 use tonic::Status;
 
 use crate::cluster::{self, LABEL_MANAGED, explain};
+use crate::configurator;
 use crate::settings::Settings;
 
 /// The capabilities agent-k8s offers.
@@ -237,28 +238,56 @@ impl Kubernetes {
                 }
             }
         }
+        // The configurator's files and credentials, before the Jobs that mount them; files of
+        // older generations go (their Jobs went above).
+        let configmaps: Api<ConfigMap> = self.api(spec);
+        let current_files = configurator::configmap_name(spec.generation);
+        let old_files = configmaps
+            .list(&ListParams::default().labels(configurator::LABEL_CONFIG_GENERATION))
+            .await
+            .map_err(|e| explain("listing configuration ConfigMaps", &e))?;
+        for configmap in old_files {
+            let name = configmap.metadata.name.unwrap_or_default();
+            if name != current_files {
+                match configmaps.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(explain(&format!("deleting ConfigMap {name}"), &e)),
+                }
+            }
+        }
+        if configurator::needed(spec) {
+            cluster::apply(
+                &configmaps,
+                &current_files,
+                &configurator::configmap_manifest(spec),
+            )
+            .await
+            .map_err(|e| explain(&format!("ConfigMap {current_files}"), &e))?;
+            let secrets: Api<Secret> = self.api(spec);
+            cluster::apply(
+                &secrets,
+                configurator::SECRET,
+                &configurator::secret_manifest(spec),
+            )
+            .await
+            .map_err(|e| explain(&format!("Secret {}", configurator::SECRET), &e))?;
+        }
         let mut waits = Vec::new();
         for (i, endpoint) in spec.endpoints.iter().enumerate() {
             let Some(configuration) = &endpoint.configuration else {
                 continue;
             };
-            if configuration.r#type != proto::ConfigurationType::Shell as i32 {
-                return Err(format!(
-                    "endpoint `{}`: configuration type {:?} is not supported by agent-k8s (only shell scripts run as Jobs)",
-                    endpoint.name,
-                    proto::ConfigurationType::try_from(configuration.r#type)
-                        .unwrap_or(proto::ConfigurationType::Unspecified)
-                ));
-            }
-            let script = String::from_utf8_lossy(&configuration.contents);
             let name = cluster::job_name(&endpoint.name, spec.generation);
-            cluster::apply(
-                &jobs,
-                &name,
-                &cluster::job_manifest(&self.settings, spec, i, &script),
-            )
-            .await
-            .map_err(|e| explain(&format!("Job {name}"), &e))?;
+            let manifest = if configurator::runs_here(configuration) {
+                configurator::job_manifest(&self.settings, spec, i)
+            } else {
+                let script = String::from_utf8_lossy(&configuration.contents);
+                cluster::job_manifest(&self.settings, spec, i, &script)
+            };
+            cluster::apply(&jobs, &name, &manifest)
+                .await
+                .map_err(|e| explain(&format!("Job {name}"), &e))?;
             let file = configuration.file_name.clone();
             let endpoint_name = endpoint.name.clone();
             let jobs = jobs.clone();
@@ -443,8 +472,9 @@ fn unavailable(what: &str, err: kube::Error) -> Status {
 #[tonic::async_trait]
 impl Backend for Kubernetes {
     fn describe(&self) -> Description {
-        let mut description =
-            Description::new("agent-k8s", env!("CARGO_PKG_VERSION"), CAPABILITIES);
+        let mut offered = CAPABILITIES.to_vec();
+        offered.extend(configurator::capabilities(&self.settings));
+        let mut description = Description::new("agent-k8s", env!("CARGO_PKG_VERSION"), &offered);
         description.max_live_lessons = self.settings.max_live_lessons;
         description.labels = HashMap::from([("backend".to_owned(), "kubernetes".to_owned())]);
         description

@@ -7,6 +7,8 @@
 //!   addresses), removes a live lesson by deleting its namespace, discovers live lessons by the
 //!   namespaces' labels, plans; the SDK's `Agent` applies the protocol's rules around it.
 //! - [`cluster`], the names and manifests of every object, and server-side apply.
+//! - [`configurator`], python, ansible and napalm configurations as Jobs of the configurator
+//!   image, their files in a ConfigMap, credentials in a Secret.
 //! - [`settings`], the agent's configuration.
 //!
 //! Every object carries the labels of the spec (instance, live lesson, session, generation,
@@ -16,4 +18,5 @@
 
 pub mod backend;
 pub mod cluster;
+pub mod configurator;
 pub mod settings;

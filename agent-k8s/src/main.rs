@@ -21,15 +21,23 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("the Kubernetes API server does not answer")?;
     tracing::info!(version = %version.git_version, "connected to Kubernetes");
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    // With --connect the agent dials in and opens no listening socket at all.
+    let transport: sdk::Transport = match settings.connect.dial_in(&settings.tls)? {
+        Some(dial) => dial.into(),
+        None => {
+            let listener = tokio::net::TcpListener::bind(settings.listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", settings.listen))?;
+            // mTLS, or plaintext where that is safe or the operator's explicit choice.
+            settings.tls.listener(listener)?.into()
+        }
+    };
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
     let backend = Kubernetes::new(client, settings);
     let shutdown = sdk::shutdown_signal();
-    println!("listening on {}", listener.local_addr()?);
+    println!("{}", transport.announce());
     let agent = Agent::new(backend);
-    sdk::run(agent, listener, metrics, telemetry, shutdown)
+    sdk::run(agent, transport, metrics, telemetry, shutdown)
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }

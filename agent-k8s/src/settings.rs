@@ -17,6 +17,14 @@ pub struct Settings {
     /// Where to serve Prometheus `/metrics` (off when unset; port 0: any, printed).
     #[arg(long, env = "ANTIDOTE_K8S_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// mTLS towards the scheduler (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
+    /// `--tls-require-identity`; `ANTIDOTE_AGENT_TLS_*`), or `--insecure-plaintext` off loopback.
+    #[command(flatten)]
+    pub tls: antidote_proto::sdk::tls::TlsArgs,
+    /// Dial in to the scheduler instead of listening (`--connect https://SCHEDULER:PORT`,
+    /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
+    #[command(flatten)]
+    pub connect: antidote_proto::sdk::dial::ConnectArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,
@@ -65,6 +73,18 @@ pub struct Settings {
     /// the Job controller's back-off between tries ([`Settings::config_job_deadline`]).
     #[arg(long, env = "ANTIDOTE_K8S_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub config_timeout: Duration,
+    /// The image python, ansible and napalm configurations run in, as the stage's Jobs (built
+    /// locally by tests/docker/configurator.sh; push it where the cluster pulls from). Without
+    /// it the agent runs shell configurations only and does not offer the other types.
+    #[arg(long, env = "ANTIDOTE_K8S_CONFIGURATOR_IMAGE")]
+    pub configurator_image: Option<String>,
+    /// Memory limit of a configurator Job's container, in MiB (0: the endpoints' limit).
+    #[arg(
+        long,
+        env = "ANTIDOTE_K8S_CONFIGURATOR_MEMORY_MIB",
+        default_value_t = 1024
+    )]
+    pub configurator_memory_mib: u64,
     /// Extra wait after readiness, added to the lesson's own ready delay.
     #[arg(long, env = "ANTIDOTE_K8S_READY_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub ready_delay: Duration,

@@ -205,7 +205,42 @@ fn broken_rules(spec: &LessonSpec, offered: &[String]) -> BTreeSet<String> {
             if !runs {
                 broken.insert(format!("{at}.configuration.type"));
             }
+            // A plain file name (it is written as a file and a ConfigMap key), at most 256 KiB,
+            // and a NAPALM configuration names its driver.
+            let name = &configuration.file_name;
+            let plain = !name.is_empty()
+                && name.len() <= 253
+                && name != "."
+                && name != ".."
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !plain {
+                broken.insert(format!("{at}.configuration.file_name"));
+            }
+            if configuration.contents.len() > 256 * 1024 {
+                broken.insert(format!("{at}.configuration.contents"));
+            }
+            let driver = &configuration.driver;
+            if configuration.r#type == ConfigurationType::Napalm as i32
+                && !(driver.starts_with(|c: char| c.is_ascii_lowercase())
+                    && driver
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            {
+                broken.insert(format!("{at}.configuration.driver"));
+            }
         }
+    }
+    // Every configuration file of the stage together: at most 1 MiB.
+    let total: usize = spec
+        .endpoints
+        .iter()
+        .filter_map(|e| e.configuration.as_ref())
+        .map(|c| c.contents.len())
+        .sum();
+    if total > 1024 * 1024 {
+        broken.insert("spec.endpoints".to_owned());
     }
     // An endpoint named twice still names an endpoint.
     let all: BTreeSet<&str> = spec.endpoints.iter().map(|e| e.name.as_str()).collect();
@@ -290,9 +325,9 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
     let presentation = ("\\PC{1,8}", 1..=65535u32, select(&[1, 2][..]));
     let configuration = (
         1..=4i32,
-        "[a-z0-9.-]{0,12}",
+        "[a-z0-9][a-zA-Z0-9._-]{0,11}",
         proptest::collection::vec(any::<u8>(), 0..32),
-        "[a-z_]{0,6}",
+        "[a-z][a-z0-9_]{0,5}",
     )
         .prop_map(|(r#type, file_name, contents, driver)| StageConfiguration {
             r#type,

@@ -97,6 +97,19 @@ pub enum Error {
         /// Why each agent was rejected.
         why: String,
     },
+    /// No agent the scheduler knows could ever take the lesson (labels, capabilities).
+    #[error("no agent could ever take lesson `{lesson}`: {why}")]
+    PlacementImpossible {
+        /// The lesson.
+        lesson: String,
+        /// What no agent has (`label region=eu`), for the ErrorInfo metadata.
+        missing: String,
+        /// Why, naming what is missing and every agent's shortfalls.
+        why: String,
+    },
+    /// No agent with this name.
+    #[error("agent `{0}` not found")]
+    AgentNotFound(String),
     /// An agent call failed.
     #[error("agent `{agent}` {call} failed: {status}")]
     Agent {
@@ -113,9 +126,14 @@ pub enum Error {
     /// The database failed to migrate.
     #[error("store migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    /// A batch of writes failed to commit.
+    /// A batch of writes failed to begin or to commit: nothing of it was written, and the same
+    /// call may succeed when tried again.
     #[error("store commit failed: {0}")]
     Commit(String),
+    /// The database cannot be opened for this process (e.g. another scheduler holds the SQLite
+    /// file).
+    #[error("{0}")]
+    StoreOpen(String),
     /// The writer task is gone (the scheduler is shutting down).
     #[error("store writer stopped")]
     WriterStopped,
@@ -146,15 +164,17 @@ impl Error {
             Error::TooManySessions { .. }
             | Error::TooManyLiveLessons { .. }
             | Error::TooManyStreams { .. } => Code::ResourceExhausted,
-            Error::Busy { .. } => Code::FailedPrecondition,
+            Error::Busy { .. } | Error::PlacementImpossible { .. } => Code::FailedPrecondition,
+            Error::AgentNotFound(_) => Code::NotFound,
             Error::StillTerminating(_) => Code::Aborted,
             Error::NoAgent { .. } => Code::Unavailable,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied { .. } => Code::PermissionDenied,
             Error::Agent { status, .. } => status.code(),
-            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) | Error::Commit(_) => {
-                Code::Internal
-            }
+            // A busy, full, unreachable or restarting database: worth a retry.
+            Error::Store(err) if crate::store::transient(err) => Code::Unavailable,
+            Error::Commit(_) | Error::StoreOpen(_) => Code::Unavailable,
+            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) => Code::Internal,
             Error::WriterStopped => Code::Unavailable,
         }
     }
@@ -222,6 +242,13 @@ impl Error {
                 vec![("live_lesson_id", id.to_string())],
             ),
             Error::NoAgent { lesson, .. } => (R::NoAgent, vec![("lesson", lesson.clone())]),
+            Error::PlacementImpossible {
+                lesson, missing, ..
+            } => (
+                R::PlacementImpossible,
+                vec![("lesson", lesson.clone()), ("missing", missing.clone())],
+            ),
+            Error::AgentNotFound(agent) => (R::AgentNotFound, vec![("agent", agent.clone())]),
             Error::Unauthenticated(_) => (R::Unauthenticated, vec![]),
             Error::TooManyStreams { scope, limit } => (
                 R::TooManyStreams,
@@ -246,9 +273,9 @@ impl Error {
                 (R::AgentError, metadata)
             }
             Error::WriterStopped => (R::ShuttingDown, vec![]),
-            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) | Error::Commit(_) => {
-                (R::InternalError, vec![])
-            }
+            Error::Store(err) if crate::store::transient(err) => (R::StoreUnavailable, vec![]),
+            Error::Commit(_) | Error::StoreOpen(_) => (R::StoreUnavailable, vec![]),
+            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) => (R::InternalError, vec![]),
         }
     }
 }

@@ -7,7 +7,7 @@
 //! - [`drive`]: the reconciler, placement, the reaper and the watchers' hub.
 //! - [`agents`]: the agent protocol's client side: connections, handshakes, Watch, load, and
 //!   every `antidote.agent.v1` conversion.
-//! - [`store`]: SQLite persistence through sqlx.
+//! - [`store`]: SQLite or PostgreSQL persistence through sqlx.
 //!
 //! Shared by all: [`catalog`] (the YAML curriculum), [`model`] (ids, statuses, sessions, live
 //! lessons), [`metrics`], [`settings`] and [`error`].
@@ -35,7 +35,7 @@ use crate::api::auth::AdminAuth;
 use crate::api::http::Surface;
 use crate::api::{Api, Services, Watches};
 use crate::catalog::Catalog;
-use crate::drive::{Hub, Reaper, Reconciler};
+use crate::drive::{Hub, Reaper, Reconciler, Roster};
 use crate::metrics::Metrics;
 use crate::settings::Config;
 use crate::store::Store;
@@ -53,6 +53,8 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The operators' JSON admin routes and `/metrics`, when configured.
     pub admin_http: Option<TcpListener>,
+    /// The agent intake, where agents dial in, when configured (`agent_intake.listen`).
+    pub agent_intake: Option<TcpListener>,
 }
 
 /// Runs the scheduler on bound listeners until `shutdown` is cancelled. The binary only parses
@@ -73,13 +75,40 @@ pub async fn run(
         &config.reconciler,
         metrics.clone(),
     )?);
+    // Agents that dial in are known before the reconciler counts loads, so the live lessons of
+    // one that dialled in before a restart keep their agent while it dials in again.
+    let intake = match &listeners.agent_intake {
+        Some(_) => {
+            fleet.accept_dial_ins(&config.agent_intake.agents);
+            let admission = agents::intake::Admission::new(
+                &config.agent_intake,
+                config.agents.iter().map(|agent| agent.name.clone()),
+            );
+            Some(agents::intake::Intake::new(
+                &config.agent_intake,
+                admission,
+            )?)
+        }
+        None => None,
+    };
     let hub = Arc::new(Hub::default());
     let tracker = TaskTracker::new();
 
+    let roster = Arc::new(
+        Roster::new(
+            store.clone(),
+            fleet.clone(),
+            &config.agents,
+            config.reconciler.agent_grace,
+            metrics.clone(),
+        )
+        .await?,
+    );
     let reconciler = Reconciler::new(
         store.clone(),
         catalog.clone(),
         fleet.clone(),
+        roster,
         hub.clone(),
         config.reconciler.clone(),
         config.instance_id.clone(),
@@ -99,6 +128,10 @@ pub async fn run(
             ),
         },
     );
+    if let (Some(intake), Some(listener)) = (intake, listeners.agent_intake) {
+        tracing::info!(address = %listener.local_addr()?, "agent intake: agents may dial in");
+        tracker.spawn(intake.serve(listener, fleet.clone(), tracker.clone(), shutdown.clone()));
+    }
     reconciler
         .start(&tracker, shutdown.clone(), fleet_rx)
         .await?;

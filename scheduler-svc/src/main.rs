@@ -118,6 +118,18 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
             *slot = Some(listener);
         }
     }
+    let agent_intake = match config.agent_intake.listen {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| {
+                    format!("cannot listen on {address} (key `agent_intake.listen`)")
+                })?;
+            println!("agent intake listening on {}", listener.local_addr()?);
+            Some(listener)
+        }
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (key `listen`)", config.listen))?;
@@ -136,6 +148,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         http,
         admin,
         admin_http,
+        agent_intake,
     };
     let result = scheduler_svc::run(config, catalog, listeners, shutdown).await;
     telemetry.shutdown().await;

@@ -8,6 +8,9 @@
 //!   `antidote_agent_call_errors_total{agent, rpc, code}`: every call to an agent (Watch
 //!   excepted);
 //! - `antidote_agent_ready{agent}`: 1 when the agent's handshake holds, 0 otherwise;
+//! - `antidote_agent_state{agent, state}`: 1 for each of `ready`, `lost` (unreachable past
+//!   `reconciler.agent_grace`, its live lessons moved) and `drained` that holds, else 0; set by
+//!   the reconciler's look at the fleet;
 //! - `antidote_reaper_actions_total{action}`: live lessons expired (`expire_live_lesson`,
 //!   `expire_session`), orphans removed (`remove_orphan`), events pruned (`prune_events`).
 
@@ -55,6 +58,12 @@ struct AgentLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentStateLabels {
+    agent: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
     action: &'static str,
 }
@@ -93,6 +102,7 @@ pub struct Metrics {
     agent_errors: Family<CallLabels, Counter>,
     agent_ready: Family<AgentLabels, Gauge>,
     reaper: Family<ActionLabels, Counter>,
+    agent_state: Family<AgentStateLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -114,6 +124,12 @@ impl Default for Metrics {
         let agent_errors = Family::<CallLabels, Counter>::default();
         let agent_ready = Family::<AgentLabels, Gauge>::default();
         let reaper = Family::<ActionLabels, Counter>::default();
+        let agent_state = Family::<AgentStateLabels, Gauge>::default();
+        registry.register(
+            "agent_state",
+            "1 for each state of the agent that holds (ready, lost, drained), else 0",
+            agent_state.clone(),
+        );
         registry.register(
             "live_lessons",
             "Live lessons by status",
@@ -160,6 +176,7 @@ impl Default for Metrics {
             agent_errors,
             agent_ready,
             reaper,
+            agent_state,
         }
     }
 }
@@ -198,6 +215,18 @@ impl Metrics {
                 action: action.as_str(),
             })
             .inc_by(count);
+    }
+
+    /// Records which of an agent's states hold: ready, lost, drained.
+    pub fn agent_state(&self, agent: &str, ready: bool, lost: bool, drained: bool) {
+        for (state, holds) in [("ready", ready), ("lost", lost), ("drained", drained)] {
+            self.agent_state
+                .get_or_create(&AgentStateLabels {
+                    agent: agent.to_owned(),
+                    state,
+                })
+                .set(i64::from(holds));
+        }
     }
 
     /// The exposition, with the store's counts and each agent's readiness (name, ready) as of

@@ -64,12 +64,12 @@ uuid_id!(LiveLessonId, "live lesson id");
 pub struct Millis(pub i64);
 
 impl Millis {
-    /// The current wall-clock time.
+    /// The current time by this process's [`Clock`]: the wall clock as it read at start-up,
+    /// advanced by the monotonic clock since. Every time the store keeps (activity, TTL
+    /// cutoffs, events) comes from here.
     pub fn now() -> Self {
-        let since = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        Self(since.as_millis() as i64)
+        static CLOCK: std::sync::OnceLock<Clock> = std::sync::OnceLock::new();
+        CLOCK.get_or_init(Clock::system).now()
     }
 
     /// This instant plus a duration (saturating).
@@ -80,6 +80,47 @@ impl Millis {
     /// This instant minus a duration (saturating).
     pub fn minus(self, d: Duration) -> Self {
         Self(self.0.saturating_sub(d.as_millis() as i64))
+    }
+}
+
+/// Where timestamps come from: the wall clock read once, then advanced by the monotonic clock
+/// (`CLOCK_MONOTONIC`, which NTP slews but nothing steps). A step of the system clock while the
+/// scheduler runs (an operator's `date -s`, a VM resumed from a snapshot, NTP stepping a badly
+/// wrong clock) therefore moves no TTL: otherwise a step forward would expire every live lesson
+/// at the reaper's next tick, and a step back would keep them all past their TTL. Stored times
+/// stay Unix milliseconds, comparable across restarts; a step between two runs of the process
+/// counts as downtime, as idle time should.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// The wall-clock time at `start`.
+    anchor: Millis,
+    /// When the anchor was read, on the monotonic clock.
+    start: std::time::Instant,
+}
+
+impl Clock {
+    /// Reads the wall clock once, now.
+    pub fn system() -> Clock {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Clock::anchored(Millis(since.as_millis() as i64), std::time::Instant::now())
+    }
+
+    /// A clock that read `anchor` on the wall clock at `start`.
+    pub fn anchored(anchor: Millis, start: std::time::Instant) -> Clock {
+        Clock { anchor, start }
+    }
+
+    /// The time at `instant` (of the monotonic clock).
+    pub fn at(&self, instant: std::time::Instant) -> Millis {
+        self.anchor
+            .plus(instant.saturating_duration_since(self.start))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Millis {
+        self.at(std::time::Instant::now())
     }
 }
 
@@ -256,9 +297,70 @@ pub struct Event {
     pub detail: String,
 }
 
+/// Labels a request asks of the agent that runs its live lesson (on top of the lesson's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wishes {
+    /// Labels the agent must carry, every pair.
+    #[serde(default)]
+    pub requires: std::collections::BTreeMap<String, String>,
+    /// Labels the agent should carry: more matches win over lower load.
+    #[serde(default)]
+    pub prefers: std::collections::BTreeMap<String, String>,
+}
+
+impl Wishes {
+    /// Whether the request asked for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.requires.is_empty() && self.prefers.is_empty()
+    }
+}
+
+/// Why placement chose an agent, as recorded with the live lesson for operators.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The agent chosen.
+    pub agent: String,
+    /// The preferred labels it carries.
+    pub matched: std::collections::BTreeMap<String, String>,
+    /// Its load when chosen (this live lesson not counted).
+    pub load: u32,
+    /// Its capacity; 0 for no limit.
+    pub capacity: u32,
+    /// Every other agent and why it was not chosen.
+    pub excluded: Vec<(String, String)>,
+    /// The whole decision in one sentence.
+    pub reason: String,
+}
+
+/// What the store keeps of a live lesson's placement: what its request asked for, the last
+/// decision, and the agent it was moved from after that agent was lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlacementRecord {
+    /// The request's labels.
+    pub wishes: Wishes,
+    /// The last decision, if placement ever chose.
+    pub decision: Option<Decision>,
+    /// When the last decision was made.
+    pub decided_at: Option<Millis>,
+    /// The lost agent the live lesson was last moved from, until it is placed again.
+    pub moved_from: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_clock_moves_with_the_monotonic_clock_only() {
+        let start = std::time::Instant::now();
+        let clock = Clock::anchored(Millis(1_000), start);
+        assert_eq!(clock.at(start), Millis(1_000));
+        assert_eq!(clock.at(start + Duration::from_secs(90)), Millis(91_000));
+        // An instant before the anchor (another thread's) is the anchor, never earlier.
+        assert_eq!(clock.at(start - Duration::from_millis(5)), Millis(1_000));
+        let (a, b) = (Millis::now(), Millis::now());
+        assert!(a <= b);
+    }
 
     #[test]
     fn ids_round_trip_and_reject_garbage() {

@@ -15,7 +15,16 @@ use crate::catalog::Tier;
 
 /// Environment prefixes of other Antidote programs, which the scheduler ignores: agent-docker's
 /// and agent-k8s's settings, and antidotectl's `ANTIDOTE_SERVER`.
-pub const NOT_OURS: [&str; 3] = ["ANTIDOTE_DOCKER_", "ANTIDOTE_K8S_", "ANTIDOTE_SERVER"];
+pub const NOT_OURS: &[&str] = &[
+    "ANTIDOTE_DOCKER_",
+    "ANTIDOTE_K8S_",
+    "ANTIDOTE_SERVER",
+    // An agent's `--connect` (antidote_proto::sdk::dial); `ANTIDOTE_AGENT_INTAKE__*` is ours.
+    "ANTIDOTE_AGENT_CONNECT",
+    // The test suite's own settings (`ANTIDOTE_TEST_POSTGRES`: tests/postgres/pg.sh's server),
+    // inherited by the schedulers the tests start.
+    "ANTIDOTE_TEST_",
+];
 
 /// The scheduler's whole configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -30,8 +39,9 @@ pub struct Config {
     pub curriculum: PathBuf,
     /// The lowest lesson tier loaded (prod > ptr > local).
     pub tier: Tier,
-    /// The SQLite database file (created if missing).
-    pub database: PathBuf,
+    /// Where the state lives: the path of an SQLite file (created if missing; one scheduler
+    /// per file), or a `postgres://` URL (a database several replicas may share).
+    pub database: crate::store::Database,
     /// How long idle live lessons and sessions live.
     pub ttl: TtlConfig,
     /// How much one address and one session may hold.
@@ -42,6 +52,9 @@ pub struct Config {
     pub reconciler: ReconcilerConfig,
     /// The agents to dial.
     pub agents: Vec<AgentConfig>,
+    /// Where agents behind NAT dial in (`--connect`), and which of them are admitted; off
+    /// unless `listen` is set.
+    pub agent_intake: AgentIntakeConfig,
     /// Take the client address from the last `x-forwarded-for` entry, the one a trusted proxy
     /// in front of the scheduler added (only behind such a proxy: otherwise any client could
     /// pick its own address and dodge the per-IP limit).
@@ -62,12 +75,13 @@ impl Default for Config {
             instance_id: "antidote".into(),
             curriculum: PathBuf::from("curriculum"),
             tier: Tier::Prod,
-            database: PathBuf::from("antidote.db"),
+            database: crate::store::Database::Sqlite(PathBuf::from("antidote.db")),
             ttl: TtlConfig::default(),
             limits: Limits::default(),
             reaper: ReaperConfig::default(),
             reconciler: ReconcilerConfig::default(),
             agents: Vec::new(),
+            agent_intake: AgentIntakeConfig::default(),
             trust_forwarded_for: false,
             http: HttpConfig::default(),
             admin: AdminConfig::default(),
@@ -354,6 +368,11 @@ pub struct ReconcilerConfig {
     /// Get is the truth).
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// How long an agent may be unreachable (not ready) before it is LOST: its live lessons are
+    /// then moved to other agents (READY ones re-provisioned at their stage), or FAILED when
+    /// none fits.
+    #[serde(with = "humantime_serde")]
+    pub agent_grace: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -366,7 +385,90 @@ impl Default for ReconcilerConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             poll_interval: Duration::from_secs(2),
+            agent_grace: Duration::from_secs(60),
         }
+    }
+}
+
+/// The agent intake: a TLS listener where agents dial in (`--connect https://HOST:PORT`),
+/// each named by its client certificate (its first `spiffe://` URI SAN, else its first DNS SAN).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentIntakeConfig {
+    /// Where it listens; unset: no agent can dial in. Port 0 picks a free port (printed as
+    /// `agent intake listening on ADDR`).
+    pub listen: Option<SocketAddr>,
+    /// The scheduler's server certificate chain (PEM, leaf first), which agents verify; re-read
+    /// when it changes.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA certificates (PEM) that sign agents' client certificates: every other
+    /// certificate is refused in the handshake.
+    pub client_ca: PathBuf,
+    /// Agents expected to dial in, by certificate name: listed (CONNECTING) before they first
+    /// do, and admitted.
+    pub agents: Vec<String>,
+    /// Certificate names admitted besides `agents`, where `*` stands for one DNS label or one
+    /// URI path segment: `["*.agents.example", "spiffe://example.org/agent/*"]`. Empty: only
+    /// `agents`.
+    pub allow: Vec<String>,
+}
+
+impl AgentIntakeConfig {
+    /// With `listen` set, the three files are required; names and patterns must be DNS names or
+    /// `spiffe://` URIs, and no name may be that of an agent the scheduler dials.
+    fn validate(&self, dialled: &[AgentConfig]) -> Result<(), SettingsError> {
+        let invalid = |key: String, reason: String| Err(SettingsError::Invalid { key, reason });
+        if self.listen.is_none() {
+            if !self.agents.is_empty() || !self.allow.is_empty() {
+                return invalid(
+                    "agent_intake.listen".into(),
+                    "must be set when agent_intake.agents or agent_intake.allow is".into(),
+                );
+            }
+            return Ok(());
+        }
+        for (key, path) in [
+            ("cert", &self.cert),
+            ("key", &self.key),
+            ("client_ca", &self.client_ca),
+        ] {
+            if path.as_os_str().is_empty() {
+                return invalid(
+                    format!("agent_intake.{key}"),
+                    "must be set: agents dial in over mutual TLS only".into(),
+                );
+            }
+        }
+        for (key, names) in [("agents", &self.agents), ("allow", &self.allow)] {
+            for (i, name) in names.iter().enumerate() {
+                // A pattern's `*` stands for a label: check the name it would be with one.
+                let example = name.replace('*', "x");
+                let valid = if let Some(rest) = example.strip_prefix("spiffe://") {
+                    !rest.is_empty() && !rest.contains(char::is_whitespace)
+                } else {
+                    !example.contains("://")
+                        && example.split('.').all(|label| {
+                            !label.is_empty()
+                                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                        })
+                };
+                if !valid {
+                    return invalid(
+                        format!("agent_intake.{key}[{i}]"),
+                        format!("`{name}` is neither a DNS name nor a spiffe:// URI"),
+                    );
+                }
+                if key == "agents" && dialled.iter().any(|agent| &agent.name == name) {
+                    return invalid(
+                        format!("agent_intake.{key}[{i}]"),
+                        format!("`{name}` is also an agent to dial ([[agents]])"),
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -377,6 +479,28 @@ pub struct AgentConfig {
     pub name: String,
     /// Its gRPC address, e.g. `http://127.0.0.1:7071`.
     pub address: String,
+    /// Labels placement matches, merged over those the agent reports in its handshake (these
+    /// win): `labels = { region = "eu" }`.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// mTLS to it (with an `https://` address); `None`: plaintext (loopback or a mesh).
+    pub tls: Option<AgentTlsConfig>,
+}
+
+/// mTLS to one agent: the client certificate the scheduler presents and what the agent's
+/// certificate must be. All files are re-read when they change (rotation without restart).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTlsConfig {
+    /// The CA certificates (PEM) that sign the agent's server certificate.
+    pub ca: PathBuf,
+    /// The scheduler's client certificate chain (PEM, leaf first), presented to the agent.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The identity the agent's certificate must carry: a DNS name or a `spiffe://` URI.
+    /// Unset: the host of the agent's address.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for AgentConfig {
@@ -387,14 +511,33 @@ impl<'de> Deserialize<'de> for AgentConfig {
         #[serde(untagged)]
         enum Raw {
             Text(String),
-            Table { name: String, address: String },
+            Table {
+                name: String,
+                address: String,
+                #[serde(default)]
+                labels: std::collections::BTreeMap<String, String>,
+                #[serde(default)]
+                tls: Option<AgentTlsConfig>,
+            },
         }
         match Raw::deserialize(de)? {
-            Raw::Table { name, address } => Ok(AgentConfig { name, address }),
+            Raw::Table {
+                name,
+                address,
+                labels,
+                tls,
+            } => Ok(AgentConfig {
+                name,
+                address,
+                labels,
+                tls,
+            }),
             Raw::Text(text) => match text.split_once('=') {
                 Some((name, address)) => Ok(AgentConfig {
                     name: name.trim().to_owned(),
                     address: address.trim().to_owned(),
+                    labels: Default::default(),
+                    tls: None,
                 }),
                 None => Err(serde::de::Error::custom(format!(
                     "agent `{text}` should be `name=address`"
@@ -546,6 +689,7 @@ impl Config {
             ),
             ("reconciler.backoff_max", self.reconciler.backoff_max),
             ("reconciler.poll_interval", self.reconciler.poll_interval),
+            ("reconciler.agent_grace", self.reconciler.agent_grace),
         ] {
             if value.is_zero() {
                 return invalid(key, "must be longer than zero");
@@ -576,6 +720,7 @@ impl Config {
                 );
             }
         }
+        self.agent_intake.validate(&self.agents)?;
         if let Some(endpoint) = &self.telemetry.otlp_endpoint
             && !endpoint.is_empty()
             && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
@@ -599,11 +744,47 @@ impl Config {
                     &format!("`{}` is not a URI: {err}", agent.address),
                 );
             }
+            if let Some((key, value)) = agent
+                .labels
+                .iter()
+                .find(|(key, value)| key.is_empty() || value.is_empty())
+            {
+                return invalid(
+                    &format!("agents[{i}].labels"),
+                    &format!("`{key}` = `{value}`: label keys and values must not be empty"),
+                );
+            }
             if !(agent.address.starts_with("http://") || agent.address.starts_with("https://")) {
                 return invalid(
                     &format!("agents[{i}].address"),
                     &format!("`{}` must start with http:// or https://", agent.address),
                 );
+            }
+            let https = agent.address.starts_with("https://");
+            match &agent.tls {
+                None if https => {
+                    return invalid(
+                        &format!("agents[{i}].tls"),
+                        "an https:// address needs tls.ca, tls.cert and tls.key (mTLS)",
+                    );
+                }
+                Some(_) if !https => {
+                    return invalid(
+                        &format!("agents[{i}].address"),
+                        &format!(
+                            "`{}` must start with https:// when tls is set",
+                            agent.address
+                        ),
+                    );
+                }
+                Some(tls) => {
+                    if let Some(name) = &tls.server_name
+                        && let Err(err) = antidote_proto::sdk::tls::Identity::parse(name)
+                    {
+                        return invalid(&format!("agents[{i}].tls.server_name"), &err.to_string());
+                    }
+                }
+                None => {}
             }
         }
         Ok(())
@@ -758,6 +939,27 @@ mod tests {
         // Without OIDC, a served admin API still needs a static token.
         let err = load_toml("admin.listen = \"127.0.0.1:0\"\n").unwrap_err();
         assert!(err.to_string().contains("admin.tokens"), "{err}");
+    }
+
+    #[test]
+    fn agents_carry_labels_and_a_grace() {
+        let config = load_toml(
+            "[reconciler]\nagent_grace = \"5s\"\n[[agents]]\nname = \"a\"\naddress = \"http://127.0.0.1:1\"\nlabels = { region = \"eu\" }\n",
+        )
+        .unwrap();
+        assert_eq!(config.agents[0].labels["region"], "eu");
+        assert_eq!(config.reconciler.agent_grace, Duration::from_secs(5));
+        assert_eq!(
+            load_toml("").unwrap().reconciler.agent_grace,
+            Duration::from_secs(60)
+        );
+        let err = load_toml(
+            "[[agents]]\nname = \"a\"\naddress = \"http://127.0.0.1:1\"\nlabels = { region = \"\" }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("agents[0].labels"), "{err}");
+        let err = load_toml("[reconciler]\nagent_grace = \"0s\"\n").unwrap_err();
+        assert!(err.to_string().contains("reconciler.agent_grace"), "{err}");
     }
 
     #[test]

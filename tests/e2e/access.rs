@@ -87,6 +87,7 @@ async fn a_learner_cannot_touch_another_learners_lesson() {
                         session_id: alice,
                         lesson_slug: "netcat-toolbox".into(),
                         stage: 0,
+                        placement: None,
                     },
                     token,
                 ))

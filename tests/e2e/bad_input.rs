@@ -248,6 +248,7 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
         session_id: session.clone(),
         lesson_slug: "y".repeat(200_000),
         stage: 0,
+        placement: None,
     };
     let mut lessons = c.lessons.clone();
     let before = snapshot(&env).await;

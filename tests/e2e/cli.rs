@@ -158,6 +158,47 @@ async fn antidotectl_drives_a_lifecycle_in_tables_and_json() {
         assert_eq!(persisted["persistent"], true, "{persisted}");
         let events = ctl.ok(&["admin", "events", &id]);
         assert!(events.contains("READY"), "{events}");
+        // Placement, for operators: the agent and why; drain and resume.
+        let shown = ctl.ok(&["admin", "show", &id]);
+        assert!(
+            shown.contains("placement: loopback") && shown.contains("why: chose `loopback`"),
+            "{shown}"
+        );
+        let drained = ctl.json(&["admin", "drain", "loopback"]);
+        assert_eq!(drained["drained"], true, "{drained}");
+        let listed = ctl.ok(&["agents", "list"]);
+        assert!(listed.contains("READY (drained)"), "{listed}");
+        let resumed = ctl.json(&["admin", "resume", "loopback"]);
+        assert_ne!(resumed["drained"], true, "{resumed}");
+        let unknown_agent = ctl.fails(&["admin", "drain", "nowhere"]);
+        assert!(
+            unknown_agent.contains("(AGENT_NOT_FOUND)"),
+            "{unknown_agent}"
+        );
+        // A label no agent carries: refused at once, naming it.
+        let impossible = ctl.fails(&[
+            "request",
+            "hello-web",
+            "--session",
+            &session,
+            "--require",
+            "region=mars",
+        ]);
+        assert!(
+            impossible.starts_with("error: FAILED_PRECONDITION:")
+                && impossible.contains("region=mars")
+                && impossible.contains("(PLACEMENT_IMPOSSIBLE)"),
+            "{impossible}"
+        );
+        let malformed = ctl.fails(&[
+            "request",
+            "hello-web",
+            "--session",
+            &session,
+            "--prefer",
+            "x",
+        ]);
+        assert!(malformed.contains("KEY=VALUE"), "{malformed}");
         let agents = ctl.ok(&["agents", "list"]);
         assert!(
             agents.contains("loopback") && agents.contains("READY"),

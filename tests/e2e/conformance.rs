@@ -237,6 +237,10 @@ async fn agent_docker_conforms() {
             "30s".into(),
             "--max-live-lessons".into(),
             "3".into(),
+            // Shell only: the suite's images carry no SSH credentials for ansible and napalm
+            // (tests/e2e/configurators.rs runs those against a real SSH server).
+            "--configurator-image".into(),
+            String::new(),
         ],
         &[],
         dir.path(),

@@ -14,14 +14,14 @@ use std::process::Command;
 use antidote_tests::{Process, example_curriculum, workspace_bin};
 use serde_json::{Value, json};
 
-fn repo() -> PathBuf {
+pub(super) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .canonicalize()
         .unwrap()
 }
 
-fn k8s_dir() -> PathBuf {
+pub(super) fn k8s_dir() -> PathBuf {
     repo().join("deploy/k8s")
 }
 
@@ -29,7 +29,7 @@ fn k8s_dir() -> PathBuf {
 /// (`ANTIDOTE_K8S_CACHE`, default `~/.cache/antidote/k8s`), under the Kubernetes version the
 /// script pins, read from the script so that a version bump there needs nothing here. A kubectl
 /// found on PATH may be several minor versions away from the server.
-fn kubectl_binary() -> PathBuf {
+pub(super) fn kubectl_binary() -> PathBuf {
     let script = std::fs::read_to_string(repo().join("tests/k8s/controlplane.sh")).unwrap();
     let version = script
         .lines()
@@ -52,7 +52,7 @@ fn kubectl_binary() -> PathBuf {
 
 /// Runs kubectl against the test control plane; returns whether it succeeded and everything it
 /// printed.
-fn kubectl(args: &[&str]) -> (bool, String) {
+pub(super) fn kubectl(args: &[&str]) -> (bool, String) {
     assert!(
         std::env::var_os("KUBECONFIG").is_some(),
         "KUBECONFIG is not set: run tests/run, which starts the test control plane (tests/k8s/controlplane.sh)"
@@ -74,7 +74,7 @@ fn kubectl(args: &[&str]) -> (bool, String) {
 /// (admission, defaulting and validation, nothing stored), unknown or duplicate fields refused
 /// (`--validate=strict`), and any warning from the server (a Pod Security violation, a
 /// deprecated API) an error.
-fn dry_run(source: &[&str]) -> (bool, String) {
+pub(super) fn dry_run(source: &[&str]) -> (bool, String) {
     let mut args = vec![
         "apply",
         "--dry-run=server",
@@ -102,7 +102,7 @@ fn manifests() -> Vec<PathBuf> {
 }
 
 /// The YAML documents of a file, as JSON values.
-fn documents(path: &Path) -> Vec<Value> {
+pub(super) fn documents(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap();
     serde_yaml::Deserializer::from_str(&text)
         .map(|document| serde::Deserialize::deserialize(document).unwrap())
@@ -110,7 +110,7 @@ fn documents(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn to_yaml(documents: &[Value]) -> String {
+pub(super) fn to_yaml(documents: &[Value]) -> String {
     documents
         .iter()
         .map(|document| serde_yaml::to_string(document).unwrap())
@@ -137,7 +137,7 @@ fn object<'a>(documents: &'a mut [Value], kind: &str) -> &'a mut Value {
 /// tokens; deleting it would pull that from under those tests. Pod Security warnings change
 /// nothing for them (they create no pods there), and the control plane is thrown away by
 /// `controlplane.sh stop`.
-fn prepare_namespaces() {
+pub(super) fn prepare_namespaces() {
     let all: Vec<Value> = manifests().iter().flat_map(|f| documents(f)).collect();
     let defined: BTreeSet<&str> = all
         .iter()
@@ -176,7 +176,7 @@ fn prepare_namespaces() {
 }
 
 /// How many objects kubectl reports as dry-run applied.
-fn dry_run_count(output: &str) -> usize {
+pub(super) fn dry_run_count(output: &str) -> usize {
     output
         .lines()
         .filter(|line| line.ends_with("(server dry run)"))

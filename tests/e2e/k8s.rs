@@ -29,7 +29,7 @@ fn admin_kubeconfig() -> PathBuf {
         .into()
 }
 
-async fn admin() -> kube::Client {
+pub(crate) async fn admin() -> kube::Client {
     kube::Client::try_default()
         .await
         .expect("the test control plane answers")
@@ -44,7 +44,7 @@ fn repo() -> PathBuf {
 
 /// Applies deploy/k8s/agent-k8s-rbac.yaml and returns a kubeconfig holding a token of its
 /// ServiceAccount.
-async fn agent_kubeconfig(client: &kube::Client, dir: &Path) -> PathBuf {
+pub(crate) async fn agent_kubeconfig(client: &kube::Client, dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(repo().join("deploy/k8s/agent-k8s-rbac.yaml")).unwrap();
     for document in serde_yaml::Deserializer::from_str(&text) {
         let object: serde_json::Value = serde::Deserialize::deserialize(document).unwrap();
@@ -111,7 +111,7 @@ async fn agent_kubeconfig(client: &kube::Client, dir: &Path) -> PathBuf {
 
 /// A fake kubelet running the pods of one scheduler instance, on its own 127.N.x.y range so
 /// parallel tests never collide.
-async fn fake_kubelet(dir: &Path, instance: &str) -> Process {
+pub(crate) async fn fake_kubelet(dir: &Path, instance: &str) -> Process {
     let octet = 100 + instance.bytes().map(u32::from).sum::<u32>() % 150;
     Process::spawn(
         &workspace_bin("fake-kubelet"),
@@ -131,7 +131,7 @@ async fn fake_kubelet(dir: &Path, instance: &str) -> Process {
 
 /// agent-k8s as its ServiceAccount; returns it with the arguments and environment that restart
 /// it on the same address.
-async fn agent_k8s(
+pub(crate) async fn agent_k8s(
     dir: &Path,
     kubeconfig: &Path,
     extra: &[&str],

@@ -548,6 +548,7 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
         session_id: session.clone(),
         lesson_slug: "hello-web".into(),
         stage: 0,
+        placement: None,
     });
     request.metadata_mut().insert(
         "traceparent",

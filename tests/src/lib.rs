@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod otlp;
+pub mod pki;
 pub mod web;
 
 use std::collections::HashMap;
@@ -45,10 +46,11 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
-/// A running child process that serves on a loopback port.
+/// A running child process that serves on a loopback port, or an agent that dials in.
 pub struct Process {
     child: Child,
-    /// Where it serves.
+    /// Where it serves (`listening on ADDR`), or the intake it dials (`dialling in to ADDR`: an
+    /// agent with no listening socket).
     pub addr: SocketAddr,
     /// Other listeners it printed before (`http listening on ADDR` → `"http"`).
     pub extra: HashMap<String, SocketAddr>,
@@ -57,7 +59,8 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `program` and waits until it prints `listening on ADDR`.
+    /// Starts `program` and waits until it prints `listening on ADDR` (or, for an agent that
+    /// dials in, `dialling in to ADDR`).
     pub async fn spawn(program: &Path, args: &[String], log: PathBuf) -> anyhow::Result<Process> {
         Self::spawn_with_env(program, args, &[], log).await
     }
@@ -88,7 +91,10 @@ impl Process {
         let mut extra = HashMap::new();
         let addr = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
-                if let Some(addr) = line.strip_prefix("listening on ") {
+                if let Some(addr) = line
+                    .strip_prefix("listening on ")
+                    .or_else(|| line.strip_prefix("dialling in to "))
+                {
                     return Ok::<_, anyhow::Error>(Some(addr.trim().parse::<SocketAddr>()?));
                 }
                 if let Some((name, addr)) = line.split_once(" listening on ") {
@@ -115,6 +121,11 @@ impl Process {
             extra,
             log,
         })
+    }
+
+    /// Its process id (`None` once it was waited for).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// `kill -9`: no chance to clean up.
@@ -170,7 +181,8 @@ pub struct Restartable {
 
 impl Restartable {
     /// Starts `program` with `args`, which hold `--listen ADDR` (port 0 is fine: restarts use
-    /// the address it printed), logging to `dir/NAME-N.log` for the N-th start.
+    /// the address it printed) or `--connect URL` (an agent that dials in), logging to
+    /// `dir/NAME-N.log` for the N-th start.
     pub async fn spawn(
         program: &Path,
         args: &[String],
@@ -185,13 +197,12 @@ impl Restartable {
         let mut process = Process::spawn_with_env(program, args, env, log(0)).await?;
         let addr = process.addr;
         let mut args = args.to_vec();
-        let listen = args
-            .iter()
-            .position(|a| a == "--listen")
-            .context("the arguments have no --listen")?;
-        *args
-            .get_mut(listen + 1)
-            .context("--listen without a value")? = addr.to_string();
+        // An agent that dials in (no --listen) dials the same intake again.
+        if let Some(listen) = args.iter().position(|a| a == "--listen") {
+            *args
+                .get_mut(listen + 1)
+                .context("--listen without a value")? = addr.to_string();
+        }
         let pidfile = dir.join(format!("{name}.pid"));
         let write_pid = {
             let pidfile = pidfile.clone();
@@ -431,6 +442,18 @@ impl Clients {
         lesson: &str,
         stage: u32,
     ) -> Result<api::LiveLesson, tonic::Status> {
+        self.request_placed(session, lesson, stage, None).await
+    }
+
+    /// [`Clients::request`] with a placement preference (labels the agent must or should
+    /// carry).
+    pub async fn request_placed(
+        &self,
+        session: &str,
+        lesson: &str,
+        stage: u32,
+        placement: Option<api::PlacementPreference>,
+    ) -> Result<api::LiveLesson, tonic::Status> {
         let token = self.tokens.of_session(session);
         let lesson = self
             .lessons
@@ -440,6 +463,7 @@ impl Clients {
                     session_id: session.into(),
                     lesson_slug: lesson.into(),
                     stage,
+                    placement,
                 },
                 token.clone(),
             ))
@@ -615,6 +639,15 @@ impl Scheduler {
     /// `[http]` table only if it sets `listen` there) into `dir` and starts the scheduler
     /// binary with it. The HTTP listener is on a free port unless `config` says otherwise.
     pub async fn start(dir: &Path, config: &str) -> anyhow::Result<Scheduler> {
+        Self::start_with_env(dir, config, &[]).await
+    }
+
+    /// [`Scheduler::start`] with extra environment variables for the process.
+    pub async fn start_with_env(
+        dir: &Path,
+        config: &str,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Scheduler> {
         let path = dir.join("antidote.toml");
         let http = if config.contains("[http]") {
             ""
@@ -633,13 +666,14 @@ impl Scheduler {
                 .duration_since(std::time::UNIX_EPOCH)?
                 .as_nanos()
         ));
-        let process = Process::spawn(
+        let process = Process::spawn_with_env(
             &workspace_bin("scheduler-svc"),
             &[
                 "serve".into(),
                 "--config".into(),
                 path.display().to_string(),
             ],
+            env,
             log,
         )
         .await?;

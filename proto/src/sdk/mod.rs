@@ -21,21 +21,25 @@
 //!
 //! Modules: [`book`] (the state book behind Get/List/Watch), [`errors`] (typed errors: ErrorInfo
 //! details, reasons, the oversized-request layer), [`spec`] (generic spec checks and states), [`probe`] (readiness probes), [`trace`] (logging, OTLP span export, W3C trace
-//! context), [`metrics`] (Prometheus `/metrics`), `agent` (the trait and the runtime), `server`
-//! (serving).
+//! context), [`b3`] (Zipkin B3 trace context accepted from meshes), [`metrics`] (Prometheus `/metrics`), `agent` (the trait and the runtime), `server`
+//! (serving, plaintext or mTLS: [`Listener`]), [`tls`] (mTLS with certificates re-read when
+//! rotated, and the agents' `--tls-*` flags), [`dial`] (dial-in: the agent opens the connection, the scheduler calls over it).
 
 mod agent;
+pub mod b3;
 pub mod book;
+pub mod dial;
 pub mod errors;
 pub mod metrics;
 pub mod probe;
 mod server;
 pub mod spec;
+pub mod tls;
 pub mod trace;
 
 pub use agent::{Agent, AgentService, Backend, Description, Report, Start};
 pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
-pub use server::{run, serve, shutdown_signal};
+pub use server::{Listener, Transport, run, serve, shutdown_signal};
 
 /// Label names the scheduler puts in `LessonSpec.labels` (see PROTOCOL.md, "Labels").
 pub mod labels {

@@ -4,14 +4,20 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio_stream::StreamExt as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::agent::v1::backend_server::BackendServer;
 
 use super::agent::{Agent, AgentService, Backend};
+use super::tls::ServerTls;
 
 /// How long in-flight calls may take to finish after shutdown begins.
 pub const GRACE: Duration = Duration::from_secs(10);
@@ -22,11 +28,33 @@ pub const GRACE: Duration = Duration::from_secs(10);
 /// shutdown begins) and server reflection (v1 and v1alpha). Every accepted connection gets TCP_NODELAY: the
 /// protocol's small replies and Watch events must leave at once. W3C trace context in request
 /// metadata is recorded on each call's span (see [`super::trace`]).
+///
+/// `listener` is a bound [`TcpListener`] (plaintext) or a [`Listener`] (plaintext or mTLS, see
+/// [`super::tls::TlsArgs::listener`]). With TLS, each accepted connection's handshake runs in
+/// its own task (a slow or refused client never holds up others); a refused client is logged
+/// and dropped before tonic sees a byte of it, so no RPC runs.
 pub async fn serve<B: Backend>(
     agent: Arc<Agent<B>>,
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let stop_accepting = CancellationToken::new();
+    let _stop_accepting = stop_accepting.clone().drop_guard();
+    let incoming = listener.into().incoming(stop_accepting);
+    serve_incoming(agent, incoming, shutdown).await
+}
+
+/// [`serve`] on any stream of connections: a listener's, or the connections an agent dialled
+/// in (`super::dial`), served one after the other by the same server.
+pub(super) async fn serve_incoming<B, IO>(
+    agent: Arc<Agent<B>>,
+    incoming: impl Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    B: Backend,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+{
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BackendServer<AgentService<B>>>().await;
     let reflection = || {
@@ -36,12 +64,6 @@ pub async fn serve<B: Backend>(
     };
     let (reflection, reflection_v1alpha) =
         (reflection().build_v1()?, reflection().build_v1alpha()?);
-    let incoming = TcpListenerStream::new(listener).map(|stream| {
-        let stream = stream?;
-        // tonic's own tcp_nodelay does not apply to incoming streams we hand it.
-        stream.set_nodelay(true)?;
-        Ok::<_, std::io::Error>(stream)
-    });
     let stopping = CancellationToken::new();
     let book = agent.book().clone();
     let on_shutdown = {
@@ -58,6 +80,10 @@ pub async fn serve<B: Backend>(
         }
     };
     let server = tonic::transport::Server::builder()
+        // Pings find a dead caller; a dialled-in agent needs them to notice a scheduler gone
+        // without a FIN and dial again.
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .trace_fn(super::trace::span)
         // Oversized requests are RESOURCE_EXHAUSTED (tonic says OUT_OF_RANGE).
         .layer(super::errors::RequestTooLarge {
@@ -79,12 +105,55 @@ pub async fn serve<B: Backend>(
     Ok(())
 }
 
+/// How an agent is reached: on its own listener (the scheduler dials it), or over the
+/// connections it dials in to the scheduler (no listening socket at all).
+pub enum Transport {
+    /// Serve on this listener (plaintext or mTLS).
+    Listen(Listener),
+    /// Dial in, and serve on each connection (see [`super::dial`]).
+    DialIn(super::dial::DialIn),
+}
+
+impl Transport {
+    /// The line an agent prints once it is about to serve, which scripts and tests wait for:
+    /// `listening on ADDR` (the bound address, port 0 resolved), or `dialling in to HOST:PORT`
+    /// when it listens on nothing.
+    pub fn announce(&self) -> String {
+        match self {
+            Transport::Listen(listener) => match listener.local_addr() {
+                Ok(addr) => format!("listening on {addr}"),
+                Err(err) => format!("listening on an unknown address: {err}"),
+            },
+            Transport::DialIn(dial) => format!("dialling in to {}", dial.authority()),
+        }
+    }
+}
+
+impl From<TcpListener> for Transport {
+    fn from(listener: TcpListener) -> Transport {
+        Transport::Listen(listener.into())
+    }
+}
+
+impl From<Listener> for Transport {
+    fn from(listener: Listener) -> Transport {
+        Transport::Listen(listener)
+    }
+}
+
+impl From<super::dial::DialIn> for Transport {
+    fn from(dial: super::dial::DialIn) -> Transport {
+        Transport::DialIn(dial)
+    }
+}
+
 /// What an agent binary does once its backend is built: serves `/metrics` on `metrics` (when
-/// given, see [`super::metrics::bind`]), serves the agent on `listener` until `shutdown`, then
-/// flushes the spans still queued in `telemetry`.
+/// given, see [`super::metrics::bind`]), serves the agent on `transport` (a listener, or the
+/// connections it dials in) until `shutdown`, then flushes the spans still queued in
+/// `telemetry`.
 pub async fn run<B: Backend>(
     agent: Arc<Agent<B>>,
-    listener: TcpListener,
+    transport: impl Into<Transport>,
     metrics: Option<TcpListener>,
     telemetry: super::trace::Telemetry,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -93,10 +162,177 @@ pub async fn run<B: Backend>(
     if let Some(metrics) = metrics {
         super::metrics::spawn(&agent, metrics, stop_metrics.clone());
     }
-    let result = serve(agent, listener, shutdown).await;
+    let result = match transport.into() {
+        Transport::Listen(listener) => serve(agent, listener, shutdown).await,
+        Transport::DialIn(dial) => {
+            // Dialling stops when shutdown begins: no new connection while the server drains.
+            let stop_dialling = CancellationToken::new();
+            let links = dial.links(stop_dialling.clone());
+            let shutdown = async move {
+                shutdown.await;
+                stop_dialling.cancel();
+            };
+            serve_incoming(agent, links, shutdown).await
+        }
+    };
     stop_metrics.cancel();
     telemetry.shutdown().await;
     result
+}
+
+/// Where an agent serves: a bound socket, plaintext or mTLS.
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+}
+
+impl Listener {
+    /// Plaintext (loopback, or a mesh doing mTLS: see [`super::tls::TlsArgs::listener`]).
+    pub fn plain(tcp: TcpListener) -> Listener {
+        Listener { tcp, tls: None }
+    }
+
+    /// mTLS: every connection's handshake must pass `tls` before it reaches the server.
+    pub fn tls(tcp: TcpListener, tls: ServerTls) -> Listener {
+        Listener {
+            tcp,
+            tls: Some(Arc::new(tls)),
+        }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Accepted connections (handshaken, with TLS), until `stop`.
+    fn incoming(
+        self,
+        stop: CancellationToken,
+    ) -> Pin<Box<dyn Stream<Item = std::io::Result<Conn>> + Send>> {
+        let Some(tls) = self.tls else {
+            return Box::pin(TcpListenerStream::new(self.tcp).map(|stream| {
+                let stream = stream?;
+                // tonic's own tcp_nodelay does not apply to incoming streams we hand it.
+                stream.set_nodelay(true)?;
+                Ok(Conn::Plain(stream))
+            }));
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let tcp = self.tcp;
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = stop.cancelled() => return,
+                    accepted = tcp.accept() => accepted,
+                };
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of descriptors and the like: pause rather than spin.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                // The protocol's small replies and Watch events must leave at once.
+                let _ = stream.set_nodelay(true);
+                let (tls, tx) = (tls.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tls.accept(stream).await {
+                        Ok(stream) => {
+                            let _ = tx.send(Ok(Conn::Tls(Box::new(stream)))).await;
+                        }
+                        Err(err) => {
+                            tracing::warn!(peer = %peer, error = %err, "refused a connection");
+                        }
+                    }
+                });
+            }
+        });
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+}
+
+impl From<TcpListener> for Listener {
+    fn from(tcp: TcpListener) -> Listener {
+        Listener::plain(tcp)
+    }
+}
+
+/// One accepted connection.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        match self {
+            Conn::Plain(tcp) => tcp.connect_info(),
+            Conn::Tls(tls) => tls.get_ref().0.connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
 }
 
 /// A future that completes on SIGTERM or SIGINT (ctrl-c).

@@ -15,6 +15,14 @@ use crate::agent::v1::{
 
 use super::{capabilities, errors, labels};
 
+/// The most bytes one configuration file may hold (PROTOCOL.md [S2]): agents write it to a file
+/// (agent-k8s: a ConfigMap key).
+pub const MAX_CONFIGURATION_FILE: usize = 256 * 1024;
+
+/// The most bytes the configuration files of one stage may hold together: one ConfigMap holds
+/// them all on agent-k8s, and Kubernetes caps a ConfigMap at 1 MiB.
+pub const MAX_CONFIGURATION_STAGE: usize = 1024 * 1024;
+
 /// Checks `spec` against the protocol's rules and what the agent offers.
 pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
     let bad = |field: String, why: String| Err(errors::invalid(field, why));
@@ -129,7 +137,50 @@ pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
                     ),
                 );
             }
+            if !is_file_name(&configuration.file_name) {
+                return bad(
+                    format!("{field}.configuration.file_name"),
+                    format!(
+                        "`{}` is not a file name (1-253 of A-Z, a-z, 0-9, `.`, `_` and `-`; not `.` or `..`)",
+                        configuration.file_name
+                    ),
+                );
+            }
+            if configuration.contents.len() > MAX_CONFIGURATION_FILE {
+                return bad(
+                    format!("{field}.configuration.contents"),
+                    format!(
+                        "{} bytes, over the {} KiB a configuration file may hold",
+                        configuration.contents.len(),
+                        MAX_CONFIGURATION_FILE / 1024
+                    ),
+                );
+            }
+            if kind == ConfigurationType::Napalm && !is_driver(&configuration.driver) {
+                return bad(
+                    format!("{field}.configuration.driver"),
+                    format!(
+                        "`{}` is not a NAPALM driver name (a-z, 0-9 and _, starting with a letter)",
+                        configuration.driver
+                    ),
+                );
+            }
         }
+    }
+    let total: usize = spec
+        .endpoints
+        .iter()
+        .filter_map(|e| e.configuration.as_ref())
+        .map(|c| c.contents.len())
+        .sum();
+    if total > MAX_CONFIGURATION_STAGE {
+        return bad(
+            "spec.endpoints".into(),
+            format!(
+                "the stage's configuration files hold {total} bytes, over the {} KiB a stage may hold",
+                MAX_CONFIGURATION_STAGE / 1024
+            ),
+        );
     }
     for (i, c) in spec.connections.iter().enumerate() {
         for (side, end) in [("a", &c.a), ("b", &c.b)] {
@@ -265,6 +316,26 @@ pub fn is_uuid(text: &str) -> bool {
     text.len() == 36
         && !text.bytes().any(|b| b.is_ascii_uppercase())
         && uuid::Uuid::try_parse(text).is_ok()
+}
+
+/// Whether `name` can be a configuration's file name in a directory of its own and a ConfigMap
+/// key: 1-253 of `A-Za-z0-9._-`, not `.` or `..` (so never a path).
+pub fn is_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Whether `name` can be a NAPALM driver's name (`junos`, `nxos_ssh`, ...).
+pub fn is_driver(name: &str) -> bool {
+    name.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 /// Whether `name` is a DNS label as the curriculum requires of endpoint names.
@@ -438,6 +509,7 @@ mod tests {
         let python = |s: &mut LessonSpec| {
             s.endpoints[0].configuration = Some(StageConfiguration {
                 r#type: ConfigurationType::Python as i32,
+                file_name: "web.py".into(),
                 ..Default::default()
             })
         };
@@ -450,6 +522,75 @@ mod tests {
         assert_eq!(check_with(python, &listed), "ok");
         assert!(runs(&all(), ConfigurationType::Shell));
         assert!(!runs(&listed, ConfigurationType::Shell));
+    }
+
+    #[test]
+    fn configuration_files_are_plain_names_and_bounded_in_size() {
+        let offered = {
+            let mut all = all();
+            all.extend(["configuration.shell", "configuration.napalm"].map(String::from));
+            all
+        };
+        let configured = |file_name: &str, size: usize, kind: ConfigurationType, driver: &str| {
+            let (file_name, driver) = (file_name.to_owned(), driver.to_owned());
+            move |s: &mut LessonSpec| {
+                s.endpoints[0].configuration = Some(StageConfiguration {
+                    r#type: kind as i32,
+                    file_name,
+                    contents: vec![b'#'; size],
+                    driver,
+                })
+            }
+        };
+        let shell = ConfigurationType::Shell;
+        let napalm = ConfigurationType::Napalm;
+        type Change = Box<dyn FnOnce(&mut LessonSpec)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(configured("web.sh", 10, shell, "")), "ok"),
+            (
+                Box::new(configured("web-junos.txt", 256 * 1024, napalm, "junos")),
+                "ok",
+            ),
+            (
+                Box::new(configured("../etc/passwd", 10, shell, "")),
+                "spec.endpoints[0].configuration.file_name: `../etc/passwd` is not a file name (1-253 of A-Z, a-z, 0-9, `.`, `_` and `-`; not `.` or `..`)",
+            ),
+            (
+                Box::new(configured("..", 10, shell, "")),
+                "spec.endpoints[0].configuration.file_name: `..` is not a file name (1-253 of A-Z, a-z, 0-9, `.`, `_` and `-`; not `.` or `..`)",
+            ),
+            (
+                Box::new(configured("", 10, shell, "")),
+                "spec.endpoints[0].configuration.file_name: `` is not a file name (1-253 of A-Z, a-z, 0-9, `.`, `_` and `-`; not `.` or `..`)",
+            ),
+            (
+                Box::new(configured("web.sh", 256 * 1024 + 1, shell, "")),
+                "spec.endpoints[0].configuration.contents: 262145 bytes, over the 256 KiB a configuration file may hold",
+            ),
+            (
+                Box::new(configured("web-.txt", 10, napalm, "")),
+                "spec.endpoints[0].configuration.driver: `` is not a NAPALM driver name (a-z, 0-9 and _, starting with a letter)",
+            ),
+            (
+                Box::new(|s: &mut LessonSpec| {
+                    for i in 0..5 {
+                        let mut endpoint = s.endpoints[0].clone();
+                        endpoint.name = format!("e{i}");
+                        endpoint.configuration = Some(StageConfiguration {
+                            r#type: ConfigurationType::Shell as i32,
+                            file_name: "e.sh".into(),
+                            contents: vec![b'#'; 250 * 1024],
+                            driver: String::new(),
+                        });
+                        s.endpoints.push(endpoint);
+                    }
+                }),
+                "spec.endpoints: the stage's configuration files hold 1280000 bytes, over the 1024 KiB a stage may hold",
+            ),
+        ];
+        for (change, expected) in cases {
+            assert_eq!(check_with(change, &offered), expected);
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Tracing for every Antidote process: logs on stderr, spans exported over OTLP when an endpoint
 //! is given, and the W3C trace context (`traceparent`, `tracestate`) carried in gRPC metadata.
+//! Incoming calls may carry Zipkin B3 headers instead (service meshes send them): those continue
+//! the trace too, and W3C wins when both are present ([`super::b3`]).
 //!
 //! Every process installs the OpenTelemetry layer, exporter or not, so a span always has a trace
 //! context: an incoming call's `traceparent` becomes the parent of the call's span, and outgoing
@@ -7,9 +9,12 @@
 //! the scheduler and its agents. Without an endpoint the spans are simply not exported (nothing
 //! is dialled, nothing is logged about it).
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
+use opentelemetry::propagation::{
+    Extractor, Injector, TextMapCompositePropagator, TextMapPropagator as _,
+};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -156,9 +161,24 @@ pub fn span(request: &http::Request<()>) -> tracing::Span {
     span
 }
 
-/// Makes the trace context in `headers` (if any) the parent of `span`.
+/// Reads incoming trace context: each propagator in turn, a later one's valid context replacing
+/// an earlier one's, so W3C (last) wins over B3 when a request carries both.
+static INCOMING: LazyLock<TextMapCompositePropagator> = LazyLock::new(|| {
+    TextMapCompositePropagator::new(vec![
+        Box::new(super::b3::B3),
+        Box::new(TraceContextPropagator::new()),
+    ])
+});
+
+/// The trace context of incoming `headers`: W3C `traceparent` (and `tracestate`) when valid,
+/// otherwise B3 (`b3`, or `x-b3-traceid` and `x-b3-spanid`), otherwise none.
+pub fn extract(headers: &http::HeaderMap) -> opentelemetry::Context {
+    INCOMING.extract(&HeaderExtractor(headers))
+}
+
+/// Makes the trace context in `headers` (if any, see [`extract`]) the parent of `span`.
 pub fn set_parent(span: &tracing::Span, headers: &http::HeaderMap) {
-    let context = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let context = extract(headers);
     if opentelemetry::trace::TraceContextExt::span(&context)
         .span_context()
         .is_valid()
@@ -245,6 +265,77 @@ mod tests {
                 !sent.contains("00f067aa0ba902b7"),
                 "the span id is our span's: {sent}"
             );
+        });
+    }
+
+    /// The trace id that `headers` continue, if any.
+    fn continued(headers: &[(&'static str, &str)]) -> Option<String> {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, value.parse().unwrap());
+        }
+        let context = extract(&map);
+        let span = opentelemetry::trace::TraceContextExt::span(&context);
+        let span = span.span_context();
+        span.is_valid().then(|| span.trace_id().to_string())
+    }
+
+    #[test]
+    fn b3_alone_continues_its_trace_and_w3c_wins_over_it() {
+        let w3c = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let b3 = "80f198ee56343ba864fe8b2a57d3eff7";
+        let traceparent = format!("00-{w3c}-00f067aa0ba902b7-01");
+        let single = format!("{b3}-e457b5a2e4d86bd1-1");
+        let multi = [("x-b3-traceid", b3), ("x-b3-spanid", "e457b5a2e4d86bd1")];
+        assert_eq!(continued(&[("b3", &single)]).as_deref(), Some(b3));
+        assert_eq!(continued(&multi).as_deref(), Some(b3));
+        assert_eq!(
+            continued(&[("traceparent", &traceparent), ("b3", &single)]).as_deref(),
+            Some(w3c)
+        );
+        assert_eq!(
+            continued(&[("b3", &single), ("traceparent", &traceparent)]).as_deref(),
+            Some(w3c)
+        );
+        assert_eq!(
+            continued(&[("traceparent", &traceparent), multi[0], multi[1]]).as_deref(),
+            Some(w3c)
+        );
+        // A malformed traceparent does not hide a good B3 context, nor B3 garbage a good W3C one.
+        assert_eq!(
+            continued(&[("traceparent", "00-zz-yy-01"), ("b3", &single)]).as_deref(),
+            Some(b3)
+        );
+        assert_eq!(
+            continued(&[("traceparent", &traceparent), ("b3", "nonsense")]).as_deref(),
+            Some(w3c)
+        );
+        assert_eq!(continued(&[("b3", "nonsense")]), None);
+        assert_eq!(continued(&[]), None);
+    }
+
+    #[test]
+    fn a_b3_parent_becomes_the_parent_of_our_span() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                "x-b3-traceid",
+                "463ac35c9f6413ad48485a3953bb6124".parse().unwrap(),
+            );
+            headers.insert("x-b3-spanid", "a2fb4a1d1a96d312".parse().unwrap());
+            headers.insert("x-b3-sampled", "1".parse().unwrap());
+            let span = tracing::info_span!("call");
+            set_parent(&span, &headers);
+            let _entered = span.enter();
+            let sent = current_traceparent();
+            assert!(
+                sent.starts_with("00-463ac35c9f6413ad48485a3953bb6124-") && sent.ends_with("-01"),
+                "the B3 trace carries on as W3C, sampled: {sent}"
+            );
+            assert!(!sent.contains("a2fb4a1d1a96d312"), "{sent}");
         });
     }
 

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_client::BackendClient;
+use antidote_proto::sdk::dial::Inbound;
 use antidote_proto::sdk::labels;
+use antidote_proto::sdk::tls::{ClientStatus, ClientTls, Identity, TlsFiles};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
@@ -21,10 +23,27 @@ use super::{AgentState, AgentStatus, Desired, Handshake, Observed, Plan, Report,
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{LiveLessonId, Millis};
-use crate::settings::AgentConfig;
+use crate::settings::{AgentConfig, AgentTlsConfig};
 
 /// Most live lessons asked for per List page.
 const LIST_PAGE: u32 = 500;
+
+/// How long a call to an agent that dials in waits for its connection before it fails
+/// UNAVAILABLE (the supervisor's next handshake waits again).
+const DIAL_WAIT: Duration = Duration::from_secs(5);
+
+/// How the scheduler reaches an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The scheduler dials the agent's configured address.
+    Dialled,
+    /// The agent dialled in to the intake; `peer` is where its connection comes from, `None`
+    /// while it has none.
+    DialIn {
+        /// The connection's remote address.
+        peer: Option<std::net::SocketAddr>,
+    },
+}
 
 /// One configured agent.
 pub struct Agent {
@@ -34,6 +53,8 @@ pub struct Agent {
     pub address: String,
     /// The gRPC client; cloning it is cheap and shares the connection.
     pub(super) client: BackendClient<Channel>,
+    /// For an agent that dials in: its connections, which the client's channel runs over.
+    inbound: Option<Inbound>,
     /// Connection state and handshake.
     status: RwLock<AgentStatus>,
     /// Workers waiting on live lessons of this agent, fed by the Watch stream.
@@ -45,6 +66,9 @@ pub struct Agent {
     call_timeout: Duration,
     /// Where call latencies and errors are counted.
     metrics: Arc<Metrics>,
+    /// mTLS to a dialled agent (`agents.tls`): every new connection re-reads rotated files and
+    /// records the agent's certificate or why the handshake failed.
+    tls: Option<Arc<ClientTls>>,
 }
 
 impl Agent {
@@ -63,10 +87,20 @@ impl Agent {
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|tls| client_tls(config, tls).map(Arc::new))
+            .transpose()?;
+        let channel = match &tls {
+            Some(tls) => tls.channel(endpoint),
+            None => endpoint.connect_lazy(),
+        };
         Ok(Agent {
             name: config.name.clone(),
             address: config.address.clone(),
-            client: BackendClient::new(endpoint.connect_lazy()),
+            client: BackendClient::new(channel),
+            inbound: None,
             status: RwLock::new(AgentStatus {
                 state: AgentState::Connecting,
                 handshake: None,
@@ -77,7 +111,65 @@ impl Agent {
             load: AtomicU32::new(0),
             call_timeout,
             metrics,
+            tls,
         })
+    }
+
+    /// With mTLS: the agent's certificate on the last connection it accepted, or why the last
+    /// connection failed (TCP, TLS, or the agent refusing our certificate).
+    pub fn tls_status(&self) -> Option<ClientStatus> {
+        // An agent that dials in: the client certificate it presented to the intake.
+        let dial_in = || {
+            self.inbound.as_ref().map(|inbound| ClientStatus {
+                peer: inbound.peer_cert(),
+                failure: None,
+            })
+        };
+        self.tls.as_ref().map(|tls| tls.status()).or_else(dial_in)
+    }
+
+    /// An agent that dials in (`--connect`), named by its certificate: calls run over the
+    /// connection it opened, and wait up to [`DIAL_WAIT`] for it when it has none.
+    pub(super) fn dial_in(name: &str, call_timeout: Duration, metrics: Arc<Metrics>) -> Agent {
+        let inbound = Inbound::default();
+        // The URI only labels the channel: every connection comes from `inbound`. The
+        // scheduler is the HTTP/2 client on it, so its pings find an agent gone silently.
+        let endpoint = Endpoint::from_static("http://dial-in.invalid")
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        Agent {
+            name: name.to_owned(),
+            address: "dial-in".into(),
+            client: BackendClient::new(inbound.channel(endpoint, DIAL_WAIT)),
+            inbound: Some(inbound),
+            status: RwLock::new(AgentStatus {
+                state: AgentState::Connecting,
+                handshake: None,
+                last_error: String::new(),
+                connected_at: None,
+            }),
+            observers: Mutex::new(HashMap::new()),
+            load: AtomicU32::new(0),
+            call_timeout,
+            metrics,
+            tls: None,
+        }
+    }
+
+    /// The connections of an agent that dials in; `None` for one the scheduler dials.
+    pub(super) fn inbound(&self) -> Option<&Inbound> {
+        self.inbound.as_ref()
+    }
+
+    /// How the scheduler reaches the agent, for operators.
+    pub fn transport(&self) -> Transport {
+        match &self.inbound {
+            None => Transport::Dialled,
+            Some(inbound) => Transport::DialIn {
+                peer: inbound.peer(),
+            },
+        }
     }
 
     /// A snapshot of the agent's status.
@@ -409,4 +501,36 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The agent's TLS client, the identity to verify from `tls.server_name` or else the address's
+/// host. Files that do not load yet (a Secret not yet issued) do not stop the scheduler: each
+/// connection to the agent fails naming the file until they load (ListAgents `tls_error`).
+fn client_tls(config: &AgentConfig, tls: &AgentTlsConfig) -> Result<ClientTls, Error> {
+    let invalid = |field: &'static str, reason: String| Error::InvalidArgument {
+        field,
+        reason: format!("agent `{}`: {reason}", config.name),
+    };
+    let name = match &tls.server_name {
+        Some(name) => name.clone(),
+        None => config
+            .address
+            .parse::<tonic::transport::Uri>()
+            .ok()
+            .and_then(|uri| uri.host().map(|h| h.trim_matches(['[', ']']).to_owned()))
+            .ok_or_else(|| {
+                invalid(
+                    "agents.address",
+                    format!("`{}` has no host", config.address),
+                )
+            })?,
+    };
+    let identity =
+        Identity::parse(&name).map_err(|err| invalid("agents.tls.server_name", err.to_string()))?;
+    let files = TlsFiles {
+        cert: tls.cert.clone(),
+        key: tls.key.clone(),
+        ca: tls.ca.clone(),
+    };
+    Ok(ClientTls::load_lazy(files, identity))
 }

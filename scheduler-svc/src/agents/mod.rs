@@ -5,12 +5,16 @@
 
 mod agent;
 mod convert;
+pub mod intake;
 mod supervisor;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
-pub use agent::{Agent, Observer};
+use antidote_proto::sdk::dial::Link;
+
+pub use agent::{Agent, Observer, Transport};
 pub use convert::{lost_it, retryable};
 pub use supervisor::{SCHEDULER_CAPABILITIES, SupervisorContext};
 
@@ -151,10 +155,22 @@ pub struct Desired<'a> {
     pub catalog: &'a Catalog,
 }
 
-/// Every configured agent.
+/// Every agent: those configured (dialled), then those that dialled in (they join at run time,
+/// through the intake, and stay: an agent away is unavailable, as a dialled one would be).
 pub struct Fleet {
-    /// In configuration order.
-    agents: Vec<Arc<Agent>>,
+    /// Configured agents in configuration order, then agents that dialled in, in order of
+    /// arrival. Never shrinks, so a name once known always finds its agent.
+    agents: RwLock<Vec<Arc<Agent>>>,
+    /// Whether agents may dial in (the intake is configured): only then does a name the store
+    /// knows but the configuration does not become a dial-in agent waiting for its connection.
+    dial_in: OnceLock<()>,
+    /// How supervisors of agents joining at run time are started: set by
+    /// [`Fleet::spawn_supervisors`].
+    supervising: OnceLock<(tokio_util::task::TaskTracker, SupervisorContext)>,
+    /// Deadline of each call, for agents joining at run time.
+    call_timeout: Duration,
+    /// Where their calls are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl Fleet {
@@ -170,41 +186,118 @@ impl Fleet {
                 Agent::new(config, reconciler.call_timeout, metrics.clone()).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
-        Ok(Fleet { agents })
+        Ok(Fleet {
+            agents: RwLock::new(agents),
+            dial_in: OnceLock::new(),
+            supervising: OnceLock::new(),
+            call_timeout: reconciler.call_timeout,
+            metrics,
+        })
     }
 
-    /// Every agent, in configuration order.
-    pub fn agents(&self) -> &[Arc<Agent>] {
-        &self.agents
+    /// Lets agents dial in, and lists those `expected` (by certificate name) at once, waiting
+    /// for their connection. Call before [`Fleet::set_loads`], so agents holding live lessons
+    /// are known before they dial in again.
+    pub fn accept_dial_ins(&self, expected: &[String]) {
+        let _ = self.dial_in.set(());
+        for name in expected {
+            self.dial_in_agent(name);
+        }
+    }
+
+    /// Every agent, configured ones first.
+    pub fn agents(&self) -> Vec<Arc<Agent>> {
+        read(&self.agents).clone()
     }
 
     /// The agent with this name.
-    pub fn get(&self, name: &str) -> Option<&Arc<Agent>> {
-        self.agents.iter().find(|agent| agent.name == name)
+    pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
+        read(&self.agents)
+            .iter()
+            .find(|agent| agent.name == name)
+            .cloned()
     }
 
-    /// Every agent as of now, in configuration order.
+    /// Every agent as of now, configured ones first.
     pub fn snapshot(&self) -> Vec<Snapshot> {
-        self.agents.iter().map(|agent| agent.snapshot()).collect()
+        read(&self.agents)
+            .iter()
+            .map(|agent| agent.snapshot())
+            .collect()
     }
 
-    /// Sets each agent's load from the store's counts (at start-up).
+    /// Sets each agent's load from the store's counts (at start-up). With the intake on, a
+    /// name that is not configured is an agent that dialled in before the restart: it is
+    /// listed, waiting to dial in again, so its live lessons keep their agent.
     pub fn set_loads(&self, loads: impl IntoIterator<Item = (String, u32)>) {
         for (name, load) in loads {
-            if let Some(agent) = self.get(&name) {
+            let agent = match self.get(&name) {
+                Some(agent) => Some(agent),
+                None if self.dial_in.get().is_some() => Some(self.dial_in_agent(&name)),
+                None => None,
+            };
+            if let Some(agent) = agent {
                 agent.set_load(load);
             }
         }
     }
 
-    /// Starts one supervisor per agent.
+    /// Starts one supervisor per agent; agents joining later get theirs when they join.
     pub fn spawn_supervisors(
         &self,
         tracker: &tokio_util::task::TaskTracker,
         ctx: SupervisorContext,
     ) {
-        for agent in &self.agents {
-            tracker.spawn(supervisor::supervise(agent.clone(), ctx.clone()));
+        let agents = {
+            // Under the lock, so an agent joining now is either in this list or sees the
+            // context set.
+            let agents = read(&self.agents);
+            let _ = self.supervising.set((tracker.clone(), ctx.clone()));
+            agents.clone()
+        };
+        for agent in agents {
+            tracker.spawn(supervisor::supervise(agent, ctx.clone()));
         }
     }
+
+    /// An admitted connection of the agent `name` (its certificate's name): the agent joins
+    /// the fleet if it is new, and its calls move to this connection.
+    pub fn dialled_in(&self, name: &str, link: Link) {
+        let agent = self.dial_in_agent(name);
+        match agent.inbound() {
+            Some(inbound) => inbound.offer(link),
+            // The intake never admits the name of a dialled agent (`intake::Admission`).
+            None => {
+                tracing::error!(agent = %name, "a dialled agent's name dialled in; connection dropped")
+            }
+        }
+    }
+
+    /// The agent of this name, created as a dial-in agent (with its supervisor, once
+    /// supervisors run) if it is not known.
+    fn dial_in_agent(&self, name: &str) -> Arc<Agent> {
+        let mut agents = self
+            .agents
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(agent) = agents.iter().find(|agent| agent.name == name) {
+            return agent.clone();
+        }
+        let agent = Arc::new(Agent::dial_in(
+            name,
+            self.call_timeout,
+            self.metrics.clone(),
+        ));
+        agents.push(agent.clone());
+        if let Some((tracker, ctx)) = self.supervising.get() {
+            tracker.spawn(supervisor::supervise(agent.clone(), ctx.clone()));
+        }
+        tracing::info!(agent = %name, "agent joined the fleet (dial-in)");
+        agent
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // Writers only push whole agents; a poisoned lock still holds a consistent list.
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -68,6 +68,12 @@ pub(super) async fn supervise(agent: Arc<Agent>, ctx: SupervisorContext) {
         match outcome {
             Ok(()) => delay = initial,
             Err(Failure::Unavailable(reason)) => {
+                // Over mTLS the transport knows better than the call why it failed (the
+                // agent's certificate, or the agent refusing ours).
+                let reason = match agent.tls_status().and_then(|tls| tls.failure) {
+                    Some(failure) => format!("agent {}: {failure}", agent.name),
+                    None => reason,
+                };
                 tracing::warn!(%reason, "agent unavailable");
                 agent.set_status(|s| {
                     s.state = AgentState::Unavailable;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use antidote_proto::api::v1 as api;
 
 use crate::catalog::{Catalog, Collection, ConfigurationType, Lesson};
-use crate::model::{LiveLesson, Millis, Session, Status, expiry};
+use crate::model::{LiveLesson, Millis, PlacementRecord, Session, Status, Wishes, expiry};
 
 /// Ports as the wire carries them.
 fn ports(ports: &[std::num::NonZeroU16]) -> Vec<u32> {
@@ -195,4 +195,71 @@ pub fn collection(collection: &Collection, catalog: &Catalog) -> api::Collection
             .map(|l| l.slug.clone())
             .collect(),
     }
+}
+
+/// Most labels a request may require or prefer, each.
+const MAX_WISHES: usize = 16;
+
+/// Longest label key or value a request may give.
+const MAX_LABEL: usize = 128;
+
+/// A request's placement preference as wishes; `Err((field, why))` for a bad label.
+pub fn wishes(
+    placement: Option<api::PlacementPreference>,
+) -> Result<Wishes, (&'static str, String)> {
+    let Some(api::PlacementPreference { requires, prefers }) = placement else {
+        return Ok(Wishes::default());
+    };
+    for (field, labels) in [
+        ("placement.requires", &requires),
+        ("placement.prefers", &prefers),
+    ] {
+        if labels.len() > MAX_WISHES {
+            return Err((field, format!("at most {MAX_WISHES} labels")));
+        }
+        for (key, value) in labels {
+            let fits = |text: &str| (1..=MAX_LABEL).contains(&text.chars().count());
+            if !fits(key) || !fits(value) {
+                let key: String = key.chars().take(MAX_LABEL).collect();
+                return Err((
+                    field,
+                    format!("label `{key}`: keys and values must be 1-{MAX_LABEL} characters"),
+                ));
+            }
+        }
+    }
+    Ok(Wishes {
+        requires: requires.into_iter().collect(),
+        prefers: prefers.into_iter().collect(),
+    })
+}
+
+/// A live lesson's placement for operators; `None` when nothing was ever recorded.
+pub fn placement(record: PlacementRecord) -> Option<api::Placement> {
+    let PlacementRecord {
+        wishes,
+        decision,
+        decided_at,
+        moved_from,
+    } = record;
+    if decision.is_none() && moved_from.is_none() && wishes.is_empty() {
+        return None;
+    }
+    let decision = decision.unwrap_or_default();
+    Some(api::Placement {
+        requires: wishes.requires.into_iter().collect(),
+        prefers: wishes.prefers.into_iter().collect(),
+        agent: decision.agent,
+        reason: decision.reason,
+        matched: decision.matched.into_iter().collect(),
+        load: decision.load,
+        capacity: decision.capacity,
+        excluded: decision
+            .excluded
+            .into_iter()
+            .map(|(agent, reason)| api::PlacementExclusion { agent, reason })
+            .collect(),
+        decided_at: decided_at.map(timestamp),
+        moved_from: moved_from.unwrap_or_default(),
+    })
 }

@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 use super::auth::{self, AdminAuth};
 use super::convert as wire;
 use super::limits::Quota;
-use crate::agents::{AgentState, Desired, Fleet};
+use crate::agents::{AgentState, Desired, Fleet, Transport};
 use crate::catalog::Catalog;
 use crate::drive::{Hub, Reconciler, placement};
 use crate::error::Error;
@@ -189,6 +189,85 @@ impl Api {
             });
         }
         Ok(())
+    }
+
+    /// The admin API's view of the agents `keep` selects, in configuration order.
+    fn agents(&self, keep: impl Fn(&str) -> bool) -> Vec<api::Agent> {
+        let roster = self.reconciler.roster();
+        self.fleet
+            .snapshot()
+            .into_iter()
+            .filter(|agent| keep(&agent.name))
+            .map(|agent| {
+                let view = roster.candidate_named(&agent.name);
+                let (labels, drained, lost) = match view {
+                    Some(view) => (
+                        view.labels.into_iter().collect(),
+                        view.drained,
+                        view.availability == placement::Availability::Lost,
+                    ),
+                    None => Default::default(),
+                };
+                // mTLS: the agent's certificate on the last connection, or why it failed.
+                let tls = self
+                    .fleet
+                    .get(&agent.name)
+                    .and_then(|agent| agent.tls_status())
+                    .unwrap_or_default();
+                let tls_error = tls
+                    .failure
+                    .map(|failure| format!("agent {}: {failure}", agent.name))
+                    .unwrap_or_default();
+                let peer = tls.peer.unwrap_or_default();
+                // Dialled, or dial-in and from where.
+                let (transport, peer_address) =
+                    match self.fleet.get(&agent.name).map(|agent| agent.transport()) {
+                        Some(Transport::DialIn { peer }) => (
+                            api::AgentTransport::DialIn,
+                            peer.map(|peer| peer.to_string()).unwrap_or_default(),
+                        ),
+                        _ => (api::AgentTransport::Dialled, String::new()),
+                    };
+                let status = agent.status;
+                let handshake = status.handshake.unwrap_or_default();
+                api::Agent {
+                    name: agent.name,
+                    address: agent.address,
+                    state: match status.state {
+                        _ if lost => api::AgentState::Lost,
+                        AgentState::Connecting => api::AgentState::Connecting,
+                        AgentState::Ready => api::AgentState::Ready,
+                        AgentState::Unavailable => api::AgentState::Unavailable,
+                        AgentState::Incompatible => api::AgentState::Incompatible,
+                    } as i32,
+                    major: handshake.major,
+                    kind: handshake.kind,
+                    build_version: handshake.build_version,
+                    instance_id: handshake.instance_id,
+                    capabilities: handshake.capabilities.into_iter().collect(),
+                    max_live_lessons: handshake.max_live_lessons,
+                    live_lessons: agent.load,
+                    last_error: status.last_error,
+                    connected_at: status.connected_at.map(wire::timestamp),
+                    labels,
+                    drained,
+                    tls_peer_sha256: peer.sha256,
+                    tls_peer_expires_at: peer.not_after.map(prost_types::Timestamp::from),
+                    tls_peer_names: peer.names,
+                    tls_error,
+                    transport: transport as i32,
+                    peer_address,
+                }
+            })
+            .collect()
+    }
+
+    /// The admin API's view of one agent (NOT_FOUND when unknown).
+    fn agent(&self, name: &str) -> Result<api::Agent> {
+        self.agents(|agent| agent == name)
+            .pop()
+            .map(Response::new)
+            .ok_or_else(|| Error::AgentNotFound(name.to_owned()).into())
     }
 
     async fn delete(&self, id: LiveLessonId, detail: &str) -> std::result::Result<(), Error> {
@@ -366,12 +445,19 @@ impl LiveLessonService for Api {
             session_id,
             lesson_slug,
             stage,
+            placement,
         } = request.into_inner();
         let session: SessionId = session_id.parse().map_err(Error::from)?;
         if session != caller {
             return Err(Error::SessionNotFound(session).into());
         }
         self.check_lesson(&lesson_slug, stage)?;
+        let wishes = wire::wishes(placement)
+            .map_err(|(field, reason)| Error::InvalidArgument { field, reason })?;
+        // check_lesson proved the lesson exists.
+        if let Some(definition) = self.catalog.lesson(&lesson_slug) {
+            self.reconciler.check_possible(definition, &wishes)?;
+        }
         tracing::Span::current().record("lesson", lesson_slug.as_str());
         let (lesson, outcome) = self
             .store
@@ -384,6 +470,13 @@ impl LiveLessonService for Api {
             )
             .await?;
         tracing::Span::current().record("live_lesson.id", tracing::field::display(lesson.id));
+        // What the request asks of the agent applies wherever the live lesson is placed next:
+        // now, on a retry, or after its agent is lost. Recorded before the reconciler hears of
+        // it, so placement never runs without it.
+        let placeable = outcome != Requested::Touched || lesson.agent.is_none();
+        if placeable && (!wishes.is_empty() || outcome == Requested::Changed) {
+            self.store.set_wishes(lesson.id, &wishes).await?;
+        }
         if outcome != Requested::Touched {
             self.reconciler.changed(&lesson);
         }
@@ -640,34 +733,7 @@ impl AdminService for Api {
     ) -> Result<api::ListAgentsResponse> {
         self.admin(&request, Scope::Read, "AdminService.ListAgents", "")
             .await?;
-        let agents = self
-            .fleet
-            .snapshot()
-            .into_iter()
-            .map(|agent| {
-                let status = agent.status;
-                let handshake = status.handshake.unwrap_or_default();
-                api::Agent {
-                    name: agent.name,
-                    address: agent.address,
-                    state: match status.state {
-                        AgentState::Connecting => api::AgentState::Connecting,
-                        AgentState::Ready => api::AgentState::Ready,
-                        AgentState::Unavailable => api::AgentState::Unavailable,
-                        AgentState::Incompatible => api::AgentState::Incompatible,
-                    } as i32,
-                    major: handshake.major,
-                    kind: handshake.kind,
-                    build_version: handshake.build_version,
-                    instance_id: handshake.instance_id,
-                    capabilities: handshake.capabilities.into_iter().collect(),
-                    max_live_lessons: handshake.max_live_lessons,
-                    live_lessons: agent.load,
-                    last_error: status.last_error,
-                    connected_at: status.connected_at.map(wire::timestamp),
-                }
-            })
-            .collect();
+        let agents = self.agents(|_| true);
         Ok(Response::new(api::ListAgentsResponse { agents }))
     }
 
@@ -681,13 +747,19 @@ impl AdminService for Api {
             .catalog
             .lesson(&lesson_slug)
             .ok_or_else(|| Error::LessonNotFound(lesson_slug.clone()))?;
-        let snapshot = self.fleet.snapshot();
-        let name = placement::choose(&snapshot, &placement::needs(definition)).map_err(|why| {
+        let needs = placement::Needs::of(definition, &Default::default()).map_err(|why| {
             Error::NoAgent {
                 lesson: lesson_slug.clone(),
                 why,
             }
         })?;
+        let candidates = self.reconciler.roster().candidates();
+        let decision =
+            placement::choose(&candidates, &needs).map_err(|excluded| Error::NoAgent {
+                lesson: lesson_slug.clone(),
+                why: placement::explain(&excluded),
+            })?;
+        let name = decision.agent.as_str();
         let agent = self.fleet.get(name).ok_or_else(|| Error::NoAgent {
             lesson: lesson_slug.clone(),
             why: format!("agent `{name}` left the fleet"),
@@ -758,6 +830,48 @@ impl AdminService for Api {
             })
             .collect();
         Ok(Response::new(api::ListEventsResponse { events }))
+    }
+
+    async fn get_live_lesson(
+        &self,
+        request: Request<api::AdminGetLiveLessonRequest>,
+    ) -> Result<api::AdminLiveLesson> {
+        let target = request.get_ref().id.clone();
+        self.admin(&request, Scope::Read, "AdminService.GetLiveLesson", &target)
+            .await?;
+        let id: LiveLessonId = target.parse().map_err(Error::from)?;
+        let lesson = self.store.live_lesson(id).await?;
+        let mut record = self.store.placement(id).await?;
+        // Shown as placement saw them: the lesson's labels with the request's.
+        if let Some(needs) = self
+            .catalog
+            .lesson(&lesson.lesson_slug)
+            .and_then(|definition| placement::Needs::of(definition, &record.wishes).ok())
+        {
+            record.wishes.requires = needs.requires;
+            record.wishes.prefers = needs.prefers;
+        }
+        Ok(Response::new(api::AdminLiveLesson {
+            live_lesson: Some(self.api_lesson(&lesson)),
+            placement: wire::placement(record),
+        }))
+    }
+
+    async fn drain_agent(&self, request: Request<api::DrainAgentRequest>) -> Result<api::Agent> {
+        let name = request.get_ref().name.clone();
+        let identity = self
+            .admin(&request, Scope::Write, "AdminService.DrainAgent", &name)
+            .await?;
+        self.reconciler.roster().drain(&name, &identity).await?;
+        self.agent(&name)
+    }
+
+    async fn resume_agent(&self, request: Request<api::ResumeAgentRequest>) -> Result<api::Agent> {
+        let name = request.get_ref().name.clone();
+        self.admin(&request, Scope::Write, "AdminService.ResumeAgent", &name)
+            .await?;
+        self.reconciler.roster().resume(&name).await?;
+        self.agent(&name)
     }
 
     async fn list_audit(

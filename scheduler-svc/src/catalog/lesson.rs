@@ -10,8 +10,8 @@ use serde_yaml::Value;
 
 use super::meta::{self, LESSON_SLUG, Parsed};
 use super::model::{
-    Author, Category, ConfigurationType, Connection, Endpoint, GuideType, Lesson, Presentation,
-    PresentationKind, Stage, Tier,
+    Author, Category, ConfigurationType, Connection, Endpoint, GuideType, Lesson, LessonPlacement,
+    Presentation, PresentationKind, Stage, Tier,
 };
 use super::source::Source;
 use super::stage;
@@ -54,6 +54,7 @@ const LESSON_KEYS: &[&str] = &[
     "endpoints",
     "stages",
     "connections",
+    "placement",
 ];
 
 /// Reads the lesson whose `lesson.meta.yaml` (already parsed into `value`) sits in `dir`.
@@ -99,6 +100,7 @@ pub(super) fn read(
     let (endpoints, endpoint_names) = endpoints(&node, known, report);
     let connections = connections(&node, &endpoint_names, report);
     let stages = stages(source, dir, &node, &endpoints, report);
+    let placement = placement(&node, report);
 
     if let Some(collection) = &collection {
         check_collection(&node, collection, tier, known, report);
@@ -127,6 +129,7 @@ pub(super) fn read(
                 stages,
                 connections,
                 dir: dir.to_owned(),
+                placement,
             })
         }
         _ => None,
@@ -155,6 +158,17 @@ fn authors(node: &Node<'_>, report: &mut Report) -> Vec<Author> {
         }
     }
     authors
+}
+
+/// `placement: { requires: {k: v}, prefers: {k: v} }`: labels the agent must and should carry.
+fn placement(node: &Node<'_>, report: &mut Report) -> LessonPlacement {
+    let Some(placement) = node.child("placement", &["requires", "prefers"], report) else {
+        return LessonPlacement::default();
+    };
+    LessonPlacement {
+        requires: placement.labels("requires", report),
+        prefers: placement.labels("prefers", report),
+    }
 }
 
 /// `readyDelay`, in whole seconds; zero when absent.

@@ -58,8 +58,8 @@ use std::path::{Path, PathBuf};
 pub use self::error::{CatalogError, CatalogErrors, UnknownVariant};
 pub use self::model::{
     Author, Category, Collection, CollectionType, ConfigurationType, Connection, CurriculumMeta,
-    Endpoint, Flavor, GuideType, Image, Lesson, NAPALM_DRIVERS, Presentation, PresentationKind,
-    Stage, StageConfig, Tier,
+    Endpoint, Flavor, GuideType, Image, Lesson, LessonPlacement, NAPALM_DRIVERS, Presentation,
+    PresentationKind, Stage, StageConfig, Tier,
 };
 
 use self::lesson::Known;

@@ -283,6 +283,18 @@ pub struct Lesson {
     pub connections: Vec<Connection>,
     /// The lesson's directory, holding `lesson.meta.yaml` and the stage directories.
     pub dir: PathBuf,
+    /// Labels the agent running it must and should carry (`placement:` in the file; empty when
+    /// absent, which is every curriculum written before it existed).
+    pub placement: LessonPlacement,
+}
+
+/// A lesson's `placement: { requires: {k: v}, prefers: {k: v} }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LessonPlacement {
+    /// Labels the agent must carry, every pair.
+    pub requires: std::collections::BTreeMap<String, String>,
+    /// Labels the agent should carry; more matches win over lower load.
+    pub prefers: std::collections::BTreeMap<String, String>,
 }
 
 /// A lesson author.

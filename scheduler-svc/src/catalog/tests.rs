@@ -1316,6 +1316,52 @@ fn ready_delay_is_whole_non_negative_seconds() {
     }
 }
 
+#[test]
+fn placement_labels_load_and_bad_ones_are_named() {
+    let lesson = "{slug: one, name: One, category: tools, tier: prod,
+      placement: {requires: {region: eu, gpu: true}, prefers: {disk: ssd}},
+      endpoints: [{name: web, image: box, additionalPorts: [1]}],
+      stages: [{guideType: markdown}]}";
+    let catalog = check(&one(lesson), Tier::Prod, &[]).expect("loads");
+    let placement = &catalog.lesson("one").expect("loaded").placement;
+    let pairs = |m: &BTreeMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pairs(&placement.requires), ["gpu=true", "region=eu"]);
+    assert_eq!(pairs(&placement.prefers), ["disk=ssd"]);
+    // Without the key, nothing is required (every curriculum written before it).
+    let plain = check(&one(ONE), Tier::Prod, &[]).expect("loads");
+    assert_eq!(
+        plain.lesson("one").expect("loaded").placement,
+        Default::default()
+    );
+    for (placement, expect) in [
+        (
+            "{require: {region: eu}}",
+            "`placement.require`: unknown field (did you mean `requires`?)",
+        ),
+        (
+            "{requires: [region]}",
+            "`placement.requires`: must be a mapping of labels, not a list",
+        ),
+        (
+            "{prefers: {region: ''}}",
+            "`placement.prefers.region`: must be a non-empty label value, not ``",
+        ),
+        ("eu", "`placement`: must be a mapping, not `eu`"),
+    ] {
+        let lesson = format!(
+            "{{slug: one, name: One, category: tools, tier: prod, placement: {placement},
+              endpoints: [{{name: web, image: box, additionalPorts: [1]}}],
+              stages: [{{guideType: markdown}}]}}"
+        );
+        let expect = format!("lessons/one/lesson.meta.yaml: lesson `one`: {expect}");
+        check(&one(&lesson), Tier::Prod, &[&expect]);
+    }
+}
+
 // ---- what errors and secrets look like ----
 
 #[test]

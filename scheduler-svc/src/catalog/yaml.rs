@@ -276,6 +276,52 @@ impl<'v> Node<'v> {
         }
     }
 
+    /// An optional nested mapping under `key` whose keys must be among `known`.
+    pub(super) fn child(&self, key: &str, known: &[&str], report: &mut Report) -> Option<Node<'v>> {
+        let value = self.get(key)?;
+        Node::open(&self.field(key), value, known, report)
+    }
+
+    /// An optional mapping of labels: non-empty string keys to non-empty scalar values (numbers
+    /// and booleans count as their spelling, as YAML authors write `gpu: true`).
+    pub(super) fn labels(
+        &self,
+        key: &str,
+        report: &mut Report,
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut labels = std::collections::BTreeMap::new();
+        let Some(value) = self.get(key) else {
+            return labels;
+        };
+        let Value::Mapping(map) = value else {
+            report.error(
+                self.field(key),
+                format!("must be a mapping of labels, not {}", describe(value)),
+            );
+            return labels;
+        };
+        for (name, value) in map {
+            let name = match scalar_text(name) {
+                Some(name) if !name.is_empty() => name,
+                _ => {
+                    report.error(self.field(key), "label names must be non-empty strings");
+                    continue;
+                }
+            };
+            let field = format!("{}.{name}", self.field(key));
+            match scalar_text(value) {
+                Some(text) if !text.is_empty() => {
+                    labels.insert(name, text);
+                }
+                _ => report.error(
+                    field,
+                    format!("must be a non-empty label value, not {}", describe(value)),
+                ),
+            }
+        }
+        labels
+    }
+
     /// A port that must be present.
     pub(super) fn port(&self, key: &str, report: &mut Report) -> Option<NonZeroU16> {
         match self.get(key) {

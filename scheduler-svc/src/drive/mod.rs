@@ -1,6 +1,7 @@
 //! The drive layer: what moves live lessons toward their desired state. [`Reconciler`] (the
-//! work queue and its workers), [`placement`] (which agent takes a lesson), the [`reaper`] (TTL
-//! expiry and orphans) and the [`hub`] (changes fanned out to API watchers). It calls agents
+//! work queue and its workers, moving live lessons off lost agents), [`placement`] (which agent
+//! takes a lesson, and why), the [`roster`] (drained and lost agents, operators' labels), the
+//! [`reaper`] (TTL expiry and orphans) and the [`hub`] (changes fanned out to API watchers). It calls agents
 //! through [`crate::agents`] and records what it observes in [`crate::store`]; it never sees an
 //! agent.v1 message.
 
@@ -9,7 +10,9 @@ pub mod placement;
 mod queue;
 pub mod reaper;
 mod reconcile;
+pub mod roster;
 
 pub use hub::Hub;
 pub use reaper::Reaper;
 pub use reconcile::Reconciler;
+pub use roster::Roster;

@@ -1,6 +1,7 @@
 //! The reaper: idle live lessons and sessions expire (persistent sessions excepted), objects that
-//! agents hold but the store does not know (orphans) are removed after a grace period, and old
-//! events of removed live lessons are pruned. Nothing is wiped at start-up: state is durable.
+//! agents hold but the store does not place on them (orphans: unknown live lessons, or live
+//! lessons moved to another agent while this one was lost) are removed after a grace period, and
+//! old events and placement records of removed live lessons are pruned. Nothing is wiped at start-up: state is durable.
 //!
 //! The reaper only marks live lessons for removal in the store; the reconciler does the removal,
 //! exactly as for a user's delete.
@@ -81,6 +82,9 @@ impl Reaper {
                 Err(err) => tracing::error!(error = %err, "expiry failed"),
             }
         }
+        if let Err(err) = self.store.prune_placements().await {
+            tracing::error!(error = %err, "placement pruning failed");
+        }
         match self
             .store
             .prune_events(now.minus(self.config.event_retention))
@@ -114,9 +118,11 @@ impl Reaper {
                 }
             };
             for item in items {
-                match self.store.exists(item.id).await {
-                    Ok(true) => continue,
-                    Ok(false) => {}
+                // Judged per (agent, live lesson): objects of a live lesson the store places on
+                // another agent (moved off this one while it was lost) are orphans here too.
+                match self.store.holder(item.id).await {
+                    Ok(Some(holder)) if holder.as_deref() == Some(agent.name.as_str()) => continue,
+                    Ok(_) => {}
                     Err(err) => {
                         tracing::error!(error = %err, "orphan check failed");
                         suspects.keep_one(&agent.name, item.id);

@@ -30,13 +30,14 @@ use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::hub::Hub;
-use super::placement;
+use super::placement::{self, Needs};
 use super::queue::WorkQueue;
+use super::roster::Roster;
 use crate::agents::{self, Agent, Desired, Fleet, FleetEvent, Observed, Observer, Report};
 use crate::catalog::{Catalog, Lesson};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::{LiveLesson, LiveLessonId, Millis, Status};
+use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, Status};
 use crate::settings::ReconcilerConfig;
 use crate::store::{Observation, Store};
 
@@ -53,6 +54,8 @@ struct Inner {
     catalog: Arc<Catalog>,
     /// Where live lessons are placed and driven.
     fleet: Arc<Fleet>,
+    /// Drained and lost agents, operators' labels: placement's view of the fleet.
+    roster: Arc<Roster>,
     /// Watchers of the public API.
     hub: Arc<Hub>,
     /// Pool size, deadlines, backoff.
@@ -90,10 +93,12 @@ enum Next {
 
 impl Reconciler {
     /// Creates the reconciler; call [`Reconciler::start`] to run its workers.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: Store,
         catalog: Arc<Catalog>,
         fleet: Arc<Fleet>,
+        roster: Arc<Roster>,
         hub: Arc<Hub>,
         config: ReconcilerConfig,
         instance_id: String,
@@ -104,6 +109,7 @@ impl Reconciler {
                 store,
                 catalog,
                 fleet,
+                roster,
                 hub,
                 config,
                 instance_id,
@@ -121,6 +127,29 @@ impl Reconciler {
     pub fn changed(&self, lesson: &LiveLesson) {
         self.inner.hub.publish(lesson);
         self.enqueue(lesson.id);
+    }
+
+    /// Drained and lost agents and the operators' labels: what placement and operators see.
+    pub fn roster(&self) -> &Arc<Roster> {
+        &self.inner.roster
+    }
+
+    /// Whether some agent the scheduler knows (in any state) could ever take `lesson` with
+    /// the request's `wishes`: FAILED_PRECONDITION naming what is missing otherwise. Requests
+    /// are refused with it at once instead of waiting for a deadline that cannot help.
+    pub fn check_possible(
+        &self,
+        lesson: &Lesson,
+        wishes: &crate::model::Wishes,
+    ) -> Result<(), Error> {
+        let impossible = |missing: String, why: String| Error::PlacementImpossible {
+            lesson: lesson.slug.clone(),
+            missing,
+            why,
+        };
+        let needs = Needs::of(lesson, wishes).map_err(|why| impossible(String::new(), why))?;
+        placement::possible(&self.inner.roster.candidates(), &needs)
+            .map_err(|why| impossible(why.missing.clone(), why.to_string()))
     }
 
     /// Schedules a live lesson for reconciliation. The work joins the current span's trace.
@@ -156,6 +185,18 @@ impl Reconciler {
             tracker.spawn(async move { this.work(shutdown).await });
         }
         let this = self.clone();
+        let lookout = shutdown.clone();
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(this.inner.roster.tick());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = lookout.cancelled() => return,
+                    _ = tick.tick() => this.look_for_lost_agents().await,
+                }
+            }
+        });
+        let this = self.clone();
         tracker.spawn(async move {
             loop {
                 let event = tokio::select! {
@@ -183,6 +224,63 @@ impl Reconciler {
         });
     }
 
+    /// Moves the live lessons of every lost agent elsewhere (DESIGN.md §3, placement): those
+    /// not FAILED start over as PENDING in a new generation and are placed again (READY ones at
+    /// their stage), FAILED ones lose their placement so a retry goes elsewhere. Level-driven:
+    /// each look moves whatever a lost agent still holds, so a crash mid-way is redone.
+    #[tracing::instrument(skip_all, level = "debug")]
+    async fn look_for_lost_agents(&self) {
+        let inner = &self.inner;
+        for name in inner.roster.look(Instant::now()) {
+            match inner.store.held_by(&name).await {
+                Ok(held) if held.is_empty() => continue,
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::error!(agent = %name, error = %err, "cannot list a lost agent's live lessons");
+                    continue;
+                }
+            }
+            let last_error = inner
+                .fleet
+                .get(&name)
+                .map(|agent| agent.status().last_error)
+                .unwrap_or_default();
+            let reason = format!(
+                "agent `{name}` lost (not ready for {}{}); moving to another agent",
+                humantime::format_duration(self.grace()),
+                if last_error.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {last_error}")
+                }
+            );
+            let moved = match inner.store.relocate(&name, &reason, Millis::now()).await {
+                Ok(moved) => moved,
+                Err(err) => {
+                    tracing::error!(agent = %name, error = %err, "cannot move a lost agent's live lessons");
+                    continue;
+                }
+            };
+            tracing::warn!(agent = %name, count = moved.len(), "moving the live lessons of a lost agent");
+            let agent = inner.fleet.get(&name);
+            for lesson in moved {
+                if let Some(agent) = &agent {
+                    agent.release();
+                }
+                if lesson.status == Status::Failed {
+                    inner.hub.publish(&lesson);
+                } else {
+                    self.changed(&lesson);
+                }
+            }
+        }
+    }
+
+    /// How long an agent may be not ready before it is lost.
+    fn grace(&self) -> Duration {
+        self.inner.config.agent_grace
+    }
+
     async fn on_fleet_event(&self, event: FleetEvent) {
         match event {
             FleetEvent::Restarted(agent) => match self.inner.store.on_agent(&agent).await {
@@ -206,9 +304,11 @@ impl Reconciler {
                 if lesson.agent.as_deref() == Some(agent.as_str())
                     && lesson.generation == report.generation
                     && lesson.status == Status::Ready
+                    && let Err(err) = self
+                        .record(&lesson, observation(&report, Status::Failed))
+                        .await
                 {
-                    self.record(&lesson, observation(&report, Status::Failed))
-                        .await;
+                    tracing::error!(live_lesson.id = %lesson.id, error = %err, "cannot record the agent's report");
                 }
             }
         }
@@ -283,12 +383,13 @@ impl Reconciler {
             );
             return self.fail(&lesson, reason).await;
         };
-        let agent = match self.place(&lesson, definition) {
-            Ok(agent) => agent,
+        let placed = match self.place(&lesson, definition).await {
+            Ok(placed) => placed,
             Err(Unplaced::Never(reason)) => return self.fail(&lesson, reason).await,
             Err(Unplaced::Yet(reason)) => return self.wait(&lesson, reason, deadline).await,
         };
-        let Some(current) = self.claim(lesson, &agent).await else {
+        let agent = placed.agent.clone();
+        let Some(current) = self.claim(lesson, placed).await? else {
             return Ok(Next::Done);
         };
         let observer = agent.observe(current.id);
@@ -300,60 +401,126 @@ impl Reconciler {
             .await
     }
 
-    /// The agent the live lesson is (or is to be) placed on, ready for calls.
-    fn place(&self, lesson: &LiveLesson, definition: &Lesson) -> Result<Arc<Agent>, Unplaced> {
-        let fleet = &self.inner.fleet;
-        let agent = match &lesson.agent {
-            Some(name) => fleet.get(name).cloned().ok_or_else(|| {
+    /// The agent the live lesson is (or is to be) placed on, ready for calls: the recorded one,
+    /// or placement's choice among every agent by the lesson's and its request's needs. A live
+    /// lesson no agent could ever take is `Never` (FAILED at once); one whose agents are only
+    /// full, down, drained or lost is `Yet` (PENDING with the reason until its deadline).
+    async fn place(&self, lesson: &LiveLesson, definition: &Lesson) -> Result<Placed, Unplaced> {
+        let inner = &self.inner;
+        if let Some(name) = &lesson.agent {
+            let agent = inner.fleet.get(name).ok_or_else(|| {
                 Unplaced::Never(format!(
                     "agent `{name}` holding this live lesson is no longer configured"
                 ))
-            })?,
-            None => {
-                let snapshot = fleet.snapshot();
-                let name =
-                    placement::choose(&snapshot, &placement::needs(definition)).map_err(|why| {
-                        Unplaced::Yet(format!(
-                            "no agent can take lesson `{}`: {why}",
-                            lesson.lesson_slug
-                        ))
-                    })?;
-                // `choose` picks from the fleet's own snapshot, so the name is known.
-                fleet.get(name).cloned().ok_or_else(|| {
-                    Unplaced::Yet(format!("agent `{name}` left the fleet while placing"))
-                })?
+            })?;
+            if inner.roster.is_lost(name) {
+                // The next look at lost agents moves it (a new generation re-runs it).
+                return Err(Unplaced::Yet(format!(
+                    "agent `{name}` is lost; moving to another agent"
+                )));
             }
-        };
-        if !agent.is_ready() {
-            return Err(Unplaced::Yet(format!(
-                "agent `{}` is unavailable: {}",
-                agent.name,
-                agent.status().last_error
-            )));
+            if !agent.is_ready() {
+                return Err(Unplaced::Yet(format!(
+                    "agent `{}` is unavailable: {}",
+                    agent.name,
+                    agent.status().last_error
+                )));
+            }
+            return Ok(Placed {
+                agent,
+                decision: None,
+                moved_from: None,
+            });
         }
-        Ok(agent)
+        let record = inner
+            .store
+            .placement(lesson.id)
+            .await
+            .map_err(|err| Unplaced::Yet(format!("cannot read the placement record: {err}")))?;
+        // A live lesson moved off a lost agent says so in every reason.
+        let moved = |reason: String| match &record.moved_from {
+            Some(from) => format!("agent `{from}` lost; {reason}"),
+            None => reason,
+        };
+        let needs =
+            Needs::of(definition, &record.wishes).map_err(|why| Unplaced::Never(moved(why)))?;
+        let candidates = inner.roster.candidates();
+        // The agent it was moved from does not count as one that could take it back while it
+        // stays lost: nothing else fitting means FAILED now, not at the deadline.
+        let others: Vec<_> = candidates
+            .iter()
+            .filter(|c| {
+                record.moved_from.as_deref() != Some(c.name.as_str())
+                    || c.availability != placement::Availability::Lost
+            })
+            .cloned()
+            .collect();
+        placement::possible(&others, &needs).map_err(|why| {
+            Unplaced::Never(moved(format!(
+                "no agent could ever take lesson `{}`: {why}",
+                lesson.lesson_slug
+            )))
+        })?;
+        let decision = placement::choose(&candidates, &needs).map_err(|excluded| {
+            Unplaced::Yet(moved(format!(
+                "no agent can take lesson `{}` now: {}",
+                lesson.lesson_slug,
+                placement::explain(&excluded)
+            )))
+        })?;
+        // `choose` picks from the fleet's own snapshot, so the name is known.
+        let agent = inner.fleet.get(&decision.agent).ok_or_else(|| {
+            Unplaced::Yet(format!(
+                "agent `{}` left the fleet while placing",
+                decision.agent
+            ))
+        })?;
+        Ok(Placed {
+            agent,
+            decision: Some(decision),
+            moved_from: record.moved_from,
+        })
     }
 
     /// Records the placement with BOOTING in one write (the live lesson is on this agent from
-    /// now on) and counts it in the agent's load. `None` when the desired state moved on.
-    async fn claim(&self, lesson: LiveLesson, agent: &Agent) -> Option<LiveLesson> {
+    /// now on), then the decision and why, and counts it in the agent's load. `None` when the
+    /// desired state moved on; an error when the store could not record it (retried).
+    async fn claim(&self, lesson: LiveLesson, placed: Placed) -> Result<Option<LiveLesson>, Error> {
         if lesson.status != Status::Pending && lesson.agent.is_some() {
-            return Some(lesson);
+            return Ok(Some(lesson));
         }
+        let agent = &placed.agent;
         let status = if lesson.status == Status::Pending {
             Status::Booting
         } else {
             lesson.status
         };
+        let reason = match &placed.moved_from {
+            Some(from) => format!("agent `{from}` lost; moved to `{}`", agent.name),
+            None => format!("placed on agent `{}`", agent.name),
+        };
         let observation = Observation {
             agent: Some(agent.name.clone()),
-            ..Observation::status(status, format!("placed on agent `{}`", agent.name))
+            ..Observation::status(status, reason)
         };
-        let updated = self.record(&lesson, observation).await?;
+        let Some(updated) = self.record(&lesson, observation).await? else {
+            return Ok(None);
+        };
         if lesson.agent.is_none() {
             agent.claim();
         }
-        Some(updated)
+        if let Some(decision) = &placed.decision {
+            tracing::info!(agent = %agent.name, reason = %decision.reason, "placed");
+            if let Err(err) = self
+                .inner
+                .store
+                .record_decision(lesson.id, decision, Millis::now())
+                .await
+            {
+                tracing::error!(error = %err, "cannot record the placement decision");
+            }
+        }
+        Ok(Some(updated))
     }
 
     /// Provision, or Recover after the agent restarted (Provision again if it lost the lesson).
@@ -400,7 +567,7 @@ impl Reconciler {
                 && let Some(status) = report.status
             {
                 if status != current.status || status.is_settled() {
-                    match self.record(&current, observation(&report, status)).await {
+                    match self.record(&current, observation(&report, status)).await? {
                         Some(updated) => current = updated,
                         None => return Ok(Next::Done),
                     }
@@ -453,9 +620,13 @@ impl Reconciler {
         let agent = lesson
             .agent
             .as_deref()
-            .and_then(|name| inner.fleet.get(name))
-            .cloned();
-        if let Some(agent) = &agent {
+            .and_then(|name| inner.fleet.get(name));
+        // A lost agent is not waited for: if it comes back, what it still holds of this live
+        // lesson is an orphan the reaper removes.
+        let lost = agent
+            .as_ref()
+            .is_some_and(|agent| inner.roster.is_lost(&agent.name));
+        if let Some(agent) = agent.as_ref().filter(|_| !lost) {
             let mut observer = agent.observe(lesson.id);
             match agent.deprovision(lesson.id, lesson.handle.clone()).await {
                 Ok(true) => {}
@@ -559,8 +730,9 @@ impl Reconciler {
 
     async fn fail(&self, lesson: &LiveLesson, reason: String) -> Result<Next, Error> {
         tracing::warn!(%reason, "live lesson failed");
+        // A store error returns before `settled`: the run is retried and fails it again.
         self.record(lesson, Observation::status(Status::Failed, reason))
-            .await;
+            .await?;
         self.settled(lesson, false);
         Ok(Next::Done)
     }
@@ -579,29 +751,33 @@ impl Reconciler {
         if lesson.reason == reason && lesson.status == status {
             return;
         }
-        self.record(lesson, Observation::status(status, reason))
-            .await;
+        if let Err(err) = self
+            .record(lesson, Observation::status(status, reason))
+            .await
+        {
+            // Only a progress note: the run goes on and its next write retries.
+            tracing::warn!(error = %err, "cannot record a progress note");
+        }
     }
 
     /// Writes an observation for the live lesson's generation and publishes the new state.
-    /// `None` when the desired state moved on (the queue runs the live lesson again).
-    async fn record(&self, lesson: &LiveLesson, observation: Observation) -> Option<LiveLesson> {
-        match self
+    /// `None` when the desired state moved on (the queue runs the live lesson again); an error
+    /// when the store could not write it, which is never read as "moved on": the caller returns
+    /// it and the run is retried with backoff.
+    async fn record(
+        &self,
+        lesson: &LiveLesson,
+        observation: Observation,
+    ) -> Result<Option<LiveLesson>, Error> {
+        let updated = self
             .inner
             .store
             .observe(lesson.id, lesson.generation, observation, Millis::now())
-            .await
-        {
-            Ok(Some(updated)) => {
-                self.inner.hub.publish(&updated);
-                Some(updated)
-            }
-            Ok(None) => None,
-            Err(err) => {
-                tracing::error!(error = %err, "cannot record observation");
-                None
-            }
+            .await?;
+        if let Some(updated) = &updated {
+            self.inner.hub.publish(updated);
         }
+        Ok(updated)
     }
 
     /// The attempt record for the live lesson's current generation.
@@ -644,11 +820,21 @@ impl Reconciler {
     }
 }
 
+/// Where a live lesson runs, and why when placement chose just now.
+struct Placed {
+    /// The agent.
+    agent: Arc<Agent>,
+    /// Placement's decision; `None` for a live lesson already placed.
+    decision: Option<Decision>,
+    /// The lost agent it was moved from, if it was.
+    moved_from: Option<String>,
+}
+
 /// Why a live lesson has no agent to run on.
 enum Unplaced {
     /// Not now (none ready, none with room): wait and try again.
     Yet(String),
-    /// Never: its agent was removed from the configuration.
+    /// Never: its agent was removed from the configuration, or no agent could ever take it.
     Never(String),
 }
 

@@ -1,53 +1,51 @@
 //! What the store knows of agents: the instance id each reported last (a change means it
 //! restarted), and how many live lessons each holds.
 
+use super::backend::Statement;
 use super::{Result, Store};
-use crate::error::Error;
 use crate::model::Millis;
 
 impl Store {
     /// The instance id an agent reported last, if any.
     pub async fn agent_instance(&self, agent: &str) -> Result<Option<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT instance_id FROM agents WHERE name = ?")
-                .bind(agent)
-                .fetch_optional(&self.reader)
-                .await?,
-        )
+        let row = self
+            .reader
+            .fetch_optional(
+                Statement::new("SELECT instance_id FROM agents WHERE name = $1").bind(agent),
+            )
+            .await?;
+        row.map(|row| row.get("instance_id")).transpose()
     }
 
     /// Records the instance id an agent reported.
     pub async fn set_agent_instance(&self, agent: &str, instance: &str, now: Millis) -> Result<()> {
-        let (agent, instance) = (agent.to_owned(), instance.to_owned());
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO agents (name, instance_id, seen_at) VALUES (?, ?, ?) \
-             ON CONFLICT (name) DO UPDATE SET instance_id = excluded.instance_id, \
-             seen_at = excluded.seen_at",
-                )
-                .bind(agent.to_owned())
-                .bind(instance.to_owned())
-                .bind(now.0)
-                .execute(&mut *conn)
-                .await
-                .map_err(Error::from)
-            })
-        })
+        self.write_execute(
+            Statement::new(
+                "INSERT INTO agents (name, instance_id, seen_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE SET instance_id = excluded.instance_id, \
+                 seen_at = excluded.seen_at",
+            )
+            .bind(agent)
+            .bind(instance)
+            .bind(now.0),
+        )
         .await?;
         Ok(())
     }
 
     /// How many live lessons each agent holds.
     pub async fn agent_loads(&self) -> Result<Vec<(String, u32)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT agent, COUNT(*) FROM live_lessons WHERE agent IS NOT NULL GROUP BY agent",
-        )
-        .fetch_all(&self.reader)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(agent, n)| (agent, u32::try_from(n).unwrap_or(u32::MAX)))
-            .collect())
+        let rows = self
+            .reader
+            .fetch_all(Statement::new(
+                "SELECT agent, COUNT(*) FROM live_lessons WHERE agent IS NOT NULL GROUP BY agent",
+            ))
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let n: i64 = row.at(1)?;
+                Ok((row.at(0)?, u32::try_from(n).unwrap_or(u32::MAX)))
+            })
+            .collect()
     }
 }

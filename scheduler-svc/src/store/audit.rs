@@ -1,10 +1,8 @@
 //! The audit log: every admin call and every refused one, with the caller's identity (never the
 //! token), what it asked for, on what, and how it ended.
 
-use sqlx::Row as _;
-
+use super::backend::Statement;
 use super::{Result, Store};
-use crate::error::Error;
 use crate::model::Millis;
 
 /// One audited admin call.
@@ -34,50 +32,42 @@ impl Store {
         target: &str,
         outcome: &str,
     ) -> Result<()> {
-        let row = (
-            identity.to_owned(),
-            action.to_owned(),
-            target.to_owned(),
-            outcome.to_owned(),
-        );
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO audit (at, identity, action, target, outcome) \
-                     VALUES (?, ?, ?, ?, ?)",
-                )
-                .bind(at.0)
-                .bind(row.0)
-                .bind(row.1)
-                .bind(row.2)
-                .bind(row.3)
-                .execute(&mut *conn)
-                .await
-                .map_err(Error::from)
-            })
-        })
+        self.write_execute(
+            Statement::new(
+                "INSERT INTO audit (at, identity, action, target, outcome) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(at.0)
+            .bind(identity)
+            .bind(action)
+            .bind(target)
+            .bind(outcome),
+        )
         .await?;
         Ok(())
     }
 
     /// The newest `limit` entries, newest first.
     pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(
-            "SELECT seq, at, identity, action, target, outcome FROM audit \
-             ORDER BY seq DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self
+            .reader
+            .fetch_all(
+                Statement::new(
+                    "SELECT seq, at, identity, action, target, outcome FROM audit \
+                     ORDER BY seq DESC LIMIT $1",
+                )
+                .bind(limit),
+            )
+            .await?;
         rows.iter()
             .map(|row| {
                 Ok(AuditEntry {
-                    seq: row.try_get("seq")?,
-                    at: Millis(row.try_get("at")?),
-                    identity: row.try_get("identity")?,
-                    action: row.try_get("action")?,
-                    target: row.try_get("target")?,
-                    outcome: row.try_get("outcome")?,
+                    seq: row.int("seq")?,
+                    at: Millis(row.int("at")?),
+                    identity: row.get("identity")?,
+                    action: row.get("action")?,
+                    target: row.get("target")?,
+                    outcome: row.get("outcome")?,
                 })
             })
             .collect()

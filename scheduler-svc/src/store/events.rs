@@ -1,30 +1,35 @@
 //! The event log: every transition of a live lesson, written by triggers, read by the admin API.
 
-use sqlx::Row as _;
-
+use super::backend::Statement;
 use super::{Result, Store, parse_lesson_id, parse_status};
+use crate::error::Error;
 use crate::model::{Event, LiveLessonId, Millis};
 
 impl Store {
     /// A live lesson's events, oldest first.
     pub async fn events(&self, id: LiveLessonId) -> Result<Vec<Event>> {
-        let rows = sqlx::query(
-            "SELECT seq, live_lesson_id, at, status, generation, stage, detail FROM events \
-             WHERE live_lesson_id = ? ORDER BY seq",
-        )
-        .bind(id.to_string())
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self
+            .reader
+            .fetch_all(
+                Statement::new(
+                    "SELECT seq, live_lesson_id, at, status, generation, stage, detail \
+                     FROM events WHERE live_lesson_id = $1 ORDER BY seq",
+                )
+                .bind(id.to_string()),
+            )
+            .await?;
         rows.iter()
             .map(|row| {
+                let stage = row.int("stage")?;
                 Ok(Event {
-                    seq: row.try_get("seq")?,
-                    live_lesson_id: parse_lesson_id(&row.try_get::<String, _>("live_lesson_id")?)?,
-                    at: Millis(row.try_get("at")?),
-                    status: parse_status(&row.try_get::<String, _>("status")?)?,
-                    generation: row.try_get::<i64, _>("generation")? as u64,
-                    stage: row.try_get("stage")?,
-                    detail: row.try_get("detail")?,
+                    seq: row.int("seq")?,
+                    live_lesson_id: parse_lesson_id(&row.get::<String>("live_lesson_id")?)?,
+                    at: Millis(row.int("at")?),
+                    status: parse_status(&row.get::<String>("status")?)?,
+                    generation: row.int("generation")? as u64,
+                    stage: u32::try_from(stage)
+                        .map_err(|_| Error::Corrupt(format!("stage {stage} of an event")))?,
+                    detail: row.get("detail")?,
                 })
             })
             .collect()

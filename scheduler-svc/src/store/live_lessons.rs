@@ -1,6 +1,7 @@
 //! Live lessons: requests (create, touch, change stage, retry), heartbeats, deletion, the
 //! reads of the API and the reconciler, and the reconciler's observations.
 
+use super::backend::Statement;
 use super::{
     Counts, LESSON_COLUMNS, Result, Store, lesson_from_row, mark_for_deletion, parse_lesson_id,
 };
@@ -63,6 +64,8 @@ impl Store {
     ///
     /// The common cases (create, ask again) are one statement: an insert that also checks the
     /// session and the limit, and on the unique key's conflict only touches the existing row.
+    /// On PostgreSQL the session's row is locked first, so requests in one session take turns
+    /// and each counts the live lessons the previous one committed.
     pub async fn request_live_lesson(
         &self,
         session: SessionId,
@@ -72,27 +75,28 @@ impl Store {
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
         let id = LiveLessonId::new();
-        let lesson = lesson.to_owned();
-        let row = self
-            .write(move |conn| {
-                Box::pin(async move { sqlx::query(&format!(
+        let insert = Statement::new(format!(
             "INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
              reason, persistent, created_at, last_active, updated_at) \
-             SELECT ?1, s.id, ?3, ?4, 1, 'PENDING', 'requested', s.persistent, ?5, ?5, ?5 \
-             FROM sessions s WHERE s.id = ?2 AND s.expired = 0 AND (?6 = 0 \
-               OR (SELECT COUNT(*) FROM live_lessons WHERE session_id = ?2) < ?6 \
-               OR EXISTS (SELECT 1 FROM live_lessons WHERE session_id = ?2 AND lesson_slug = ?3)) \
+             SELECT $1, s.id, $3, $4, 1, 'PENDING', 'requested', s.persistent, $5, $5, $5 \
+             FROM sessions s WHERE s.id = $2 AND s.expired = 0 AND ($6 = 0 \
+               OR (SELECT COUNT(*) FROM live_lessons WHERE session_id = $2) < $6 \
+               OR EXISTS (SELECT 1 FROM live_lessons WHERE session_id = $2 AND lesson_slug = $3)) \
              ON CONFLICT (session_id, lesson_slug) DO UPDATE SET last_active = excluded.last_active \
              RETURNING {LESSON_COLUMNS}"
         ))
         .bind(id.to_string())
         .bind(session.to_string())
-        .bind(lesson.to_owned())
+        .bind(lesson)
         .bind(stage)
         .bind(now.0)
-        .bind(limit)
-        .fetch_optional(&mut *conn)
-        .await.map_err(Error::from) })
+        .bind(limit);
+        let row = self
+            .write(move |mut conn| {
+                Box::pin(async move {
+                    conn.lock_session(session).await?;
+                    conn.fetch_optional(insert).await
+                })
             })
             .await?;
         let Some(row) = row else {
@@ -115,20 +119,15 @@ impl Store {
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
         let row = self
-            .write(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-                        "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND \
-             session_id IN (SELECT id FROM sessions WHERE expired = 0) \
-             RETURNING {LESSON_COLUMNS}"
-                    ))
-                    .bind(now.0)
-                    .bind(id.to_string())
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(Error::from)
-                })
-            })
+            .write_optional(
+                Statement::new(format!(
+                    "UPDATE live_lessons SET last_active = $1 WHERE id = $2 AND \
+                     session_id IN (SELECT id FROM sessions WHERE expired = 0) \
+                     RETURNING {LESSON_COLUMNS}"
+                ))
+                .bind(now.0)
+                .bind(id.to_string()),
+            )
             .await?
             .ok_or(Error::LiveLessonNotFound(id))?;
         self.change_stage(lesson_from_row(&row)?, stage, now).await
@@ -163,23 +162,20 @@ impl Store {
         };
         // Conditional on the generation read above, so a concurrent change cannot be lost.
         let row = self
-            .write(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-            "UPDATE live_lessons SET stage = ?1, generation = generation + 1, status = ?2, \
-             reason = ?3, updated_at = ?4 WHERE id = ?5 AND generation = ?6 AND deleting = 0 \
-             RETURNING {LESSON_COLUMNS}"
-        ))
-        .bind(stage)
-        .bind(status.as_str())
-        .bind(detail.to_owned())
-        .bind(now.0)
-        .bind(current.id.to_string())
-        .bind(current.generation as i64)
-        .fetch_optional(&mut *conn)
-        .await.map_err(Error::from)
-                })
-            })
+            .write_optional(
+                Statement::new(format!(
+                    "UPDATE live_lessons SET stage = $1, generation = generation + 1, \
+                     status = $2, reason = $3, updated_at = $4 \
+                     WHERE id = $5 AND generation = $6 AND deleting = 0 \
+                     RETURNING {LESSON_COLUMNS}"
+                ))
+                .bind(stage)
+                .bind(status.as_str())
+                .bind(detail)
+                .bind(now.0)
+                .bind(current.id.to_string())
+                .bind(current.generation as i64),
+            )
             .await?;
         match row {
             Some(row) => Ok((lesson_from_row(&row)?, Requested::Changed)),
@@ -193,19 +189,14 @@ impl Store {
     /// Records activity on a live lesson (and, through a trigger, on its session).
     pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<LiveLesson> {
         let row = self
-            .write(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-                        "UPDATE live_lessons SET last_active = ?1 WHERE id = ?2 AND deleting = 0 \
-             RETURNING {LESSON_COLUMNS}"
-                    ))
-                    .bind(now.0)
-                    .bind(id.to_string())
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(Error::from)
-                })
-            })
+            .write_optional(
+                Statement::new(format!(
+                    "UPDATE live_lessons SET last_active = $1 WHERE id = $2 AND deleting = 0 \
+                     RETURNING {LESSON_COLUMNS}"
+                ))
+                .bind(now.0)
+                .bind(id.to_string()),
+            )
             .await?
             .ok_or(Error::LiveLessonNotFound(id))?;
         lesson_from_row(&row)
@@ -219,19 +210,13 @@ impl Store {
         detail: &str,
         now: Millis,
     ) -> Result<LiveLesson> {
-        let detail = detail.to_owned();
         let row = self
-            .write(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(&mark_for_deletion("id = ?3"))
-                        .bind(detail)
-                        .bind(now.0)
-                        .bind(id.to_string())
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(Error::from)
-                })
-            })
+            .write_optional(
+                Statement::new(mark_for_deletion("id = $3"))
+                    .bind(detail)
+                    .bind(now.0)
+                    .bind(id.to_string()),
+            )
             .await?;
         match row {
             Some(row) => lesson_from_row(&row),
@@ -248,86 +233,107 @@ impl Store {
 
     /// The live lesson if it still exists.
     pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
-        let row = sqlx::query(&format!(
-            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = ?"
-        ))
-        .bind(id.to_string())
-        .fetch_optional(&self.reader)
-        .await?;
+        let row = self
+            .reader
+            .fetch_optional(
+                Statement::new(format!(
+                    "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE id = $1"
+                ))
+                .bind(id.to_string()),
+            )
+            .await?;
         row.map(|row| lesson_from_row(&row)).transpose()
     }
 
     /// A session's live lessons, oldest first.
     pub async fn session_live_lessons(&self, session: SessionId) -> Result<Vec<LiveLesson>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE session_id = ? \
-             ORDER BY created_at, id"
-        ))
-        .bind(session.to_string())
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self
+            .reader
+            .fetch_all(
+                Statement::new(format!(
+                    "SELECT {LESSON_COLUMNS} FROM live_lessons WHERE session_id = $1 \
+                     ORDER BY created_at, id"
+                ))
+                .bind(session.to_string()),
+            )
+            .await?;
         rows.iter().map(lesson_from_row).collect()
     }
 
     /// Every live lesson matching the filter, oldest first.
     pub async fn live_lessons(&self, filter: &LessonFilter) -> Result<Vec<LiveLesson>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {LESSON_COLUMNS} FROM live_lessons \
-             WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR lesson_slug = ?2) \
-             AND (?3 IS NULL OR agent = ?3) ORDER BY created_at, id"
-        ))
-        .bind(filter.status.map(Status::as_str))
-        .bind(filter.lesson_slug.as_deref())
-        .bind(filter.agent.as_deref())
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self
+            .reader
+            .fetch_all(
+                Statement::new(format!(
+                    "SELECT {LESSON_COLUMNS} FROM live_lessons \
+                     WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR lesson_slug = $2) \
+                     AND ($3 IS NULL OR agent = $3) ORDER BY created_at, id"
+                ))
+                .bind(filter.status.map(Status::as_str))
+                .bind(filter.lesson_slug.as_deref())
+                .bind(filter.agent.as_deref()),
+            )
+            .await?;
         rows.iter().map(lesson_from_row).collect()
     }
 
     /// How many live lessons there are per status, and how many live (not expired) sessions,
     /// persistent ones apart: what the metrics report at each scrape.
     pub async fn counts(&self) -> Result<Counts> {
-        let statuses: Vec<(String, i64)> =
-            sqlx::query_as("SELECT status, COUNT(*) FROM live_lessons GROUP BY status")
-                .fetch_all(&self.reader)
-                .await?;
-        let (sessions, persistent): (i64, i64) = sqlx::query_as(
-            "SELECT COUNT(*), COALESCE(SUM(persistent), 0) FROM sessions WHERE expired = 0",
-        )
-        .fetch_one(&self.reader)
-        .await?;
+        let statuses = self
+            .reader
+            .fetch_all(Statement::new(
+                "SELECT status, COUNT(*) FROM live_lessons GROUP BY status",
+            ))
+            .await?
+            .iter()
+            .map(|row| Ok((row.at::<String>(0)?, row.at::<i64>(1)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let row = self
+            .reader
+            .fetch_one(Statement::new(
+                "SELECT COUNT(*), COALESCE(SUM(persistent), 0) FROM sessions WHERE expired = 0",
+            ))
+            .await?;
         Ok(Counts {
             statuses,
-            sessions,
-            persistent_sessions: persistent,
+            sessions: row.at(0)?,
+            persistent_sessions: row.at(1)?,
         })
     }
 
     /// Ids of every live lesson the reconciler still has work on (used at start-up to resume).
     pub async fn unsettled(&self) -> Result<Vec<LiveLessonId>> {
-        let rows: Vec<String> = sqlx::query_scalar(
+        self.ids(Statement::new(
             "SELECT id FROM live_lessons WHERE deleting = 1 OR observed_generation != generation \
              OR status NOT IN ('READY', 'FAILED') ORDER BY created_at",
-        )
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(|id| parse_lesson_id(id)).collect()
+        ))
+        .await
     }
 
     /// Ids of the live lessons placed on `agent`.
     pub async fn on_agent(&self, agent: &str) -> Result<Vec<LiveLessonId>> {
-        let rows: Vec<String> =
-            sqlx::query_scalar("SELECT id FROM live_lessons WHERE agent = ? ORDER BY created_at")
-                .bind(agent)
-                .fetch_all(&self.reader)
-                .await?;
-        rows.iter().map(|id| parse_lesson_id(id)).collect()
+        self.ids(
+            Statement::new("SELECT id FROM live_lessons WHERE agent = $1 ORDER BY created_at")
+                .bind(agent),
+        )
+        .await
+    }
+
+    /// The live-lesson ids a query's first column holds.
+    pub(super) async fn ids(&self, statement: Statement) -> Result<Vec<LiveLessonId>> {
+        let rows = self.reader.fetch_all(statement).await?;
+        rows.iter()
+            .map(|row| parse_lesson_id(&row.at::<String>(0)?))
+            .collect()
     }
 
     /// Records what the reconciler observed for `generation` (placing the live lesson if the
     /// observation names an agent). Returns `None`, changing nothing, when the live lesson is
     /// gone or its desired state moved on to a newer generation: a stale worker can never
-    /// overwrite newer intent. A trigger records an event when the status changes.
+    /// overwrite newer intent. A trigger records an event when the status changes. An error
+    /// means nothing was recorded and the caller should try again: it never means "moved on".
     pub async fn observe(
         &self,
         id: LiveLessonId,
@@ -343,30 +349,26 @@ impl Store {
             None => None,
         };
         let row = self
-            .write(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-                        "UPDATE live_lessons SET status = ?1, reason = ?2, \
-             endpoints = COALESCE(?3, endpoints), handle = COALESCE(?4, handle), \
-             agent = COALESCE(agent, ?5), \
-             observed_generation = CASE WHEN ?6 THEN generation ELSE observed_generation END, \
-             updated_at = ?7 WHERE id = ?8 AND generation = ?9 AND deleting = 0 \
-             RETURNING {LESSON_COLUMNS}"
-                    ))
-                    .bind(observation.status.as_str())
-                    .bind(observation.reason)
-                    .bind(endpoints)
-                    .bind(observation.handle)
-                    .bind(observation.agent)
-                    .bind(observation.status.is_settled())
-                    .bind(now.0)
-                    .bind(id.to_string())
-                    .bind(generation as i64)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(Error::from)
-                })
-            })
+            .write_optional(
+                Statement::new(format!(
+                    "UPDATE live_lessons SET status = $1, reason = $2, \
+                     endpoints = COALESCE($3, endpoints), handle = COALESCE($4, handle), \
+                     agent = COALESCE(agent, $5), \
+                     observed_generation = CASE WHEN $6 THEN generation \
+                                           ELSE observed_generation END, \
+                     updated_at = $7 WHERE id = $8 AND generation = $9 AND deleting = 0 \
+                     RETURNING {LESSON_COLUMNS}"
+                ))
+                .bind(observation.status.as_str())
+                .bind(observation.reason)
+                .bind(endpoints)
+                .bind(observation.handle)
+                .bind(observation.agent)
+                .bind(observation.status.is_settled())
+                .bind(now.0)
+                .bind(id.to_string())
+                .bind(generation as i64),
+            )
             .await?;
         row.map(|row| lesson_from_row(&row)).transpose()
     }
@@ -374,15 +376,9 @@ impl Store {
     /// Forgets a live lesson whose objects are gone; triggers record the final event and delete
     /// its session when the session expired and this was its last live lesson.
     pub async fn forget(&self, id: LiveLessonId) -> Result<()> {
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM live_lessons WHERE id = ?")
-                    .bind(id.to_string())
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(Error::from)
-            })
-        })
+        self.write_execute(
+            Statement::new("DELETE FROM live_lessons WHERE id = $1").bind(id.to_string()),
+        )
         .await?;
         Ok(())
     }

@@ -1,43 +1,58 @@
-//! The durable state: sessions, live lessons, their event log and agents' instance ids, in an
-//! SQLite file through sqlx (WAL, migrations embedded in the binary).
+//! The durable state: sessions, live lessons, their event log, placement records and agents'
+//! instance ids, in an SQLite file (the default: one scheduler per file) or a PostgreSQL
+//! database (which several scheduler replicas may share), through sqlx with migrations embedded
+//! in the binary (`migrations/` for SQLite, `migrations-postgres/` for PostgreSQL).
 //!
-//! Writes go to one task that owns the only writing connection (SQLite has a single writer
-//! anyway) and commits whatever jobs are waiting together (group commit); callers get their
-//! result only after the commit. Reads use a pool of read-only connections, which WAL lets run
-//! beside the writer.
+//! SQLite: writes go to one task that owns the only writing connection (SQLite has a single
+//! writer anyway) and commits whatever jobs are waiting together (group commit); callers get
+//! their result only after the commit. Reads use a pool of read-only connections, which WAL lets
+//! run beside the writer. A lock file beside the database keeps a second process off it.
+//! PostgreSQL: every write job is one transaction on a pooled connection; reads share the pool.
 //!
 //! Every hot-path operation is one SQL statement, so it is atomic without BEGIN/COMMIT round
 //! trips: limits are checked inside the insert that they guard, the unique key on
 //! `(session_id, lesson_slug)` makes concurrent identical requests meet on one row, and updates
-//! are conditional on the generation the caller saw. Triggers (see the migration) record the
-//! event of every transition and carry activity to the session inside the same statement.
-//! Every function that changes a live lesson returns its new row, so callers can publish it to
-//! watchers without reading it again.
+//! are conditional on the generation the caller saw. On PostgreSQL, whose transactions run
+//! concurrently, a limit's insert first takes a lock that serialises it with the writes it
+//! counts ([`backend::Conn::lock_session`], [`backend::Conn::lock_name`]). Triggers (see the
+//! migrations) record the event of every transition and carry activity to the session inside
+//! the same statement. Every function that changes a live lesson returns its new row, so
+//! callers can publish it to watchers without reading it again.
+//!
+//! Statements are written once for both backends ([`backend`] binds and decodes them).
 
 mod agents;
 mod audit;
+mod backend;
 mod events;
 mod live_lessons;
+mod placements;
 mod reaper;
 mod sessions;
 
-use std::path::Path;
+use std::fmt;
+use std::fs::File;
+use std::future::Future;
+use std::io::{Read as _, Seek as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
+use serde::Deserialize;
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection as _, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use self::backend::{Conn, Pool, Row, Statement};
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
+
+pub use self::backend::transient;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -46,17 +61,92 @@ const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \
      created_at, last_active";
 
 /// The one statement that marks live lessons for removal: desired state absent, a new
-/// generation, TERMINATING with `?1` as the reason at time `?2`. `condition` says which live
-/// lessons, with its parameters numbered from `?3`.
+/// generation, TERMINATING with `$1` as the reason at time `$2`. `condition` says which live
+/// lessons, with its parameters numbered from `$3`.
 fn mark_for_deletion(condition: &str) -> String {
     format!(
         "UPDATE live_lessons SET deleting = 1, generation = generation + 1, \
-         status = 'TERMINATING', reason = ?1, updated_at = ?2 WHERE deleting = 0 AND ({condition}) \
+         status = 'TERMINATING', reason = $1, updated_at = $2 WHERE deleting = 0 AND ({condition}) \
          RETURNING {LESSON_COLUMNS}"
     )
 }
 
 const SESSION_COLUMNS: &str = "id, source_ip, persistent, created_at, last_active";
+
+/// Where the state lives: the `database` setting. A `postgres://` or `postgresql://` URL
+/// selects PostgreSQL; anything else is the path of an SQLite file (created if missing).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Database {
+    /// An SQLite file: one scheduler process at a time.
+    Sqlite(PathBuf),
+    /// A PostgreSQL connection URL (libpq's URL form: user, password, host or `host=` for a
+    /// unix socket directory, port, database, `sslmode`...).
+    Postgres(String),
+}
+
+impl Database {
+    /// Reads the setting's text.
+    pub fn parse(text: &str) -> Database {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Database::Postgres(text.to_owned())
+        } else {
+            Database::Sqlite(PathBuf::from(text))
+        }
+    }
+}
+
+impl From<&Path> for Database {
+    fn from(path: &Path) -> Self {
+        Database::Sqlite(path.to_owned())
+    }
+}
+
+impl From<&PathBuf> for Database {
+    fn from(path: &PathBuf) -> Self {
+        Database::Sqlite(path.clone())
+    }
+}
+
+impl From<&Database> for Database {
+    fn from(database: &Database) -> Self {
+        database.clone()
+    }
+}
+
+impl<'de> Deserialize<'de> for Database {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        Ok(Database::parse(&String::deserialize(de)?))
+    }
+}
+
+/// Shows the database without the URL's password, so configurations can be logged.
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "{}", path.display()),
+            Database::Postgres(url) => {
+                // postgres://user:password@host/... → postgres://user:***@host/...
+                let redacted = url.split_once("://").and_then(|(scheme, rest)| {
+                    let authority = rest.split('/').next().unwrap_or(rest);
+                    let (userinfo, _) = authority.rsplit_once('@')?;
+                    let (user, _) = userinfo.split_once(':')?;
+                    let after = &rest[userinfo.len()..];
+                    Some(format!("{scheme}://{user}:***{after}"))
+                });
+                f.write_str(redacted.as_deref().unwrap_or(url))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Database::Sqlite(_) => write!(f, "Sqlite({self})"),
+            Database::Postgres(_) => write!(f, "Postgres({self})"),
+        }
+    }
+}
 
 /// Live lessons per status and live sessions (see [`Store::counts`]).
 #[derive(Debug, Clone, Default)]
@@ -72,36 +162,69 @@ pub struct Counts {
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    /// Hands write jobs to the writer task, which owns the only writing connection.
-    writer: mpsc::UnboundedSender<Job>,
-    /// Read-only connections for queries.
-    reader: SqlitePool,
-    /// Ends when the writer task has stopped (after every sender is gone).
+    /// Where write jobs go.
+    writer: Writer,
+    /// Connections for queries (read-only ones on SQLite).
+    reader: Pool,
+    /// Ends when the SQLite writer task has stopped (after every sender is gone).
     writer_done: Arc<tokio::sync::Mutex<Option<oneshot::Receiver<()>>>>,
 }
 
-/// What a write job hands back after it ran: a function that delivers its result once the
-/// batch's commit succeeded (`None`) or failed (`Some`).
+/// The write side of each backend.
+#[derive(Clone)]
+enum Writer {
+    /// Hands write jobs to the writer task, which owns the only writing connection.
+    Sqlite(mpsc::UnboundedSender<Job>),
+    /// Each write job is a transaction of its own on a connection of this pool (the reader's).
+    Postgres(sqlx::PgPool),
+}
+
+/// What a write job hands back after it ran (or was refused): a function that delivers its
+/// result once the batch's commit succeeded (`None`) or failed (`Some`).
 type Deliver = Box<dyn FnOnce(Option<&sqlx::Error>) + Send>;
 
-/// A write job: statements to run on the writing connection inside the current batch.
+/// A write job for the SQLite writer: statements to run on the writing connection inside the
+/// current batch, or `None` when the batch could not begin and the job must not run.
 type Job = Box<
     dyn for<'c> FnOnce(
-            &'c mut SqliteConnection,
+            Option<&'c mut SqliteConnection>,
         ) -> Pin<Box<dyn Future<Output = Deliver> + Send + 'c>>
         + Send,
 >;
 
+/// What a store function runs on the writing side.
+type Work<'c, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>;
+
 /// Most jobs committed together.
 const MAX_BATCH: usize = 512;
+
+/// How long a SQLite statement waits for a lock held elsewhere before failing (BUSY). Only
+/// our own connections use the file, so a wait is a checkpoint at most.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// PostgreSQL connections per scheduler: the reconcile workers' and API's writes and reads.
+const POSTGRES_CONNECTIONS: u32 = 16;
+
+/// How long a call waits for a free PostgreSQL connection (or a new one) before it fails as
+/// UNAVAILABLE.
+const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub use audit::AuditEntry;
 pub use live_lessons::{LessonFilter, Observation, Requested};
 pub use sessions::network;
 
 impl Store {
-    /// Opens (creating if needed) the database file and applies migrations.
-    pub async fn open(path: &Path) -> Result<Store> {
+    /// Opens (creating if needed) the database and applies migrations.
+    pub async fn open(database: impl Into<Database>) -> Result<Store> {
+        match database.into() {
+            Database::Sqlite(path) => Store::open_sqlite(&path, SQLITE_BUSY_TIMEOUT).await,
+            Database::Postgres(url) => Store::open_postgres(&url).await,
+        }
+    }
+
+    /// Opens an SQLite file (refused while another process has it) with the given busy timeout.
+    async fn open_sqlite(path: &Path, busy_timeout: Duration) -> Result<Store> {
+        let lock = lock_file(path)?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -110,7 +233,7 @@ impl Store {
             // but never corrupts the file, and commits stay fast.
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(busy_timeout);
         let mut connection = SqliteConnection::connect_with(&options).await?;
         sqlx::migrate!("./migrations").run(&mut connection).await?;
         // No ping before each acquire: these are in-process connections to a local file, and a
@@ -137,15 +260,42 @@ impl Store {
                     Ok(runtime) => runtime.block_on(write_loop(connection, jobs)),
                     Err(err) => tracing::error!(error = %err, "cannot start the store writer"),
                 }
+                // The file is ours until the writer has closed its connection.
+                drop(lock);
                 let _ = done_tx.send(());
             })
-            .map_err(|err| Error::Commit(format!("cannot start the store writer: {err}")))?;
+            .map_err(|err| Error::StoreOpen(format!("cannot start the store writer: {err}")))?;
 
         Ok(Store {
-            writer,
-            reader,
+            writer: Writer::Sqlite(writer),
+            reader: Pool::Sqlite(reader),
             writer_done: Arc::new(tokio::sync::Mutex::new(Some(done_rx))),
         })
+    }
+
+    /// Connects to PostgreSQL and migrates (sqlx holds an advisory lock while it migrates, so
+    /// replicas starting together apply each migration once).
+    async fn open_postgres(url: &str) -> Result<Store> {
+        let options = PgConnectOptions::from_str(url)?.application_name("antidote-scheduler");
+        let pool = PgPoolOptions::new()
+            .max_connections(POSTGRES_CONNECTIONS)
+            .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations-postgres").run(&pool).await?;
+        Ok(Store {
+            writer: Writer::Postgres(pool.clone()),
+            reader: Pool::Postgres(pool),
+            writer_done: Arc::new(tokio::sync::Mutex::new(None)),
+        })
+    }
+
+    /// Which backend this store runs on (for logs): `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match self.writer {
+            Writer::Sqlite(_) => "sqlite",
+            Writer::Postgres(_) => "postgres",
+        }
     }
 
     /// Closes the readers and waits (boundedly) for the writer to finish the jobs it has; it
@@ -160,41 +310,143 @@ impl Store {
         }
     }
 
-    /// Runs `job` on the writing connection, in the next batch, and returns its result once
-    /// the batch is committed.
+    /// Runs `job` on the writing side and returns its result once it is committed: in the
+    /// SQLite writer's next batch, or as a PostgreSQL transaction of its own. A job that fails
+    /// changes nothing. The job runs to its end even if the caller goes away, as it would in
+    /// the SQLite writer.
     async fn write<T, F>(&self, job: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(
-                &'c mut SqliteConnection,
-            ) -> Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>
-            + Send
-            + 'static,
+        F: for<'c> FnOnce(Conn<'c>) -> Work<'c, T> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            Box::pin(async move {
-                let result = job(conn).await;
-                let deliver: Deliver = Box::new(move |commit: Option<&sqlx::Error>| {
-                    let result = match commit {
-                        None => result,
-                        Some(err) => Err(Error::Commit(err.to_string())),
-                    };
-                    let _ = tx.send(result);
+        match &self.writer {
+            Writer::Sqlite(writer) => {
+                let (tx, rx) = oneshot::channel();
+                let job: Job = Box::new(move |conn| {
+                    Box::pin(async move {
+                        let result = match conn {
+                            Some(conn) => Some(job(Conn::Sqlite(conn)).await),
+                            None => None,
+                        };
+                        let deliver: Deliver = Box::new(move |commit: Option<&sqlx::Error>| {
+                            let result = match (commit, result) {
+                                (None, Some(result)) => result,
+                                (Some(err), _) => Err(Error::Commit(err.to_string())),
+                                (None, None) => Err(Error::Commit("the job did not run".into())),
+                            };
+                            let _ = tx.send(result);
+                        });
+                        deliver
+                    })
                 });
-                deliver
-            })
-        });
-        self.writer.send(job).map_err(|_| Error::WriterStopped)?;
-        rx.await.map_err(|_| Error::WriterStopped)?
+                writer.send(job).map_err(|_| Error::WriterStopped)?;
+                rx.await.map_err(|_| Error::WriterStopped)?
+            }
+            Writer::Postgres(pool) => {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut tx = pool.begin().await?;
+                    let result = job(Conn::Postgres(&mut tx)).await;
+                    match result {
+                        Ok(value) => {
+                            tx.commit()
+                                .await
+                                .map_err(|err| Error::Commit(err.to_string()))?;
+                            Ok(value)
+                        }
+                        Err(err) => {
+                            // Dropping the transaction would roll it back too, later.
+                            let _ = tx.rollback().await;
+                            Err(err)
+                        }
+                    }
+                })
+                .await
+                .map_err(|_| Error::WriterStopped)?
+            }
+        }
     }
+
+    /// One statement on the writing side, its rows.
+    async fn write_all(&self, statement: Statement) -> Result<Vec<Row>> {
+        self.write(move |mut conn| Box::pin(async move { conn.fetch_all(statement).await }))
+            .await
+    }
+
+    /// One statement on the writing side, its row if any.
+    async fn write_optional(&self, statement: Statement) -> Result<Option<Row>> {
+        self.write(move |mut conn| Box::pin(async move { conn.fetch_optional(statement).await }))
+            .await
+    }
+
+    /// One statement on the writing side, how many rows it changed.
+    async fn write_execute(&self, statement: Statement) -> Result<u64> {
+        self.write(move |mut conn| Box::pin(async move { conn.execute(statement).await }))
+            .await
+    }
+}
+
+/// Takes the lock file beside an SQLite database (`<file>.lock`) for as long as the returned
+/// file is open (the process's life, in practice: the kernel drops the lock when the process
+/// dies, even by SIGKILL), or refuses with the pid of the scheduler that holds it. Two
+/// processes on one file would each run their own reconciler and watchers and miss each
+/// other's changes.
+fn lock_file(database: &Path) -> Result<File> {
+    let mut name = database.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let mut file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|err| {
+            Error::StoreOpen(format!("cannot open lock file {}: {err}", path.display()))
+        })?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let holder = if holder.is_empty() {
+                "unknown".to_owned()
+            } else {
+                holder.to_owned()
+            };
+            return Err(Error::StoreOpen(format!(
+                "database {} is in use by another scheduler (pid {holder}; lock file {})",
+                database.display(),
+                path.display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(err)) => {
+            return Err(Error::StoreOpen(format!(
+                "cannot lock {}: {err}",
+                path.display()
+            )));
+        }
+    }
+    // Ours now: say who holds it, for the message above.
+    let pid = std::process::id();
+    let written = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{pid}"))
+        .and_then(|()| file.flush());
+    if let Err(err) = written {
+        tracing::warn!(error = %err, path = %path.display(), "cannot write the pid to the lock file");
+    }
+    Ok(file)
 }
 
 /// The writer task: takes every job waiting, runs them one after another in one transaction
 /// (group commit), then delivers their results. Under load this turns many small commits into
 /// few, and the connection never waits for a pool hand-over between jobs. A failing statement
 /// only fails its own job (SQLite rolls back just that statement); a failing commit fails the
-/// whole batch.
+/// whole batch, and a batch that cannot begin is not run at all: each of its callers gets the
+/// error (UNAVAILABLE, retryable), and nothing was written behind their backs.
 async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
@@ -208,13 +460,26 @@ async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedR
             None
         };
         let mut delivers = Vec::with_capacity(batch.len());
-        for job in batch.drain(..) {
-            delivers.push(job(&mut connection).await);
+        if let Some(err) = &begin {
+            tracing::error!(error = %err, jobs = batch.len(), "store batch cannot begin");
+            for job in batch.drain(..) {
+                delivers.push(job(None).await);
+            }
+            // In case the failure left a transaction open (it should not), end it, so the next
+            // batch can begin.
+            let _ = sqlx::query("ROLLBACK").execute(&mut connection).await;
+            for deliver in delivers {
+                deliver(Some(err));
+            }
+            continue;
         }
-        let commit = match begin {
-            Some(err) => Some(err),
-            None if grouped => sqlx::query("COMMIT").execute(&mut connection).await.err(),
-            None => None,
+        for job in batch.drain(..) {
+            delivers.push(job(Some(&mut connection)).await);
+        }
+        let commit = if grouped {
+            sqlx::query("COMMIT").execute(&mut connection).await.err()
+        } else {
+            None
         };
         if let Some(err) = &commit {
             tracing::error!(error = %err, jobs = delivers.len(), "store commit failed");
@@ -235,169 +500,470 @@ fn parse_status(text: &str) -> Result<Status> {
     Status::from_str(text).map_err(Error::Corrupt)
 }
 
-fn session_from_row(row: &SqliteRow) -> Result<Session> {
-    let id: String = row.try_get("id")?;
-    let ip: String = row.try_get("source_ip")?;
+fn session_from_row(row: &Row) -> Result<Session> {
+    let id: String = row.get("id")?;
+    let ip: String = row.get("source_ip")?;
     Ok(Session {
         id: SessionId::from_str(&id).map_err(|err| Error::Corrupt(err.to_string()))?,
         source_ip: ip
             .parse()
             .map_err(|_| Error::Corrupt(format!("bad source ip `{ip}`")))?,
-        persistent: row.try_get("persistent")?,
-        created_at: Millis(row.try_get("created_at")?),
-        last_active: Millis(row.try_get("last_active")?),
+        persistent: row.flag("persistent")?,
+        created_at: Millis(row.int("created_at")?),
+        last_active: Millis(row.int("last_active")?),
     })
 }
 
-fn lesson_from_row(row: &SqliteRow) -> Result<LiveLesson> {
-    let id: String = row.try_get("id")?;
-    let session: String = row.try_get("session_id")?;
-    let endpoints: String = row.try_get("endpoints")?;
+fn lesson_from_row(row: &Row) -> Result<LiveLesson> {
+    let id: String = row.get("id")?;
+    let session: String = row.get("session_id")?;
+    let endpoints: String = row.get("endpoints")?;
+    let stage = row.int("stage")?;
     Ok(LiveLesson {
         id: parse_lesson_id(&id)?,
         session_id: SessionId::from_str(&session).map_err(|err| Error::Corrupt(err.to_string()))?,
-        lesson_slug: row.try_get("lesson_slug")?,
-        stage: row.try_get("stage")?,
-        generation: row.try_get::<i64, _>("generation")? as u64,
-        observed_generation: row.try_get::<i64, _>("observed_generation")? as u64,
-        status: parse_status(&row.try_get::<String, _>("status")?)?,
-        reason: row.try_get("reason")?,
-        deleting: row.try_get("deleting")?,
-        agent: row.try_get("agent")?,
-        handle: row.try_get("handle")?,
+        lesson_slug: row.get("lesson_slug")?,
+        stage: u32::try_from(stage)
+            .map_err(|_| Error::Corrupt(format!("stage {stage} of {id}")))?,
+        generation: row.int("generation")? as u64,
+        observed_generation: row.int("observed_generation")? as u64,
+        status: parse_status(&row.get::<String>("status")?)?,
+        reason: row.get("reason")?,
+        deleting: row.flag("deleting")?,
+        agent: row.get("agent")?,
+        handle: row.get("handle")?,
         endpoints: serde_json::from_str(&endpoints)
             .map_err(|err| Error::Corrupt(format!("endpoints of {id}: {err}")))?,
-        persistent: row.try_get("persistent")?,
-        created_at: Millis(row.try_get("created_at")?),
-        last_active: Millis(row.try_get("last_active")?),
+        persistent: row.flag("persistent")?,
+        created_at: Millis(row.int("created_at")?),
+        last_active: Millis(row.int("last_active")?),
     })
 }
 
 #[cfg(test)]
+pub(crate) mod testing;
+
+#[cfg(test)]
 mod tests {
     use std::net::IpAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use tokio::task::JoinSet;
+    use tonic::Code;
+
+    use super::testing::on_both;
     use super::*;
-
-    async fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
-        (dir, store)
-    }
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
-    #[tokio::test]
-    async fn session_limit_per_ip() {
-        let (_dir, store) = store().await;
-        let now = Millis(1_000);
-        store.create_session(IP, [1; 32], 2, now).await.unwrap();
-        store.create_session(IP, [2; 32], 2, now).await.unwrap();
-        let err = store.create_session(IP, [3; 32], 2, now).await.unwrap_err();
-        assert!(
-            matches!(err, Error::TooManySessions { limit: 2, .. }),
-            "{err}"
-        );
-        assert_eq!(store.sessions().await.unwrap().len(), 2);
-    }
+    on_both! {
+        async fn session_limit_per_ip(database, store) {
+            let now = Millis(1_000);
+            store.create_session(IP, [1; 32], 2, now).await.unwrap();
+            store.create_session(IP, [2; 32], 2, now).await.unwrap();
+            let err = store.create_session(IP, [3; 32], 2, now).await.unwrap_err();
+            assert!(
+                matches!(err, Error::TooManySessions { limit: 2, .. }),
+                "{err}"
+            );
+            assert_eq!(store.sessions().await.unwrap().len(), 2);
+        }
 
-    #[tokio::test]
-    async fn request_creates_touches_changes_and_retries() {
-        let (_dir, store) = store().await;
-        let session = store
-            .create_session(IP, [4; 32], 0, Millis(1))
-            .await
-            .unwrap();
-        let (first, outcome) = store
-            .request_live_lesson(session.id, "intro", 0, 3, Millis(2))
-            .await
-            .unwrap();
-        assert_eq!(outcome, Requested::Created);
-        assert_eq!((first.status, first.generation), (Status::Pending, 1));
+        async fn request_creates_touches_changes_and_retries(database, store) {
+            let session = store
+                .create_session(IP, [4; 32], 0, Millis(1))
+                .await
+                .unwrap();
+            let (first, outcome) = store
+                .request_live_lesson(session.id, "intro", 0, 3, Millis(2))
+                .await
+                .unwrap();
+            assert_eq!(outcome, Requested::Created);
+            assert_eq!((first.status, first.generation), (Status::Pending, 1));
 
-        let (again, outcome) = store
-            .request_live_lesson(session.id, "intro", 0, 3, Millis(3))
-            .await
-            .unwrap();
-        assert_eq!(outcome, Requested::Touched);
-        assert_eq!((again.id, again.last_active), (first.id, Millis(3)));
+            let (again, outcome) = store
+                .request_live_lesson(session.id, "intro", 0, 3, Millis(3))
+                .await
+                .unwrap();
+            assert_eq!(outcome, Requested::Touched);
+            assert_eq!((again.id, again.last_active), (first.id, Millis(3)));
+            // The request was activity on the session too (a trigger).
+            assert_eq!(store.session(session.id).await.unwrap().last_active, Millis(3));
 
-        // Still PENDING: a stage change must wait.
-        let err = store
-            .request_live_lesson(session.id, "intro", 1, 3, Millis(4))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::Busy { .. }), "{err}");
+            // Still PENDING: a stage change must wait.
+            let err = store
+                .request_live_lesson(session.id, "intro", 1, 3, Millis(4))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Busy { .. }), "{err}");
 
-        let ready = Observation {
-            endpoints: Some(vec![]),
-            handle: Some(b"h".to_vec()),
-            agent: Some("a".into()),
-            ..Observation::status(Status::Ready, "ready")
-        };
-        let observed = store
-            .observe(first.id, 1, ready, Millis(5))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(observed.observed_generation, 1);
-        assert_eq!(observed.agent.as_deref(), Some("a"));
-        assert!(!observed.needs_work());
-
-        let (changed, outcome) = store.set_stage(first.id, 1, Millis(6)).await.unwrap();
-        assert_eq!(outcome, Requested::Changed);
-        assert_eq!(
-            (changed.status, changed.generation, changed.stage),
-            (Status::Configuring, 2, 1)
-        );
-        // A stale observation for generation 1 is dropped.
-        let stale = Observation::status(Status::Failed, "late");
-        assert!(
-            store
-                .observe(first.id, 1, stale, Millis(7))
+            let ready = Observation {
+                endpoints: Some(vec![]),
+                handle: Some(b"h".to_vec()),
+                agent: Some("a".into()),
+                ..Observation::status(Status::Ready, "ready")
+            };
+            let observed = store
+                .observe(first.id, 1, ready, Millis(5))
                 .await
                 .unwrap()
-                .is_none()
+                .unwrap();
+            assert_eq!(observed.observed_generation, 1);
+            assert_eq!(observed.agent.as_deref(), Some("a"));
+            assert_eq!(observed.handle, b"h");
+            assert!(!observed.needs_work());
+
+            let (changed, outcome) = store.set_stage(first.id, 1, Millis(6)).await.unwrap();
+            assert_eq!(outcome, Requested::Changed);
+            assert_eq!(
+                (changed.status, changed.generation, changed.stage),
+                (Status::Configuring, 2, 1)
+            );
+            // A stale observation for generation 1 is dropped.
+            let stale = Observation::status(Status::Failed, "late");
+            assert!(
+                store
+                    .observe(first.id, 1, stale, Millis(7))
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            let events = store.events(first.id).await.unwrap();
+            let statuses: Vec<_> = events.iter().map(|e| e.status).collect();
+            assert_eq!(
+                statuses,
+                [Status::Pending, Status::Ready, Status::Configuring]
+            );
+            assert_eq!(events[2].stage, 1);
+            assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
+
+            // Persistence follows the session (a trigger) and shows in the counts.
+            store.persist_session(session.id, true).await.unwrap();
+            assert!(store.live_lesson(first.id).await.unwrap().persistent);
+            let counts = store.counts().await.unwrap();
+            assert_eq!((counts.sessions, counts.persistent_sessions), (1, 1));
+            assert_eq!(counts.statuses, [("CONFIGURING".to_owned(), 1)]);
+            assert_eq!(store.unsettled().await.unwrap(), [first.id]);
+            assert_eq!(store.on_agent("a").await.unwrap(), [first.id]);
+            assert_eq!(store.agent_loads().await.unwrap(), [("a".to_owned(), 1)]);
+        }
+
+        async fn live_lesson_limit_and_expiry(database, store) {
+            let session = store
+                .create_session(IP, [5; 32], 0, Millis(1))
+                .await
+                .unwrap();
+            store
+                .request_live_lesson(session.id, "a", 0, 1, Millis(2))
+                .await
+                .unwrap();
+            let err = store
+                .request_live_lesson(session.id, "b", 0, 1, Millis(2))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::TooManyLiveLessons { .. }), "{err}");
+
+            let expired = store.expire_sessions(Millis(10), Millis(11)).await.unwrap();
+            assert_eq!(expired.len(), 1);
+            assert!(expired[0].deleting);
+            assert!(matches!(
+                store.session(session.id).await,
+                Err(Error::SessionNotFound(_))
+            ));
+            store.forget(expired[0].id).await.unwrap();
+            // The expired session went with its last live lesson.
+            assert!(store.sessions().await.unwrap().is_empty());
+            let raw: i64 = store
+                .reader
+                .fetch_one(Statement::new("SELECT COUNT(*) FROM sessions"))
+                .await
+                .unwrap()
+                .at(0)
+                .unwrap();
+            assert_eq!(raw, 0);
+            // Forgetting was the last event.
+            let events = store.events(expired[0].id).await.unwrap();
+            assert_eq!(events.last().map(|e| e.detail.as_str()), Some("removed"));
+        }
+
+        async fn idle_live_lessons_expire_and_events_are_pruned(database, store) {
+            let session = store
+                .create_session(IP, [6; 32], 0, Millis(1))
+                .await
+                .unwrap();
+            let (idle, _) = store
+                .request_live_lesson(session.id, "idle", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            let (busy, _) = store
+                .request_live_lesson(session.id, "busy", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            store.heartbeat(busy.id, Millis(20)).await.unwrap();
+            let expired = store.expire_live_lessons(Millis(10), Millis(21)).await.unwrap();
+            assert_eq!(expired.iter().map(|l| l.id).collect::<Vec<_>>(), [idle.id]);
+            assert_eq!(expired[0].status, Status::Terminating);
+            assert!(store.exists(idle.id).await.unwrap());
+            // Marking again is not an error and changes nothing.
+            let again = store.mark_deleting(idle.id, "deleted", Millis(22)).await.unwrap();
+            assert_eq!(again.generation, expired[0].generation);
+            store.forget(idle.id).await.unwrap();
+            assert!(!store.exists(idle.id).await.unwrap());
+            assert!(store.prune_events(Millis(1_000_000_000_000_000)).await.unwrap() >= 3);
+            assert!(store.events(idle.id).await.unwrap().is_empty());
+            assert!(!store.events(busy.id).await.unwrap().is_empty());
+        }
+
+        async fn filters_agents_and_audit(database, store) {
+            let session = store
+                .create_session(IP, [8; 32], 0, Millis(1))
+                .await
+                .unwrap();
+            let (a, _) = store
+                .request_live_lesson(session.id, "a", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            store
+                .request_live_lesson(session.id, "b", 0, 0, Millis(3))
+                .await
+                .unwrap();
+            let only_a = LessonFilter {
+                lesson_slug: Some("a".into()),
+                ..LessonFilter::default()
+            };
+            let found = store.live_lessons(&only_a).await.unwrap();
+            assert_eq!(found.iter().map(|l| l.id).collect::<Vec<_>>(), [a.id]);
+            let pending = LessonFilter {
+                status: Some(Status::Pending),
+                ..LessonFilter::default()
+            };
+            assert_eq!(store.live_lessons(&pending).await.unwrap().len(), 2);
+            assert_eq!(store.session_live_lessons(session.id).await.unwrap().len(), 2);
+
+            assert_eq!(store.agent_instance("x").await.unwrap(), None);
+            store.set_agent_instance("x", "i1", Millis(4)).await.unwrap();
+            store.set_agent_instance("x", "i2", Millis(5)).await.unwrap();
+            assert_eq!(store.agent_instance("x").await.unwrap().as_deref(), Some("i2"));
+
+            store.audit(Millis(6), "token:ops", "KillLiveLesson", "x", "ok").await.unwrap();
+            store.audit(Millis(7), "anonymous", "ListAgents", "", "unauthenticated").await.unwrap();
+            let log = store.audit_log(1).await.unwrap();
+            assert_eq!(log.len(), 1);
+            assert_eq!((log[0].identity.as_str(), log[0].at), ("anonymous", Millis(7)));
+            let token = [8; 32];
+            assert_eq!(store.session_by_token(token).await.unwrap(), Some(session.id));
+        }
+
+        // The limits are checked inside the statement that inserts: writers racing each other
+        // (PostgreSQL runs them as concurrent transactions) can never exceed them.
+        async fn limits_hold_under_concurrent_writers(database, store) {
+            let mut sessions = JoinSet::new();
+            for i in 0..24u8 {
+                let store = store.clone();
+                sessions.spawn(async move {
+                    store.create_session(IP, [100 + i; 32], 5, Millis(1)).await
+                });
+            }
+            let mut created = Vec::new();
+            while let Some(result) = sessions.join_next().await {
+                match result.unwrap() {
+                    Ok(session) => created.push(session),
+                    Err(err) => assert!(matches!(err, Error::TooManySessions { .. }), "{err}"),
+                }
+            }
+            assert_eq!(created.len(), 5);
+            assert_eq!(store.sessions().await.unwrap().len(), 5);
+
+            let session = created[0].id;
+            let mut lessons = JoinSet::new();
+            for i in 0..24 {
+                let store = store.clone();
+                lessons.spawn(async move {
+                    store
+                        .request_live_lesson(session, &format!("l{}", i % 12), 0, 3, Millis(2))
+                        .await
+                });
+            }
+            while let Some(result) = lessons.join_next().await {
+                if let Err(err) = result.unwrap() {
+                    assert!(matches!(err, Error::TooManyLiveLessons { .. }), "{err}");
+                }
+            }
+            assert_eq!(store.session_live_lessons(session).await.unwrap().len(), 3);
+        }
+    }
+
+    /// A second process (or a second open in this one) on an SQLite file is refused, naming
+    /// the holder; closing the first lets it in.
+    #[tokio::test]
+    async fn an_sqlite_file_has_one_owner() {
+        let scratch = testing::Scratch::sqlite();
+        let first = Store::open(&scratch.database).await.unwrap();
+        let err = Store::open(&scratch.database).await.err().expect("refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("is in use by another scheduler")
+                && message.contains(&format!("(pid {}", std::process::id())),
+            "{message}"
         );
-        let events = store.events(first.id).await.unwrap();
-        let statuses: Vec<_> = events.iter().map(|e| e.status).collect();
+        first.close().await;
+        Store::open(&scratch.database).await.unwrap().close().await;
+    }
+
+    /// Another connection holds SQLite's write lock past the busy timeout: every caller is told
+    /// UNAVAILABLE (retryable), nothing was written behind their backs, and the same calls
+    /// succeed once the lock is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn writes_that_cannot_lock_are_unavailable_and_leave_nothing() {
+        let scratch = testing::Scratch::sqlite();
+        let Database::Sqlite(path) = &scratch.database else {
+            unreachable!()
+        };
+        let store = Store::open_sqlite(path, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let session = store
+            .create_session(IP, [9; 32], 0, Millis(1))
+            .await
+            .unwrap();
+        let mut other = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(path))
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+        let mut calls = JoinSet::new();
+        for i in 0..16 {
+            let store = store.clone();
+            calls.spawn(async move {
+                store
+                    .request_live_lesson(session.id, &format!("l{i}"), 0, 0, Millis(2))
+                    .await
+            });
+        }
+        while let Some(result) = calls.join_next().await {
+            let err = result
+                .unwrap()
+                .expect_err("no write while the lock is held");
+            assert_eq!(err.code(), Code::Unavailable, "{err}");
+        }
+        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+        assert!(
+            store
+                .session_live_lessons(session.id)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(store.unsettled().await.unwrap().is_empty());
+        let (lesson, outcome) = store
+            .request_live_lesson(session.id, "l0", 0, 0, Millis(3))
+            .await
+            .unwrap();
         assert_eq!(
-            statuses,
-            [Status::Pending, Status::Ready, Status::Configuring]
+            (outcome, lesson.status),
+            (Requested::Created, Status::Pending)
         );
     }
 
+    /// A batch whose BEGIN fails runs none of its jobs (they would otherwise each commit on
+    /// their own while their callers are told the batch failed), and the writer goes on.
     #[tokio::test]
-    async fn live_lesson_limit_and_expiry() {
-        let (_dir, store) = store().await;
-        let session = store
-            .create_session(IP, [5; 32], 0, Millis(1))
+    async fn a_batch_that_cannot_begin_runs_nothing() {
+        let scratch = testing::Scratch::sqlite();
+        let Database::Sqlite(path) = &scratch.database else {
+            unreachable!()
+        };
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        let mut connection = SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::query("CREATE TABLE t (n INTEGER)")
+            .execute(&mut connection)
             .await
             .unwrap();
-        store
-            .request_live_lesson(session.id, "a", 0, 1, Millis(2))
+        // A transaction already open makes the batch's BEGIN IMMEDIATE fail.
+        sqlx::query("BEGIN").execute(&mut connection).await.unwrap();
+        let (writer, jobs) = mpsc::unbounded_channel();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let mut results = Vec::new();
+        for _ in 0..3 {
+            let (job, result) = counting_job(ran.clone());
+            writer.send(job).unwrap();
+            results.push(result);
+        }
+        let (job, last) = counting_job(ran.clone());
+        let writer_task = tokio::spawn(write_loop(connection, jobs));
+        for result in results {
+            let err = result.await.unwrap().unwrap_err();
+            assert_eq!(err.code(), Code::Unavailable, "{err}");
+        }
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            0,
+            "no job of the failed batch ran"
+        );
+        // The writer recovered: the next job runs and commits.
+        writer.send(job).unwrap();
+        last.await.unwrap().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        drop(writer);
+        writer_task.await.unwrap();
+        let mut check = SqliteConnection::connect_with(&options).await.unwrap();
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM t")
+            .fetch_one(&mut check)
             .await
             .unwrap();
-        let err = store
-            .request_live_lesson(session.id, "b", 0, 1, Millis(2))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::TooManyLiveLessons { .. }), "{err}");
+        assert_eq!(rows, 1);
+    }
 
-        let expired = store.expire_sessions(Millis(10), Millis(11)).await.unwrap();
-        assert_eq!(expired.len(), 1);
-        assert!(expired[0].deleting);
-        assert!(matches!(
-            store.session(session.id).await,
-            Err(Error::SessionNotFound(_))
-        ));
-        store.forget(expired[0].id).await.unwrap();
-        // The expired session went with its last live lesson.
-        assert!(store.sessions().await.unwrap().is_empty());
-        let raw: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sessions")
-            .fetch_one(&store.reader)
-            .await
-            .unwrap();
-        assert_eq!(raw, 0);
+    /// A job inserting a row into `t` and counting its runs, and where its result arrives.
+    fn counting_job(ran: Arc<AtomicUsize>) -> (Job, oneshot::Receiver<Result<()>>) {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            Box::pin(async move {
+                let result = match conn {
+                    Some(conn) => {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        sqlx::query("INSERT INTO t (n) VALUES (1)")
+                            .execute(conn)
+                            .await
+                            .map(|_| ())
+                            .map_err(Error::from)
+                    }
+                    None => Ok(()),
+                };
+                let deliver: Deliver = Box::new(move |failed| {
+                    let _ = tx.send(match failed {
+                        Some(err) => Err(Error::Commit(err.to_string())),
+                        None => result,
+                    });
+                });
+                deliver
+            })
+        });
+        (job, rx)
+    }
+
+    #[test]
+    fn database_settings_select_the_backend_and_hide_passwords() {
+        assert_eq!(
+            Database::parse("/var/lib/antidote/antidote.db"),
+            Database::Sqlite("/var/lib/antidote/antidote.db".into())
+        );
+        let url = "postgres://antidote:s3cret@db.example:5432/antidote?sslmode=require";
+        assert_eq!(Database::parse(url), Database::Postgres(url.into()));
+        let shown = format!("{:?} {}", Database::parse(url), Database::parse(url));
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("postgres://antidote:***@db.example:5432/antidote"),
+            "{shown}"
+        );
+        assert_eq!(
+            Database::parse("postgresql://h/db").to_string(),
+            "postgresql://h/db"
+        );
     }
 }

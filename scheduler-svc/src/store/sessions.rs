@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use super::backend::Statement;
 use super::{Result, SESSION_COLUMNS, Store, session_from_row};
 use crate::error::Error;
 use crate::model::{Millis, Session, SessionId};
@@ -9,7 +10,8 @@ use crate::model::{Millis, Session, SessionId};
 impl Store {
     /// Records a new session for `ip` whose token hashes to `token_hash`, unless the address's
     /// network ([`network`]) already holds `limit` live sessions (0 = no limit). One statement:
-    /// the check and the insert cannot be split by another writer.
+    /// the check and the insert cannot be split by another writer (on PostgreSQL, writers for
+    /// the same network take turns: the count is taken after the previous one committed).
     pub async fn create_session(
         &self,
         ip: IpAddr,
@@ -24,28 +26,30 @@ impl Store {
             created_at: now,
             last_active: now,
         };
-        let done = self
-            .write(move |conn| {
+        let net = network(ip);
+        let insert = Statement::new(
+            "INSERT INTO sessions (id, source_ip, source_net, token_hash, persistent, \
+             created_at, last_active) \
+             SELECT $1, $2, $5, $6, 0, $3, $3 WHERE $4 = 0 OR \
+             (SELECT COUNT(*) FROM sessions WHERE source_net = $5 AND expired = 0) < $4",
+        )
+        .bind(session.id.to_string())
+        .bind(ip.to_string())
+        .bind(now.0)
+        .bind(limit)
+        .bind(net.clone())
+        .bind(token_hash.to_vec());
+        let inserted = self
+            .write(move |mut conn| {
                 Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO sessions (id, source_ip, source_net, token_hash, persistent, \
-                         created_at, last_active) \
-                         SELECT ?1, ?2, ?5, ?6, 0, ?3, ?3 WHERE ?4 = 0 OR \
-                         (SELECT COUNT(*) FROM sessions WHERE source_net = ?5 AND expired = 0) < ?4",
-                    )
-                    .bind(session.id.to_string())
-                    .bind(ip.to_string())
-                    .bind(now.0)
-                    .bind(limit)
-                    .bind(network(ip))
-                    .bind(token_hash.to_vec())
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(Error::from)
+                    if limit > 0 {
+                        conn.lock_name(&format!("sessions of {net}")).await?;
+                    }
+                    conn.execute(insert).await
                 })
             })
             .await?;
-        if done.rows_affected() == 0 {
+        if inserted == 0 {
             return Err(Error::TooManySessions { ip, limit });
         }
         Ok(session)
@@ -53,13 +57,16 @@ impl Store {
 
     /// The live session whose token hashes to `token_hash`.
     pub async fn session_by_token(&self, token_hash: [u8; 32]) -> Result<Option<SessionId>> {
-        let id: Option<String> =
-            sqlx::query_scalar("SELECT id FROM sessions WHERE token_hash = ? AND expired = 0")
-                .bind(token_hash.to_vec())
-                .fetch_optional(&self.reader)
-                .await?;
-        id.map(|id| {
-            id.parse()
+        let row = self
+            .reader
+            .fetch_optional(
+                Statement::new("SELECT id FROM sessions WHERE token_hash = $1 AND expired = 0")
+                    .bind(token_hash.to_vec()),
+            )
+            .await?;
+        row.map(|row| {
+            row.get::<String>("id")?
+                .parse()
                 .map_err(|err: crate::model::BadId| Error::Corrupt(err.to_string()))
         })
         .transpose()
@@ -67,12 +74,15 @@ impl Store {
 
     /// A live (unexpired) session.
     pub async fn session(&self, id: SessionId) -> Result<Session> {
-        let row = sqlx::query(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ? AND expired = 0"
-        ))
-        .bind(id.to_string())
-        .fetch_optional(&self.reader)
-        .await?;
+        let row = self
+            .reader
+            .fetch_optional(
+                Statement::new(format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND expired = 0"
+                ))
+                .bind(id.to_string()),
+            )
+            .await?;
         row.map(|row| session_from_row(&row))
             .transpose()?
             .ok_or(Error::SessionNotFound(id))
@@ -80,30 +90,26 @@ impl Store {
 
     /// Every live session, oldest first.
     pub async fn sessions(&self) -> Result<Vec<Session>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE expired = 0 ORDER BY created_at, id"
-        ))
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self
+            .reader
+            .fetch_all(Statement::new(format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE expired = 0 ORDER BY created_at, id"
+            )))
+            .await?;
         rows.iter().map(session_from_row).collect()
     }
 
     /// Sets or clears a session's persistent flag (a trigger copies it to its live lessons).
     pub async fn persist_session(&self, id: SessionId, persistent: bool) -> Result<Session> {
         let row = self
-            .write(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(&format!(
-                        "UPDATE sessions SET persistent = ? WHERE id = ? AND expired = 0 \
-             RETURNING {SESSION_COLUMNS}"
-                    ))
-                    .bind(persistent)
-                    .bind(id.to_string())
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(Error::from)
-                })
-            })
+            .write_optional(
+                Statement::new(format!(
+                    "UPDATE sessions SET persistent = $1 WHERE id = $2 AND expired = 0 \
+                     RETURNING {SESSION_COLUMNS}"
+                ))
+                .bind(i64::from(persistent))
+                .bind(id.to_string()),
+            )
             .await?;
         row.map(|row| session_from_row(&row))
             .transpose()?

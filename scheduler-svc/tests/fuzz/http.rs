@@ -29,7 +29,7 @@ use scheduler_svc::agents::Fleet;
 use scheduler_svc::api::http::{self, ROUTES, Route, Surface};
 use scheduler_svc::api::{Api, Watches};
 use scheduler_svc::catalog::{Catalog, Tier};
-use scheduler_svc::drive::{Hub, Reconciler};
+use scheduler_svc::drive::{Hub, Reconciler, Roster};
 use scheduler_svc::metrics::Metrics;
 use scheduler_svc::settings::Config;
 use scheduler_svc::store::Store;
@@ -71,10 +71,22 @@ static SERVER: LazyLock<Server> = LazyLock::new(|| {
     let hub = Arc::new(Hub::default());
     // Never started: requests only enqueue, and no generated request names a live lesson
     // that exists.
+    let roster = Arc::new(
+        runtime
+            .block_on(Roster::new(
+                store.clone(),
+                fleet.clone(),
+                &config.agents,
+                config.reconciler.agent_grace,
+                metrics.clone(),
+            ))
+            .expect("roster"),
+    );
     let reconciler = Reconciler::new(
         store.clone(),
         catalog.clone(),
         fleet.clone(),
+        roster,
         hub.clone(),
         config.reconciler.clone(),
         config.instance_id.clone(),

@@ -43,6 +43,11 @@ struct Args {
     /// Reconciler workers in the scheduler.
     #[arg(long, default_value_t = 64)]
     workers: usize,
+    /// Instead of the baseline, compare two schedulers in the same run: one whose agent is
+    /// plaintext on loopback, one whose agent serves mTLS (certificates made here), alternating
+    /// rounds; prints plaintext/mTLS throughput (the cost of mTLS, goal ≤ 1.10).
+    #[arg(long)]
+    mtls: bool,
 }
 
 struct Stats {
@@ -64,6 +69,9 @@ fn stats(mut latencies: Vec<Duration>, elapsed: Duration) -> Stats {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.mtls {
+        return compare_mtls(&args).await;
+    }
     let dir = tempfile::tempdir()?;
     let agent_process = Process::spawn(
         &workspace_bin("test-agent"),
@@ -230,4 +238,109 @@ async fn direct(
         })
         .await?;
     Ok(latency)
+}
+
+/// A null test agent (over mTLS when `tls`) and a scheduler driving it, in `dir`; returns them
+/// with `args.connections` clients, warmed up by one lifecycle.
+async fn null_pair(
+    args: &Args,
+    dir: &std::path::Path,
+    tls: bool,
+) -> anyhow::Result<(Process, Scheduler, Vec<Clients>)> {
+    use antidote_tests::pki::{Ca, Validity};
+    let path = |name: &str| dir.join(name).display().to_string();
+    let mut agent_args = vec!["--null".to_owned()];
+    let mut entry = String::new();
+    if tls {
+        let (agents_ca, scheduler_ca) = (Ca::new("agents CA"), Ca::new("scheduler CA"));
+        agents_ca.write(&dir.join("agents-ca.pem"));
+        scheduler_ca.write(&dir.join("scheduler-ca.pem"));
+        let until = Validity::Until(2040, 1, 1);
+        agents_ca
+            .issue(&["agent.loadgen.test"], until)
+            .write(&dir.join("agent.crt"), &dir.join("agent.key"));
+        scheduler_ca
+            .issue(&["spiffe://loadgen.test/scheduler"], until)
+            .write(&dir.join("scheduler.crt"), &dir.join("scheduler.key"));
+        agent_args.extend([
+            "--tls-cert".into(),
+            path("agent.crt"),
+            "--tls-key".into(),
+            path("agent.key"),
+            "--tls-client-ca".into(),
+            path("scheduler-ca.pem"),
+            "--tls-require-identity".into(),
+            "spiffe://loadgen.test/scheduler".into(),
+        ]);
+        entry = format!(
+            "tls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\", server_name = \"agent.loadgen.test\" }}\n",
+            path("agents-ca.pem"),
+            path("scheduler.crt"),
+            path("scheduler.key")
+        );
+    }
+    let agent = Process::spawn(
+        &workspace_bin("test-agent"),
+        &agent_args,
+        dir.join("agent.log"),
+    )
+    .await?;
+    let config = format!(
+        "instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
+         [[agents]]\nname = \"null\"\naddress = \"{}://{}\"\n{entry}",
+        example_curriculum().display(),
+        args.workers,
+        if tls { "https" } else { "http" },
+        agent.addr,
+    );
+    let scheduler = Scheduler::start(dir, &config).await?;
+    let mut clients = Vec::new();
+    for _ in 0..args.connections {
+        clients.push(
+            Clients::connect(scheduler.process.addr, scheduler.process.extra["admin"]).await?,
+        );
+    }
+    lifecycle(&clients[0], &args.lesson).await?;
+    Ok((agent, scheduler, clients))
+}
+
+/// `--mtls`: plaintext and mTLS schedulers side by side, rounds alternating.
+async fn compare_mtls(args: &Args) -> anyhow::Result<()> {
+    let (plain_dir, tls_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (_plain_agent, _plain, plain) = null_pair(args, plain_dir.path(), false).await?;
+    let (_tls_agent, _tls, tls) = null_pair(args, tls_dir.path(), true).await?;
+    println!(
+        "loadgen --mtls: {} lifecycles per round, concurrency {}, {} rounds, lesson {}",
+        args.lifecycles, args.concurrency, args.rounds, args.lesson
+    );
+    let mut ratios = Vec::new();
+    for round in 1..=args.rounds {
+        let mut rates = Vec::new();
+        for clients in [&plain, &tls] {
+            let measured = run(args, |i| {
+                let clients = clients[i % clients.len()].clone();
+                let lesson = args.lesson.clone();
+                async move { lifecycle(&clients, &lesson).await }
+            })
+            .await?;
+            rates.push(measured);
+        }
+        let ratio = rates[0].per_second / rates[1].per_second;
+        println!(
+            "round {round}: plaintext {:>8.0} lifecycles/s p99 {:>6.2} ms | mTLS {:>8.0} lifecycles/s \
+             p99 {:>6.2} ms | plaintext/mTLS throughput {ratio:.3}",
+            rates[0].per_second,
+            ms(rates[0].p99),
+            rates[1].per_second,
+            ms(rates[1].p99),
+        );
+        ratios.push(ratio);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "median: plaintext/mTLS throughput {:.3} (goal <= 1.10)",
+        ratios[ratios.len() / 2]
+    );
+    Ok(())
 }

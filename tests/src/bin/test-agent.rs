@@ -92,6 +92,22 @@ struct Args {
     /// How long a presentation may take to answer its probe before the live lesson FAILs.
     #[arg(long, default_value = "60s", value_parser = humantime_duration)]
     probe_timeout: Duration,
+    /// A label offered in the handshake, `KEY=VALUE` (repeatable), for placement.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
+    labels: Vec<(String, String)>,
+    /// mTLS: the agent's certificate, key and the scheduler's CA (`--tls-*`).
+    #[command(flatten)]
+    tls: sdk::tls::TlsArgs,
+    /// Dial in to the scheduler (`--connect URL`) instead of listening.
+    #[command(flatten)]
+    connect: sdk::dial::ConnectArgs,
+}
+
+fn label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("label `{text}` should be KEY=VALUE")),
+    }
 }
 
 fn humantime_duration(text: &str) -> Result<Duration, String> {
@@ -366,6 +382,7 @@ impl Backend for Loopback {
         }
         description.majors = self.args.majors.clone();
         description.max_live_lessons = self.args.max_live_lessons;
+        description.labels.extend(self.args.labels.iter().cloned());
         description
     }
 
@@ -528,7 +545,14 @@ async fn serve_presentation(
 async fn main() -> anyhow::Result<()> {
     let telemetry = sdk::trace::init_logging("test-agent")?;
     let args = Args::parse();
-    let listener = TcpListener::bind(args.listen).await?;
+    // With --connect the agent dials in and opens no listening socket at all.
+    let transport: sdk::Transport = match args.connect.dial_in(&args.tls)? {
+        Some(dial) => dial.into(),
+        None => args
+            .tls
+            .listener(TcpListener::bind(args.listen).await?)?
+            .into(),
+    };
     let metrics = sdk::metrics::bind(args.metrics_listen).await?;
     if let Some(dir) = &args.state_dir {
         std::fs::create_dir_all(dir)?;
@@ -538,8 +562,8 @@ async fn main() -> anyhow::Result<()> {
         entries: Mutex::new(HashMap::new()),
     });
     let shutdown = sdk::shutdown_signal();
-    println!("listening on {}", listener.local_addr()?);
-    sdk::run(agent, listener, metrics, telemetry, shutdown)
+    println!("{}", transport.announce());
+    sdk::run(agent, transport, metrics, telemetry, shutdown)
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }

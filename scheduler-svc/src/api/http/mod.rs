@@ -208,7 +208,11 @@ pub const ROUTES: &[Route] = &[
         "LiveLessonService.GetLiveLesson",
         "GetLiveLessonRequest",
         "LiveLesson",
-        |api, call| unary(api, call, |api, request| api.get_live_lesson(request)),
+        |api, call| {
+            unary(api, call, |api, request| {
+                LiveLessonService::get_live_lesson(api, request)
+            })
+        },
     ),
     Route {
         stream: true,
@@ -304,6 +308,34 @@ pub const ROUTES: &[Route] = &[
         "PlanRequest",
         "PlanResponse",
         |api, call| unary(api, call, |api, request| api.plan(request)),
+    ),
+    route(
+        "GET",
+        "/v1/admin/live-lessons/{id}",
+        "AdminService.GetLiveLesson",
+        "AdminGetLiveLessonRequest",
+        "AdminLiveLesson",
+        |api, call| {
+            unary(api, call, |api, request| {
+                AdminService::get_live_lesson(api, request)
+            })
+        },
+    ),
+    route(
+        "POST",
+        "/v1/admin/agents/{name}/drain",
+        "AdminService.DrainAgent",
+        "DrainAgentRequest",
+        "Agent",
+        |api, call| unary(api, call, |api, request| api.drain_agent(request)),
+    ),
+    route(
+        "POST",
+        "/v1/admin/agents/{name}/resume",
+        "AdminService.ResumeAgent",
+        "ResumeAgentRequest",
+        "Agent",
+        |api, call| unary(api, call, |api, request| api.resume_agent(request)),
     ),
     route(
         "GET",

@@ -92,6 +92,7 @@ pub async fn request(
     session: String,
     stage: u32,
     no_follow: bool,
+    placement: Option<api::PlacementPreference>,
 ) -> Result<()> {
     let live = c
         .lessons
@@ -101,6 +102,7 @@ pub async fn request(
                 session_id: session.clone(),
                 lesson_slug: lesson,
                 stage,
+                placement,
             },
             &session,
         ))
@@ -246,6 +248,63 @@ pub async fn admin_events(c: &Clients, out: &Printer, id: String) -> Result<()> 
         .into_inner();
     out.print(&answer, "ListEventsResponse", || {
         render::events_table(&answer.events)
+    });
+    Ok(())
+}
+
+/// `--require`/`--prefer` pairs as a placement preference (none when both are empty).
+pub fn placement(
+    requires: &[String],
+    prefers: &[String],
+) -> Result<Option<api::PlacementPreference>> {
+    if requires.is_empty() && prefers.is_empty() {
+        return Ok(None);
+    }
+    let pairs = |flag: &str, items: &[String]| {
+        items
+            .iter()
+            .map(|item| match item.split_once('=') {
+                Some((key, value)) if !key.is_empty() && !value.is_empty() => {
+                    Ok((key.to_owned(), value.to_owned()))
+                }
+                _ => Err(Failure(format!("--{flag} `{item}` should be KEY=VALUE"))),
+            })
+            .collect::<Result<_>>()
+    };
+    Ok(Some(api::PlacementPreference {
+        requires: pairs("require", requires)?,
+        prefers: pairs("prefer", prefers)?,
+    }))
+}
+
+pub async fn admin_show(c: &Clients, out: &Printer, id: String) -> Result<()> {
+    let answer = c
+        .admin
+        .clone()
+        .get_live_lesson(c.operator(api::AdminGetLiveLessonRequest { id }))
+        .await?
+        .into_inner();
+    out.print(&answer, "AdminLiveLesson", || {
+        render::admin_live_lesson(&answer)
+    });
+    Ok(())
+}
+
+/// Drains an agent (`drain`) or resumes it, and prints it.
+pub async fn admin_drain(c: &Clients, out: &Printer, name: String, drain: bool) -> Result<()> {
+    let mut admin = c.admin.clone();
+    let agent = if drain {
+        admin
+            .drain_agent(c.operator(api::DrainAgentRequest { name }))
+            .await?
+    } else {
+        admin
+            .resume_agent(c.operator(api::ResumeAgentRequest { name }))
+            .await?
+    }
+    .into_inner();
+    out.print(&agent, "Agent", || {
+        render::agents_table(std::slice::from_ref(&agent))
     });
     Ok(())
 }

@@ -106,6 +106,12 @@ enum Command {
         /// Print the answer and return at once instead of following.
         #[arg(long)]
         no_follow: bool,
+        /// A label (`key=value`) the agent must carry; repeatable.
+        #[arg(long = "require", value_name = "KEY=VALUE")]
+        requires: Vec<String>,
+        /// A label (`key=value`) the agent should carry; repeatable.
+        #[arg(long = "prefer", value_name = "KEY=VALUE")]
+        prefers: Vec<String>,
     },
     /// Follow a live lesson until READY or FAILED.
     Watch {
@@ -214,6 +220,21 @@ enum Admin {
         /// The live lesson id.
         id: String,
     },
+    /// One live lesson with its placement: the agent chosen and why.
+    Show {
+        /// The live lesson id.
+        id: String,
+    },
+    /// Place no new live lessons on an agent; those it holds stay until they end.
+    Drain {
+        /// The agent's name.
+        agent: String,
+    },
+    /// Let placement choose a drained agent again.
+    Resume {
+        /// The agent's name.
+        agent: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -277,7 +298,12 @@ async fn run(cli: Cli) -> Result<()> {
             session,
             stage,
             no_follow,
-        } => commands::request(&c, &out, lesson, session, stage, no_follow).await,
+            requires,
+            prefers,
+        } => {
+            let placement = commands::placement(&requires, &prefers)?;
+            commands::request(&c, &out, lesson, session, stage, no_follow, placement).await
+        }
         Command::Watch { id } => commands::watch(&c, &out, id).await,
         Command::Get { id } => commands::get(&c, &out, id).await,
         Command::Stage {
@@ -298,6 +324,13 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Admin(Admin::Sessions) => commands::admin_sessions(&c, &out).await,
         Command::Admin(Admin::Events { id }) => commands::admin_events(&c, &out, id).await,
+        Command::Admin(Admin::Show { id }) => commands::admin_show(&c, &out, id).await,
+        Command::Admin(Admin::Drain { agent }) => {
+            commands::admin_drain(&c, &out, agent, true).await
+        }
+        Command::Admin(Admin::Resume { agent }) => {
+            commands::admin_drain(&c, &out, agent, false).await
+        }
         Command::Agents(Agents::List) => commands::agents_list(&c, &out).await,
     }
 }

@@ -301,6 +301,50 @@ pub fn events_table(events: &[api::Event]) -> String {
     )
 }
 
+/// Labels as `k=v,k=v`, sorted.
+fn labels(labels: &std::collections::HashMap<String, String>) -> String {
+    let mut pairs: Vec<_> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    pairs.join(",")
+}
+
+/// A live lesson with its placement, for operators.
+pub fn admin_live_lesson(answer: &api::AdminLiveLesson) -> String {
+    let mut text = answer
+        .live_lesson
+        .as_ref()
+        .map(live_lesson)
+        .unwrap_or_default();
+    let Some(p) = &answer.placement else {
+        text.push_str("\nplacement: never placed\n");
+        return text;
+    };
+    text.push_str(&format!(
+        "\nplacement: {}\nrequires: {}  prefers: {}  matched: {}\ndecided: {}\n",
+        if p.agent.is_empty() { "-" } else { &p.agent },
+        labels(&p.requires),
+        labels(&p.prefers),
+        labels(&p.matched),
+        time(p.decided_at.as_ref()),
+    ));
+    if !p.moved_from.is_empty() {
+        text.push_str(&format!("moved from lost agent: {}\n", p.moved_from));
+    }
+    if !p.reason.is_empty() {
+        text.push_str(&format!("why: {}\n", p.reason));
+    }
+    if !p.excluded.is_empty() {
+        text.push('\n');
+        text.push_str(&table(
+            ["AGENT", "NOT CHOSEN BECAUSE"],
+            p.excluded
+                .iter()
+                .map(|e| vec![e.agent.clone(), e.reason.clone()]),
+        ));
+    }
+    text
+}
+
 pub fn agents_table(agents: &[api::Agent]) -> String {
     table(
         [
@@ -310,7 +354,9 @@ pub fn agents_table(agents: &[api::Agent]) -> String {
             "KIND",
             "VERSION",
             "LOAD",
+            "LABELS",
             "CAPABILITIES",
+            "PEER CERT",
             "LAST ERROR",
         ],
         agents.iter().map(|a| {
@@ -322,16 +368,42 @@ pub fn agents_table(agents: &[api::Agent]) -> String {
             } else {
                 format!("{}/{}", a.live_lessons, a.max_live_lessons)
             };
+            let state = if a.drained {
+                format!("{state} (drained)")
+            } else {
+                state.to_owned()
+            };
             vec![
                 a.name.clone(),
-                state.to_owned(),
+                state,
                 a.address.clone(),
                 a.kind.clone(),
                 a.build_version.clone(),
                 load,
+                labels(&a.labels),
                 a.capabilities.join(","),
-                a.last_error.clone(),
+                peer_cert(a),
+                if a.tls_error.is_empty() {
+                    a.last_error.clone()
+                } else {
+                    a.tls_error.clone()
+                },
             ]
         }),
+    )
+}
+
+/// The agent's mTLS certificate: the start of its SHA-256 and its expiry (empty: plaintext).
+fn peer_cert(a: &api::Agent) -> String {
+    if a.tls_peer_sha256.is_empty() {
+        return String::new();
+    }
+    let expires = match a.tls_peer_expires_at.as_ref() {
+        Some(at) => format!(" until {}", time(Some(at))),
+        None => String::new(),
+    };
+    format!(
+        "sha256:{}…{expires}",
+        a.tls_peer_sha256.get(..16).unwrap_or("")
     )
 }

@@ -99,14 +99,18 @@
 //! - `report`: outcomes, report lines and the summary.
 #![forbid(unsafe_code)]
 
+mod accept;
 mod checks;
 mod probe;
 mod report;
 mod suite;
 mod watcher;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use antidote_proto::sdk::tls;
 
 use clap::Parser;
 use clap::builder::PossibleValuesParser;
@@ -120,8 +124,15 @@ use crate::suite::{Settings, Suite};
 )]
 struct Args {
     /// The agent's address, e.g. http://127.0.0.1:7071.
-    #[arg(long, required_unless_present = "list")]
+    #[arg(long, required_unless_present_any = ["list", "accept_agent"])]
     agent: Option<String>,
+    /// Dial-in: listen here as a scheduler's agent intake (printing `intake listening on ADDR`)
+    /// and check the agent that dials in (`--connect https://ADDR`), over its connection.
+    /// Needs --tls-cert and --tls-key (the suite's server certificate) and --tls-ca (the CA of
+    /// the agent's client certificate); --tls-server-name, when given, is the identity the
+    /// agent's certificate must carry.
+    #[arg(long, value_name = "ADDR", conflicts_with = "agent", requires_all = ["tls_ca", "tls_cert", "tls_key"])]
+    accept_agent: Option<String>,
     /// Run only this check, after the checks it needs (repeatable; `--list` names them).
     #[arg(
         long = "check",
@@ -176,6 +187,20 @@ struct Args {
     /// waits for a handshake with a new instance id. Without it the restart checks are skipped.
     #[arg(long)]
     restart_cmd: Option<String>,
+    /// mTLS: the CA certificates (PEM) that sign the agent's certificate. With --tls-cert and
+    /// --tls-key, the suite connects as a scheduler would over mTLS (an `https://` --agent).
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// mTLS: the client certificate (PEM) the suite presents, one the agent accepts.
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// mTLS: its private key (PEM).
+    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
+    tls_key: Option<PathBuf>,
+    /// mTLS: the identity the agent's certificate must carry (a DNS name or a spiffe:// URI);
+    /// default: the host of --agent.
+    #[arg(long, requires = "tls_ca")]
+    tls_server_name: Option<String>,
 }
 
 #[tokio::main]
@@ -186,8 +211,33 @@ async fn main() -> ExitCode {
         checks::print_list(&selection);
         return ExitCode::SUCCESS;
     }
-    // clap requires --agent unless --list is given, and --list has returned above.
-    let Some(agent) = args.agent else {
+    if let Some(addr) = args.accept_agent.clone() {
+        // clap requires the three TLS flags with --accept-agent.
+        let (Some(ca), Some(cert), Some(key)) = (&args.tls_ca, &args.tls_cert, &args.tls_key)
+        else {
+            eprintln!(
+                "antidote-conformance: --accept-agent needs --tls-ca, --tls-cert and --tls-key"
+            );
+            return ExitCode::from(2);
+        };
+        let files = tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        };
+        let channel = match accept::channel(&addr, files, args.tls_server_name.as_deref()).await {
+            Ok(channel) => channel,
+            Err(err) => {
+                eprintln!("antidote-conformance: {err}");
+                return ExitCode::from(2);
+            }
+        };
+        println!("antidote-conformance: checking the agent that dialled in to {addr}");
+        return check(channel, args, &selection).await;
+    }
+    // clap requires --agent unless --list or --accept-agent is given, and both have returned
+    // above.
+    let Some(agent) = args.agent.clone() else {
         eprintln!("antidote-conformance: --agent is required");
         return ExitCode::from(2);
     };
@@ -200,14 +250,39 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let channel = match endpoint.connect().await {
-        Ok(channel) => channel,
-        Err(err) => {
-            eprintln!("antidote-conformance: cannot reach the agent at {agent}: {err}");
-            return ExitCode::from(2);
+    let channel = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let files = tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            };
+            match mtls_channel(&agent, endpoint, files, args.tls_server_name.as_deref()).await {
+                Ok(channel) => channel,
+                Err(err) => {
+                    eprintln!("antidote-conformance: cannot reach the agent at {agent}: {err}");
+                    return ExitCode::from(2);
+                }
+            }
         }
+        _ => match endpoint.connect().await {
+            Ok(channel) => channel,
+            Err(err) => {
+                eprintln!("antidote-conformance: cannot reach the agent at {agent}: {err}");
+                return ExitCode::from(2);
+            }
+        },
     };
     println!("antidote-conformance: checking the agent at {agent}");
+    check(channel, args, &selection).await
+}
+
+/// Runs the selected checks over `channel` and prints the report.
+async fn check(
+    channel: tonic::transport::Channel,
+    args: Args,
+    selection: &[&checks::Check],
+) -> ExitCode {
     let settings = Settings {
         image: args.image,
         http_port: args.http_port,
@@ -221,12 +296,41 @@ async fn main() -> ExitCode {
         restart_cmd: args.restart_cmd,
     };
     let mut suite = Suite::new(channel, settings, args.instance);
-    let report = checks::run(&mut suite, &selection).await;
+    let report = checks::run(&mut suite, selection).await;
     suite.clean_up().await;
     println!("{}", report.summary());
     if report.failed() == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// A channel to the agent over mTLS, proven by one health check: a refused handshake is an
+/// error naming why (the agent's certificate, or the agent refusing ours).
+async fn mtls_channel(
+    agent: &str,
+    endpoint: tonic::transport::Endpoint,
+    files: tls::TlsFiles,
+    server_name: Option<&str>,
+) -> Result<tonic::transport::Channel, String> {
+    let host = endpoint.uri().host().unwrap_or_default().to_owned();
+    let identity = tls::Identity::parse(server_name.unwrap_or(host.trim_matches(['[', ']'])))
+        .map_err(|err| err.to_string())?;
+    let client =
+        std::sync::Arc::new(tls::ClientTls::load(files, identity).map_err(|err| err.to_string())?);
+    if !agent.starts_with("https://") {
+        return Err("with --tls-* the agent's address must start with https://".into());
+    }
+    let channel = client.channel(endpoint);
+    let check = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await;
+    match check {
+        Ok(_) => Ok(channel),
+        Err(status) => Err(client
+            .status()
+            .failure
+            .unwrap_or_else(|| status.to_string())),
     }
 }

@@ -1,0 +1,359 @@
+//! The thin layer between the store's SQL and the two databases it runs on.
+//!
+//! The store's statements are written once, with `$N` placeholders (PostgreSQL's, which sqlx
+//! also maps to SQLite's numbered parameters), and bound through [`Statement`], whose values
+//! are the few types both drivers encode alike. Rows come back as [`Row`], decoded by column
+//! name into types both drivers decode alike, with [`Row::flag`] and [`Row::int`] absorbing the
+//! one schema difference (flags are SQLite integers and PostgreSQL `SMALLINT`s). What differs
+//! by behaviour rather than by syntax lives here too: [`Conn::lock_session`] and
+//! [`Conn::lock_name`] serialise the writes whose limit checks must not interleave (SQLite's
+//! single writer already does; PostgreSQL's concurrent transactions need a lock), and
+//! [`transient`] says which failures are worth a retry.
+
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
+
+use super::Result;
+use crate::model::SessionId;
+
+/// One value bound to a statement: the types both backends encode the same way.
+#[derive(Debug, Clone)]
+pub(super) enum Value {
+    /// A 64-bit integer (times, generations, stages, limits, flags).
+    Int(i64),
+    /// A boolean, only for expressions (`CASE WHEN $N`), never stored.
+    Bool(bool),
+    /// Text, or SQL NULL.
+    Text(Option<String>),
+    /// Bytes, or SQL NULL.
+    Bytes(Option<Vec<u8>>),
+}
+
+impl From<i64> for Value {
+    fn from(value: i64) -> Self {
+        Value::Int(value)
+    }
+}
+
+impl From<u32> for Value {
+    fn from(value: u32) -> Self {
+        Value::Int(i64::from(value))
+    }
+}
+
+impl From<bool> for Value {
+    fn from(value: bool) -> Self {
+        Value::Bool(value)
+    }
+}
+
+impl From<String> for Value {
+    fn from(value: String) -> Self {
+        Value::Text(Some(value))
+    }
+}
+
+impl From<&str> for Value {
+    fn from(value: &str) -> Self {
+        Value::Text(Some(value.to_owned()))
+    }
+}
+
+impl From<Option<String>> for Value {
+    fn from(value: Option<String>) -> Self {
+        Value::Text(value)
+    }
+}
+
+impl From<Option<&str>> for Value {
+    fn from(value: Option<&str>) -> Self {
+        Value::Text(value.map(str::to_owned))
+    }
+}
+
+impl From<Vec<u8>> for Value {
+    fn from(value: Vec<u8>) -> Self {
+        Value::Bytes(Some(value))
+    }
+}
+
+impl From<Option<Vec<u8>>> for Value {
+    fn from(value: Option<Vec<u8>>) -> Self {
+        Value::Bytes(value)
+    }
+}
+
+/// A statement and its parameters (`$1`, `$2`, ... in order).
+#[derive(Debug, Clone)]
+pub(super) struct Statement {
+    /// The SQL, valid on both backends.
+    sql: String,
+    /// The values of `$1`, `$2`, ...
+    args: Vec<Value>,
+}
+
+impl Statement {
+    pub(super) fn new(sql: impl Into<String>) -> Statement {
+        Statement {
+            sql: sql.into(),
+            args: Vec::new(),
+        }
+    }
+
+    /// Binds the next parameter.
+    pub(super) fn bind(mut self, value: impl Into<Value>) -> Statement {
+        self.args.push(value.into());
+        self
+    }
+
+    fn sqlite(&self) -> sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments<'_>> {
+        let mut query = sqlx::query(&self.sql);
+        for arg in &self.args {
+            query = match arg {
+                Value::Int(value) => query.bind(*value),
+                Value::Bool(value) => query.bind(*value),
+                Value::Text(value) => query.bind(value.as_deref()),
+                Value::Bytes(value) => query.bind(value.as_deref()),
+            };
+        }
+        query
+    }
+
+    fn postgres(&self) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {
+        let mut query = sqlx::query(&self.sql);
+        for arg in &self.args {
+            query = match arg {
+                Value::Int(value) => query.bind(*value),
+                Value::Bool(value) => query.bind(*value),
+                Value::Text(value) => query.bind(value.as_deref()),
+                Value::Bytes(value) => query.bind(value.as_deref()),
+            };
+        }
+        query
+    }
+}
+
+/// A result row of either backend.
+pub(super) enum Row {
+    Sqlite(SqliteRow),
+    Postgres(PgRow),
+}
+
+impl Row {
+    /// Column `name` as a type both backends decode alike (text, bytes, `i64` of a `BIGINT`,
+    /// and their `Option`s).
+    pub(super) fn get<T>(&self, name: &str) -> Result<T>
+    where
+        T: for<'r> Decode<'r, Sqlite>
+            + Type<Sqlite>
+            + for<'r> Decode<'r, Postgres>
+            + Type<Postgres>,
+    {
+        Ok(match self {
+            Row::Sqlite(row) => row.try_get(name)?,
+            Row::Postgres(row) => row.try_get(name)?,
+        })
+    }
+
+    /// An integer column (`BIGINT` on PostgreSQL, as are its counts and sums).
+    pub(super) fn int(&self, name: &str) -> Result<i64> {
+        self.get(name)
+    }
+
+    /// A flag column: an SQLite integer, a PostgreSQL `SMALLINT`.
+    pub(super) fn flag(&self, name: &str) -> Result<bool> {
+        Ok(match self {
+            Row::Sqlite(row) => row.try_get::<bool, _>(name)?,
+            Row::Postgres(row) => row.try_get::<i16, _>(name)? != 0,
+        })
+    }
+
+    /// Column number `index` (for unnamed expressions such as `COUNT(*)`).
+    pub(super) fn at<T>(&self, index: usize) -> Result<T>
+    where
+        T: for<'r> Decode<'r, Sqlite>
+            + Type<Sqlite>
+            + for<'r> Decode<'r, Postgres>
+            + Type<Postgres>,
+    {
+        Ok(match self {
+            Row::Sqlite(row) => row.try_get(index)?,
+            Row::Postgres(row) => row.try_get(index)?,
+        })
+    }
+}
+
+/// The connection a write job runs on: the SQLite writer's, or a PostgreSQL transaction's.
+pub(super) enum Conn<'c> {
+    Sqlite(&'c mut SqliteConnection),
+    Postgres(&'c mut PgConnection),
+}
+
+impl Conn<'_> {
+    pub(super) async fn fetch_optional(&mut self, statement: Statement) -> Result<Option<Row>> {
+        Ok(match self {
+            Conn::Sqlite(conn) => statement
+                .sqlite()
+                .fetch_optional(&mut **conn)
+                .await?
+                .map(Row::Sqlite),
+            Conn::Postgres(conn) => statement
+                .postgres()
+                .fetch_optional(&mut **conn)
+                .await?
+                .map(Row::Postgres),
+        })
+    }
+
+    pub(super) async fn fetch_all(&mut self, statement: Statement) -> Result<Vec<Row>> {
+        Ok(match self {
+            Conn::Sqlite(conn) => statement
+                .sqlite()
+                .fetch_all(&mut **conn)
+                .await?
+                .into_iter()
+                .map(Row::Sqlite)
+                .collect(),
+            Conn::Postgres(conn) => statement
+                .postgres()
+                .fetch_all(&mut **conn)
+                .await?
+                .into_iter()
+                .map(Row::Postgres)
+                .collect(),
+        })
+    }
+
+    /// Runs a statement; returns how many rows it changed.
+    pub(super) async fn execute(&mut self, statement: Statement) -> Result<u64> {
+        Ok(match self {
+            Conn::Sqlite(conn) => statement
+                .sqlite()
+                .execute(&mut **conn)
+                .await?
+                .rows_affected(),
+            Conn::Postgres(conn) => statement
+                .postgres()
+                .execute(&mut **conn)
+                .await?
+                .rows_affected(),
+        })
+    }
+
+    /// Serialises this write with every other write on the same session until it commits: the
+    /// session row is locked (`FOR UPDATE`), so a limit counted by the next statement (a new
+    /// snapshot under READ COMMITTED) sees every other writer's committed rows, and the reaper
+    /// cannot expire the session in between. SQLite's single writer already serialises.
+    pub(super) async fn lock_session(&mut self, session: SessionId) -> Result<()> {
+        if let Conn::Postgres(conn) = self {
+            sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session.to_string())
+                .fetch_optional(&mut **conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Serialises this write with every other write naming `key` until it commits (a
+    /// transaction-scoped advisory lock on PostgreSQL; hash collisions only serialise more).
+    /// For limits over rows that have no row of their own to lock, such as sessions per
+    /// network.
+    pub(super) async fn lock_name(&mut self, key: &str) -> Result<()> {
+        if let Conn::Postgres(conn) = self {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(key)
+                .execute(&mut **conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// The read side: SQLite's read-only pool, or the PostgreSQL pool.
+#[derive(Clone)]
+pub(super) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Pool {
+    pub(super) async fn fetch_optional(&self, statement: Statement) -> Result<Option<Row>> {
+        Ok(match self {
+            Pool::Sqlite(pool) => statement
+                .sqlite()
+                .fetch_optional(pool)
+                .await?
+                .map(Row::Sqlite),
+            Pool::Postgres(pool) => statement
+                .postgres()
+                .fetch_optional(pool)
+                .await?
+                .map(Row::Postgres),
+        })
+    }
+
+    pub(super) async fn fetch_one(&self, statement: Statement) -> Result<Row> {
+        Ok(match self {
+            Pool::Sqlite(pool) => Row::Sqlite(statement.sqlite().fetch_one(pool).await?),
+            Pool::Postgres(pool) => Row::Postgres(statement.postgres().fetch_one(pool).await?),
+        })
+    }
+
+    pub(super) async fn fetch_all(&self, statement: Statement) -> Result<Vec<Row>> {
+        Ok(match self {
+            Pool::Sqlite(pool) => statement
+                .sqlite()
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .map(Row::Sqlite)
+                .collect(),
+            Pool::Postgres(pool) => statement
+                .postgres()
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .map(Row::Postgres)
+                .collect(),
+        })
+    }
+
+    pub(super) async fn close(&self) {
+        match self {
+            Pool::Sqlite(pool) => pool.close().await,
+            Pool::Postgres(pool) => pool.close().await,
+        }
+    }
+}
+
+/// Whether a database error may pass if the same call is tried again: the database is busy,
+/// full, unreachable, restarting, or chose this transaction as a deadlock's or a serialisation
+/// conflict's victim. Such errors are UNAVAILABLE to callers (and retried by the reconciler),
+/// never INTERNAL.
+pub fn transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let Some(code) = db.code() else { return false };
+            if let Ok(sqlite) = code.parse::<i64>() {
+                // SQLite's primary result code is the low byte of the extended one: BUSY,
+                // LOCKED, IOERR, FULL, CANTOPEN.
+                return matches!(sqlite & 0xff, 5 | 6 | 10 | 13 | 14);
+            }
+            // PostgreSQL SQLSTATEs: connection exceptions (08), insufficient resources (53),
+            // operator intervention such as a restart (57P01..57P03), serialisation failure
+            // and deadlock (40001, 40P01), read-only transaction on a standby (25006).
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || code == "40001"
+                || code == "40P01"
+                || code == "25006"
+        }
+        _ => false,
+    }
+}

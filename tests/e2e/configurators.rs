@@ -1,0 +1,490 @@
+//! Python, ansible and napalm configurations (issue 18), on real engines, with the lessons of
+//! `fixtures/configurator-curriculum/` whose endpoints run a real SSH server (`antidote/sshd`:
+//! Debian's dropbear, logging every login) and the configurator image (`antidote/configurator`),
+//! both built by `tests/docker/configurator.sh` (tests/run calls it).
+//!
+//! agent-docker: the python script and the ansible playbook each log in to their endpoint and
+//! leave a file there, which the test reads with `docker exec`; the napalm driver logs in to its
+//! endpoint's port 22 with the image's config credentials (dropbear's log says so) and its
+//! failure is the FAILED reason; a script that exits non-zero and one that hangs past the
+//! timeout are FAILED with the reason. agent-k8s (against the test control plane, whose fake
+//! kubelet runs no container): the Jobs, ConfigMap and Secret it makes, read through the API.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Process, Scheduler, with_token, workspace_bin};
+use api::LiveLessonStatus as S;
+use tempfile::TempDir;
+
+use crate::PATIENCE;
+
+fn curriculum() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/configurator-curriculum")
+}
+
+fn docker_host() -> String {
+    std::env::var("DOCKER_HOST").expect(
+        "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
+    )
+}
+
+/// The docker CLI, for checks from outside the agent: (success, stdout and stderr).
+fn docker(args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new("docker")
+        .args(args)
+        .env("DOCKER_HOST", docker_host())
+        .output()
+        .expect("the docker CLI runs");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+/// The container name agent-docker gives an endpoint.
+fn container(live_lesson: &str, endpoint: &str) -> String {
+    let hex: String = live_lesson
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(12)
+        .collect();
+    format!("antidote-{hex}-{endpoint}")
+}
+
+/// A scheduler and agent-docker on the configurator curriculum.
+struct DockerEnv {
+    _dir: TempDir,
+    agent: Process,
+    scheduler: Scheduler,
+    instance: String,
+}
+
+impl DockerEnv {
+    async fn start(instance: &str, agent_extra: &[&str]) -> DockerEnv {
+        docker_host();
+        for image in ["antidote/sshd:latest", "antidote/configurator:latest"] {
+            let (present, out) = docker(&["image", "inspect", "-f", "{{.Id}}", image]);
+            assert!(
+                present,
+                "{image} is missing: run tests/docker/configurator.sh\n{out}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--probe-timeout".into(),
+            "30s".into(),
+        ];
+        args.extend(agent_extra.iter().map(|a| a.to_string()));
+        let agent = Process::spawn(
+            &workspace_bin("agent-docker"),
+            &args,
+            dir.path().join("agent-docker.log"),
+        )
+        .await
+        .expect("agent-docker starts");
+        let config = format!(
+            r#"instance_id = "{instance}"
+curriculum = "{curriculum}"
+tier = "prod"
+[limits]
+sessions_per_ip = 0
+live_lessons_per_session = 10
+[reaper]
+interval = "500ms"
+orphan_interval = "500ms"
+orphan_grace = "1s"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "100ms"
+backoff_max = "1s"
+provision_timeout = "4m"
+[[agents]]
+name = "docker"
+address = "{agent}"
+"#,
+            curriculum = curriculum().display(),
+            agent = agent.url(),
+        );
+        let scheduler = Scheduler::start(dir.path(), &config)
+            .await
+            .expect("scheduler starts");
+        DockerEnv {
+            _dir: dir,
+            agent,
+            scheduler,
+            instance: instance.to_owned(),
+        }
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- scheduler ---\n{}\n--- agent-docker ---\n{}",
+            self.scheduler.process.log_text(),
+            self.agent.log_text()
+        )
+    }
+
+    async fn settle(&self, id: &str) -> api::LiveLesson {
+        let (_, lesson) = self
+            .scheduler
+            .clients
+            .follow(id, Duration::from_secs(240), |l| {
+                matches!(l.status(), S::Ready | S::Failed)
+            })
+            .await
+            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
+        lesson
+    }
+
+    /// Deletes the live lessons and checks that nothing labelled with this instance is left
+    /// (the configurator containers included).
+    async fn delete_all(&self, ids: &[&str]) {
+        let c = &self.scheduler.clients;
+        for id in ids {
+            c.lessons
+                .clone()
+                .delete_live_lesson(with_token(
+                    api::DeleteLiveLessonRequest { id: id.to_string() },
+                    c.tokens.of_lesson(id),
+                ))
+                .await
+                .unwrap();
+        }
+        for id in ids {
+            c.gone(id, PATIENCE).await.unwrap();
+        }
+        let filter = format!("label=antidote.io/instance={}", self.instance);
+        let (_, left) = docker(&["ps", "-aq", "--filter", &filter]);
+        assert!(left.trim().is_empty(), "containers remain: {left}");
+    }
+}
+
+/// Whether a configurator container of this instance exists now.
+fn configurators(instance: &str) -> String {
+    let (_, out) = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("label=antidote.io/instance={instance}"),
+        "--filter",
+        "label=antidote.io/configurator-stage",
+        "--format",
+        "{{.Names}}",
+    ]);
+    out.trim().to_owned()
+}
+
+#[tokio::test]
+async fn docker_python_ansible_and_napalm_configure_endpoints_over_ssh() {
+    let env = DockerEnv::start("e2e-configurators", &[]).await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let both = c.request(&session, "python-ansible", 0).await.unwrap();
+    let napalm = c.request(&session, "napalm-login", 0).await.unwrap();
+
+    let both = env.settle(&both.id).await;
+    assert_eq!(
+        both.status(),
+        S::Ready,
+        "{}\n{}",
+        both.failure_reason,
+        env.logs()
+    );
+    // Each configuration changed its endpoint, seen from outside.
+    let (ok, python) = docker(&[
+        "exec",
+        &container(&both.id, "pybox"),
+        "cat",
+        "/tmp/python-stage",
+    ]);
+    assert!(ok && python.trim() == "configured-by-python", "{python}");
+    let (ok, ansible) = docker(&[
+        "exec",
+        &container(&both.id, "ansiblebox"),
+        "cat",
+        "/tmp/ansible-stage",
+    ]);
+    assert!(ok && ansible.trim() == "configured-by-ansible", "{ansible}");
+    // They logged in over SSH with the image's config user.
+    for endpoint in ["pybox", "ansiblebox"] {
+        let (_, log) = docker(&["logs", &container(&both.id, endpoint)]);
+        assert!(
+            log.contains("Password auth succeeded for 'antidote'"),
+            "{endpoint}: {log}"
+        );
+    }
+
+    // NAPALM: the junos driver logs in to port 22 with the config credentials; the endpoint is
+    // no Junos device, so the driver fails and says why.
+    let napalm = env.settle(&napalm.id).await;
+    assert_eq!(napalm.status(), S::Failed, "{}", env.logs());
+    let reason = &napalm.failure_reason;
+    assert!(
+        reason.contains("configuration vqfx-junos.txt of endpoint `vqfx`")
+            && reason.contains("failed 3 times"),
+        "{reason}"
+    );
+    assert!(reason.contains("ConnectError"), "{reason}");
+    let (_, log) = docker(&["logs", &container(&napalm.id, "vqfx")]);
+    assert!(
+        log.contains("Password auth succeeded for 'antidote'"),
+        "the NAPALM driver did not log in: {log}"
+    );
+    // No secret in the reason or the agent's log.
+    assert!(!reason.contains("antidotepassword"), "{reason}");
+    assert!(
+        !env.agent.log_text().contains("antidotepassword"),
+        "the agent logged a password"
+    );
+    // The configurator is removed after the stage's run, whatever its outcome.
+    assert_eq!(configurators(&env.instance), "");
+
+    env.delete_all(&[&both.id, &napalm.id]).await;
+}
+
+#[tokio::test]
+async fn docker_python_that_fails_or_hangs_is_failed_with_the_reason() {
+    let env = DockerEnv::start(
+        "e2e-configurators-fail",
+        &["--config-timeout", "3s", "--config-tries", "3"],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let fails = c.request(&session, "python-fails", 0).await.unwrap();
+    let hangs = c.request(&session, "python-hangs", 0).await.unwrap();
+
+    let fails = env.settle(&fails.id).await;
+    assert_eq!(fails.status(), S::Failed, "{}", env.logs());
+    let reason = &fails.failure_reason;
+    assert!(
+        reason.contains("configuration box.py of endpoint `box`")
+            && reason.contains("failed 3 times")
+            && reason.contains("exit code 4")
+            && reason.contains("python configuration broken on purpose"),
+        "{reason}"
+    );
+
+    let hangs = env.settle(&hangs.id).await;
+    assert_eq!(hangs.status(), S::Failed, "{}", env.logs());
+    let reason = &hangs.failure_reason;
+    assert!(
+        reason.contains("configuration box.py of endpoint `box`")
+            && reason.contains("did not finish within 3s")
+            && reason.contains("python configuration sleeping forever"),
+        "{reason}"
+    );
+    assert_eq!(configurators(&env.instance), "");
+
+    env.delete_all(&[&fails.id, &hangs.id]).await;
+}
+
+#[tokio::test]
+async fn docker_agent_claims_configuration_types_by_its_configurator_image() {
+    use antidote_proto::agent::v1 as agent;
+    docker_host();
+    let dir = tempfile::tempdir().unwrap();
+    let mut claimed = Vec::new();
+    for image in [
+        "antidote/configurator:latest",
+        "antidote/no-such-configurator:latest",
+    ] {
+        let agent_process = Process::spawn(
+            &workspace_bin("agent-docker"),
+            &[
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--configurator-image".into(),
+                image.into(),
+            ],
+            dir.path()
+                .join(format!("agent-{}.log", uuid::Uuid::new_v4())),
+        )
+        .await
+        .expect("agent-docker starts");
+        let mut client = agent::backend_client::BackendClient::connect(agent_process.url())
+            .await
+            .unwrap();
+        let answer = client
+            .handshake(agent::HandshakeRequest {
+                supported_majors: vec![1],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut types: Vec<String> = answer
+            .capabilities
+            .into_iter()
+            .filter(|c| c.starts_with("configuration."))
+            .collect();
+        types.sort();
+        claimed.push(types);
+    }
+    assert_eq!(
+        claimed,
+        vec![
+            vec![
+                "configuration.ansible".to_owned(),
+                "configuration.napalm".into(),
+                "configuration.python".into(),
+                "configuration.shell".into(),
+            ],
+            vec!["configuration.shell".to_owned()],
+        ]
+    );
+}
+
+#[tokio::test]
+async fn k8s_configurations_run_as_configurator_jobs_with_files_and_credentials() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::Api;
+
+    let dir = tempfile::tempdir().unwrap();
+    let instance = "k8s-configurators";
+    let client = crate::k8s::admin().await;
+    let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
+    let kubelet = crate::k8s::fake_kubelet(dir.path(), instance).await;
+    let (agent, _, _) = crate::k8s::agent_k8s(
+        dir.path(),
+        &kubeconfig,
+        &[
+            "--configurator-image",
+            "antidote/configurator:latest",
+            "--config-timeout",
+            "90s",
+        ],
+    )
+    .await;
+    let config = format!(
+        r#"instance_id = "{instance}"
+curriculum = "{curriculum}"
+tier = "prod"
+[limits]
+sessions_per_ip = 0
+[reaper]
+interval = "500ms"
+orphan_interval = "500ms"
+orphan_grace = "1s"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "100ms"
+backoff_max = "1s"
+provision_timeout = "4m"
+[[agents]]
+name = "k8s"
+address = "{agent}"
+"#,
+        curriculum = curriculum().display(),
+        agent = agent.url(),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config)
+        .await
+        .expect("scheduler starts");
+    let logs = || {
+        format!(
+            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
+            scheduler.process.log_text(),
+            agent.log_text(),
+            kubelet.log_text()
+        )
+    };
+    let c = &scheduler.clients;
+    let session = c.session().await.unwrap();
+    let requested = c.request(&session, "python-ansible", 0).await.unwrap();
+    let napalm = c.request(&session, "napalm-login", 0).await.unwrap();
+    // The fake kubelet completes Job pods: the lesson goes READY once its Jobs did.
+    let lesson = c
+        .ready(&requested.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", logs()));
+    c.ready(&napalm.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", logs()));
+
+    let ns = format!("antidote-{}", lesson.id);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let job = serde_json::to_value(jobs.get("config-pybox-g1").await.unwrap()).unwrap();
+    let pod = &job["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], "antidote/configurator:latest", "{job}");
+    assert_eq!(
+        container["command"],
+        serde_json::json!(["python3", "/antidote/stage0/configs/pybox.py"])
+    );
+    assert_eq!(
+        container["volumeMounts"][0]["mountPath"],
+        "/antidote/stage0/configs"
+    );
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], "config-files-g1");
+    assert_eq!(
+        pod["volumes"][0]["configMap"]["items"][0]["path"],
+        "pybox.py"
+    );
+    assert_eq!(job["spec"]["backoffLimit"], 2, "[R3]: 3 tries in all");
+    assert_eq!(pod["activeDeadlineSeconds"], 90);
+    assert!(job["spec"]["activeDeadlineSeconds"].as_i64().unwrap() >= 3 * 90);
+    let env = container["env"].as_array().unwrap();
+    let password = env
+        .iter()
+        .find(|e| e["name"] == "ANTIDOTE_CONFIG_PASSWORD")
+        .expect("the password variable");
+    assert_eq!(
+        password["valueFrom"]["secretKeyRef"],
+        serde_json::json!({ "name": "config-credentials", "key": "pybox.password" })
+    );
+    assert!(!job.to_string().contains("antidotepassword"), "{job}");
+
+    let ansible = serde_json::to_value(jobs.get("config-ansiblebox-g1").await.unwrap()).unwrap();
+    let command = &ansible["spec"]["template"]["spec"]["containers"][0]["command"];
+    assert_eq!(command[0], "ansible-playbook");
+    assert_eq!(command[2], "ansiblebox,");
+    assert_eq!(command[5], "/antidote/stage0/configs/ansiblebox.yml");
+
+    let napalm_jobs: Api<Job> = Api::namespaced(client.clone(), &format!("antidote-{}", napalm.id));
+    let napalm_job =
+        serde_json::to_value(napalm_jobs.get("config-vqfx-g1").await.unwrap()).unwrap();
+    let napalm_container = &napalm_job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        napalm_container["command"],
+        serde_json::json!(["antidote-napalm", "/antidote/stage0/configs/vqfx-junos.txt"])
+    );
+    assert!(
+        napalm_container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "ANTIDOTE_NAPALM_DRIVER" && e["value"] == "junos"),
+        "{napalm_container}"
+    );
+
+    // The files come from the spec, the credentials sit in the Secret.
+    let files: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let files = files.get("config-files-g1").await.unwrap();
+    let data = files.binary_data.unwrap_or_default();
+    let script = String::from_utf8(data["pybox.pybox.py"].0.clone()).unwrap();
+    assert!(script.contains("configured-by-python"), "{script}");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secret = secrets.get("config-credentials").await.unwrap();
+    let secret = secret.data.unwrap_or_default();
+    assert_eq!(secret["pybox.user"].0, b"antidote");
+    assert_eq!(secret["ansiblebox.password"].0, b"antidotepassword");
+
+    for id in [&lesson.id, &napalm.id] {
+        c.lessons
+            .clone()
+            .delete_live_lesson(with_token(
+                api::DeleteLiveLessonRequest { id: id.clone() },
+                c.tokens.of_lesson(id),
+            ))
+            .await
+            .unwrap();
+    }
+    for id in [&lesson.id, &napalm.id] {
+        c.gone(id, PATIENCE).await.unwrap();
+    }
+}

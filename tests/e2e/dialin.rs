@@ -1,0 +1,569 @@
+//! Dial-in: test agents with no listening socket dial the scheduler's agent intake over mutual
+//! TLS (certificates made here with rcgen), and the scheduler drives them over the connections
+//! they opened: a lesson end to end, kill -9 of the scheduler (the agent dials in again, its
+//! lessons stay READY and are still driven) and of the agent (Recover on its new instance),
+//! refusals (another CA, a name not admitted, the name of a dialled agent), two agents whose
+//! handshake labels steer placement, and the conformance suite over the flipped transport.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::pki::{Ca, Validity};
+use antidote_tests::{Process, Restartable, Scheduler, example_curriculum, fetch, presentation};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::PATIENCE;
+
+/// Certificates of one test: a CA signing the scheduler's intake certificate (for 127.0.0.1)
+/// and the agents' client certificates, and a rogue CA nobody trusts.
+struct Pki {
+    dir: PathBuf,
+    ca: Ca,
+    rogue: Ca,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Pki {
+        let pki = Pki {
+            dir: dir.join("pki"),
+            ca: Ca::new("antidote test CA"),
+            rogue: Ca::new("rogue CA"),
+        };
+        std::fs::create_dir_all(&pki.dir).unwrap();
+        pki.ca.write(&pki.path("ca.pem"));
+        let intake = pki.ca.issue(&["127.0.0.1"], Validity::Until(2080, 1, 1));
+        intake.write(&pki.path("intake.pem"), &pki.path("intake.key"));
+        pki
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// A client certificate for `name` signed by the trusted CA (or the rogue one); returns
+    /// its files and SHA-256.
+    fn agent(&self, name: &str, rogue: bool) -> (PathBuf, PathBuf, String) {
+        let ca = if rogue { &self.rogue } else { &self.ca };
+        let leaf = ca.issue(&[name], Validity::Until(2080, 1, 1));
+        let file = name.replace(['/', ':'], "_");
+        let (cert, key) = (
+            self.path(&format!("{file}.pem")),
+            self.path(&format!("{file}.key")),
+        );
+        leaf.write(&cert, &key);
+        (cert, key, leaf.sha256())
+    }
+
+    /// The scheduler's `[agent_intake]` table.
+    fn intake_config(&self, port: u16, allow: &[&str], agents: &[&str]) -> String {
+        let list = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "[agent_intake]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+             client_ca = \"{}\"\nallow = [{}]\nagents = [{}]\n",
+            self.path("intake.pem").display(),
+            self.path("intake.key").display(),
+            self.path("ca.pem").display(),
+            list(allow),
+            list(agents),
+        )
+    }
+}
+
+/// The scheduler's configuration: fast retries, the example curriculum, `extra` (tables) last.
+fn scheduler_config(extra: &str) -> String {
+    format!(
+        r#"instance_id = "e2e"
+curriculum = "{}"
+tier = "local"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "50ms"
+backoff_max = "1s"
+provision_timeout = "2m"
+{extra}"#,
+        example_curriculum().display()
+    )
+}
+
+/// The intake's address, as the scheduler printed it.
+fn intake(scheduler: &Scheduler) -> SocketAddr {
+    *scheduler
+        .process
+        .extra
+        .get("agent intake")
+        .expect("the scheduler printed `agent intake listening on ADDR`")
+}
+
+/// The arguments of a test agent dialling in to `intake` as `name` (a new certificate, from
+/// the rogue CA when asked), and that certificate's SHA-256.
+fn dial_args(pki: &Pki, intake: SocketAddr, name: &str, rogue: bool) -> (Vec<String>, String) {
+    let (cert, key, sha256) = pki.agent(name, rogue);
+    let args = [
+        "--connect".to_owned(),
+        format!("https://{intake}"),
+        "--tls-cert".into(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+        "--tls-client-ca".into(),
+        pki.path("ca.pem").display().to_string(),
+    ]
+    .into();
+    (args, sha256)
+}
+
+async fn dial_in_agent(dir: &Path, args: &[String]) -> Process {
+    Process::spawn(
+        &antidote_tests::workspace_bin("test-agent"),
+        args,
+        dir.join(format!("agent-{}.log", uuid::Uuid::new_v4())),
+    )
+    .await
+    .expect("test-agent starts")
+}
+
+/// How many listening TCP sockets a process holds (from /proc: its socket inodes that
+/// /proc/net/tcp{,6} lists in state LISTEN).
+fn listening_sockets(pid: u32) -> usize {
+    let mut listening = std::collections::HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+        {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.get(3) == Some(&"0A")
+                && let Some(inode) = fields.get(9)
+            {
+                listening.insert(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the agent's /proc entry")
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| listening.contains(&target.display().to_string()))
+        .count()
+}
+
+/// Asks ListAgents until `name` is listed and `ready` holds for it; returns it.
+async fn agent_when(
+    scheduler: &Scheduler,
+    name: &str,
+    ready: impl Fn(&api::Agent) -> bool,
+) -> api::Agent {
+    let listed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let agents = scheduler
+                .clients
+                .admin
+                .clone()
+                .list_agents(api::ListAgentsRequest {})
+                .await
+                .expect("ListAgents answers")
+                .into_inner()
+                .agents;
+            if let Some(agent) = agents.into_iter().find(|a| a.name == name && ready(a)) {
+                return agent;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    listed.unwrap_or_else(|_| {
+        panic!(
+            "agent {name} never reached the condition\n--- scheduler log ---\n{}",
+            scheduler.process.log_text()
+        )
+    })
+}
+
+fn ready(agent: &api::Agent) -> bool {
+    agent.state() == api::AgentState::Ready
+}
+
+/// Waits until the process's log holds `needle`.
+async fn log_shows(process: &Process, needle: &str) {
+    let seen = tokio::time::timeout(PATIENCE, async {
+        while !process.log_text().contains(needle) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        seen.is_ok(),
+        "the log never showed `{needle}`:\n{}",
+        process.log_text()
+    );
+}
+
+fn logs(scheduler: &Scheduler, agents: &[&Process]) -> String {
+    let mut text = format!("--- scheduler ---\n{}", scheduler.process.log_text());
+    for agent in agents {
+        text.push_str(&format!("\n--- agent ---\n{}", agent.log_text()));
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_dial_in_agent_runs_a_lesson_and_survives_kill_9_of_either_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let name = "edge-1.agents.test";
+    let config = |port: u16| scheduler_config(&pki.intake_config(port, &["*.agents.test"], &[]));
+    let mut scheduler = Scheduler::start(dir.path(), &config(0)).await.unwrap();
+    let intake_addr = intake(&scheduler);
+    let journal = dir.path().join("journal");
+    let (mut args, sha256) = dial_args(&pki, intake_addr, name, false);
+    args.extend(["--journal".into(), journal.display().to_string()]);
+    let mut agent = dial_in_agent(dir.path(), &args).await;
+
+    // It joins over its own connection, named by its certificate, listening on nothing.
+    let listed = agent_when(&scheduler, name, ready).await;
+    assert_eq!(
+        listed.transport(),
+        api::AgentTransport::DialIn,
+        "{listed:?}"
+    );
+    assert_eq!(listed.address, "dial-in");
+    assert!(listed.peer_address.starts_with("127.0.0.1:"), "{listed:?}");
+    assert_eq!(listed.kind, "test-agent");
+    assert_eq!(listed.tls_peer_sha256, sha256);
+    assert_eq!(listed.tls_peer_names, vec![format!("DNS:{name}")]);
+    assert_eq!(
+        listening_sockets(agent.pid().unwrap()),
+        0,
+        "a dial-in agent listens on nothing"
+    );
+    let first_instance = listed.instance_id.clone();
+
+    // A lesson end to end.
+    let c = scheduler.clients.clone();
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "routing-basics", 0).await.unwrap();
+    let ready_0 = c
+        .ready(&lesson.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler, &[&agent])));
+    let page = fetch(presentation(&ready_0, "server", "web")).await;
+    assert!(page.contains("routing-basics server stage 0"), "{page}");
+
+    // kill -9 of the scheduler; it comes back on the same database and intake port, and the
+    // agent dials in again: the same instance, so nothing is recovered.
+    scheduler.process.kill9().await;
+    scheduler = Scheduler::start(dir.path(), &config(intake_addr.port()))
+        .await
+        .unwrap();
+    let again = agent_when(&scheduler, name, ready).await;
+    assert_eq!(again.instance_id, first_instance);
+    // The learners' tokens outlive the scheduler process (the store keeps their hashes).
+    let tokens = c.tokens.clone();
+    let mut c = scheduler.clients.clone();
+    c.tokens = tokens;
+    let still = c
+        .lessons
+        .clone()
+        .get_live_lesson(antidote_tests::with_token(
+            api::GetLiveLessonRequest {
+                id: lesson.id.clone(),
+            },
+            c.tokens.of_lesson(&lesson.id),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(still.status(), api::LiveLessonStatus::Ready);
+    // And it is still driven, over the new connection: a stage change.
+    c.request(&session, "routing-basics", 1).await.unwrap();
+    let (_, ready_1) = c
+        .follow(&lesson.id, PATIENCE, |l| {
+            l.status() == api::LiveLessonStatus::Ready && l.stage == 1
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler, &[&agent])));
+    let page = fetch(presentation(&ready_1, "server", "web")).await;
+    assert!(page.contains("routing-basics server stage 1"), "{page}");
+
+    // kill -9 of the agent: it comes back with nothing in memory, dials in, and the scheduler
+    // sees a new instance: Recover (NOT_FOUND here), then the live lesson is provisioned
+    // again, READY on new sockets.
+    agent.kill9().await;
+    let agent = dial_in_agent(dir.path(), &args).await;
+    let (_, after) = c
+        .follow(&lesson.id, PATIENCE, |l| {
+            l.status() == api::LiveLessonStatus::Ready && l.endpoints != ready_1.endpoints
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler, &[&agent])));
+    assert_eq!(after.stage, 1);
+    let page = fetch(presentation(&after, "server", "web")).await;
+    assert!(page.contains("routing-basics server stage 1"), "{page}");
+    let listed = agent_when(&scheduler, name, ready).await;
+    assert_ne!(listed.instance_id, first_instance);
+    let created: Vec<String> = std::fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .map(|line| line.split(' ').nth(1).unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(created, vec![lesson.id.clone(), lesson.id.clone()]);
+}
+
+#[tokio::test]
+async fn the_intake_admits_only_trusted_certificates_with_admitted_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    // A dialled agent named `loopback`, and an allow list that would match that name.
+    let dialled = Process::spawn(
+        &antidote_tests::workspace_bin("test-agent"),
+        &["--listen".into(), "127.0.0.1:0".into()],
+        dir.path().join("dialled.log"),
+    )
+    .await
+    .unwrap();
+    let config = scheduler_config(&format!(
+        "[[agents]]\nname = \"loopback\"\naddress = \"{}\"\n{}",
+        dialled.url(),
+        pki.intake_config(0, &["*.agents.test", "*"], &["spiffe://agents.test/lab"])
+    ));
+    let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let intake_addr = intake(&scheduler);
+
+    // Listed from the start, waiting for its connection.
+    let lab = agent_when(&scheduler, "spiffe://agents.test/lab", |a| {
+        a.state() == api::AgentState::Connecting
+    })
+    .await;
+    assert_eq!(lab.transport(), api::AgentTransport::DialIn);
+    assert!(lab.peer_address.is_empty(), "{lab:?}");
+
+    // Refused: a certificate of another CA; a trusted one whose name is not admitted; a
+    // trusted one naming the dialled agent.
+    let mut refused = Vec::new();
+    for (name, rogue, why) in [
+        (
+            "edge-3.agents.test",
+            true,
+            "certificate signed by unknown authority",
+        ),
+        (
+            "intruder.elsewhere.test",
+            false,
+            "`intruder.elsewhere.test` is neither in agent_intake.agents nor matched by agent_intake.allow",
+        ),
+        (
+            "loopback",
+            false,
+            "`loopback` is an agent this scheduler dials ([[agents]]): it cannot dial in under that name",
+        ),
+    ] {
+        let (args, _) = dial_args(&pki, intake_addr, name, rogue);
+        refused.push(dial_in_agent(dir.path(), &args).await);
+        log_shows(&scheduler.process, why).await;
+    }
+    // Admitted: a name the allow list matches, and one listed by its spiffe:// URI.
+    let (args, _) = dial_args(&pki, intake_addr, "edge-1.agents.test", false);
+    let edge = dial_in_agent(dir.path(), &args).await;
+    let (args, _) = dial_args(&pki, intake_addr, "spiffe://agents.test/lab", false);
+    let lab = dial_in_agent(dir.path(), &args).await;
+    agent_when(&scheduler, "edge-1.agents.test", ready).await;
+    let lab_listed = agent_when(&scheduler, "spiffe://agents.test/lab", ready).await;
+    assert_eq!(
+        lab_listed.tls_peer_names,
+        vec!["URI:spiffe://agents.test/lab".to_owned()]
+    );
+    let loopback = agent_when(&scheduler, "loopback", ready).await;
+    assert_eq!(loopback.transport(), api::AgentTransport::Dialled);
+    assert_eq!(loopback.address, dialled.url());
+
+    // Exactly these three: nothing of the refused ones joined, and none took `loopback`.
+    let names: Vec<String> = scheduler
+        .clients
+        .admin
+        .clone()
+        .list_agents(api::ListAgentsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["loopback", "spiffe://agents.test/lab", "edge-1.agents.test"],
+        "{}",
+        logs(&scheduler, &[&edge, &lab])
+    );
+    // The refused agents say why on their side too, and keep trying with backoff.
+    log_shows(&refused[0], "it does not trust the CA of our certificate").await;
+    log_shows(&refused[1], "ended the connection at once").await;
+}
+
+#[tokio::test]
+async fn two_dial_in_agents_get_the_lessons_their_handshake_labels_ask_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let config = scheduler_config(&pki.intake_config(0, &["*.agents.test"], &[]));
+    let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let intake_addr = intake(&scheduler);
+    let mut agents = Vec::new();
+    for (name, zone) in [
+        ("north.agents.test", "north"),
+        ("south.agents.test", "south"),
+    ] {
+        let (mut args, _) = dial_args(&pki, intake_addr, name, false);
+        args.extend(["--label".into(), format!("zone={zone}")]);
+        agents.push(dial_in_agent(dir.path(), &args).await);
+        let listed = agent_when(&scheduler, name, ready).await;
+        assert_eq!(listed.labels.get("zone").map(String::as_str), Some(zone));
+    }
+    let c = scheduler.clients.clone();
+    for (zone, agent) in [
+        ("south", "south.agents.test"),
+        ("north", "north.agents.test"),
+        ("south", "south.agents.test"),
+    ] {
+        let session = c.session().await.unwrap();
+        let placement = api::PlacementPreference {
+            requires: HashMap::from([("zone".to_owned(), zone.to_owned())]),
+            prefers: HashMap::new(),
+        };
+        let lesson = c
+            .request_placed(&session, "hello-web", 0, Some(placement))
+            .await
+            .unwrap();
+        c.ready(&lesson.id).await.unwrap_or_else(|err| {
+            panic!("{err:#}\n{}", logs(&scheduler, &[&agents[0], &agents[1]]))
+        });
+        let placed = c
+            .admin
+            .clone()
+            .get_live_lesson(api::AdminGetLiveLessonRequest {
+                id: lesson.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            placed.placement.map(|p| p.agent).as_deref(),
+            Some(agent),
+            "zone={zone}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_conformance_suite_passes_over_dial_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    // The suite listens as an intake would, with the intake's certificate.
+    let mut suite =
+        tokio::process::Command::new(antidote_tests::workspace_bin("antidote-conformance"))
+            .args([
+                "--accept-agent",
+                "127.0.0.1:0",
+                "--tls-cert",
+                &pki.path("intake.pem").display().to_string(),
+                "--tls-key",
+                &pki.path("intake.key").display().to_string(),
+                "--tls-ca",
+                &pki.path("ca.pem").display().to_string(),
+                "--tls-server-name",
+                "conformant.agents.test",
+                "--restart-cmd",
+                &format!(
+                    "kill -TERM \"$(cat '{}')\"",
+                    dir.path().join("test-agent.pid").display()
+                ),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+    let mut stdout = BufReader::new(suite.stdout.take().unwrap()).lines();
+    let intake_addr: SocketAddr = loop {
+        let line = stdout
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the suite prints where it listens");
+        if let Some(addr) = line.strip_prefix("intake listening on ") {
+            break addr.parse().unwrap();
+        }
+    };
+    // The agent dials in, restartable (the restart checks): it comes back dialling the same
+    // intake.
+    let state = dir.path().join("state");
+    let (mut args, _) = dial_args(&pki, intake_addr, "conformant.agents.test", false);
+    args.extend(
+        [
+            "--state-dir",
+            &state.display().to_string(),
+            "--max-live-lessons",
+            "3",
+            "--probe-timeout",
+            "5s",
+        ]
+        .map(str::to_owned),
+    );
+    let agent = Restartable::spawn(
+        &antidote_tests::workspace_bin("test-agent"),
+        &args,
+        &[],
+        dir.path(),
+        "test-agent",
+    )
+    .await
+    .unwrap();
+    let mut report = String::new();
+    while let Some(line) = stdout.next_line().await.unwrap() {
+        report.push_str(&line);
+        report.push('\n');
+    }
+    let output = suite.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && report.contains(" 0 failed"),
+        "conformance over dial-in failed ({}):\n{report}\n{stderr}\n--- agent ---\n{}",
+        output.status,
+        agent.log_text()
+    );
+    // Every check ran but those no agent here can run, the restart checks included.
+    let skipped: Vec<&str> = report
+        .lines()
+        .filter_map(|line| line.strip_prefix("  SKIP  "))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            "watch-resync",
+            "configuration-python",
+            "configuration-ansible",
+            "configuration-napalm"
+        ],
+        "{report}"
+    );
+    for passed in [
+        "PASS  restart-recover",
+        "PASS  restart-adopt",
+        "PASS  handshake",
+    ] {
+        assert!(report.contains(passed), "{report}");
+    }
+    assert!(
+        stderr.contains("agent conformant.agents.test dialled in"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Private PostgreSQL 15 server for Antidote's tests (DESIGN.md §6, §8).
+#
+#   pg.sh start   install Debian's postgresql-15 if missing (apt-get), create a cluster in the
+#                 state dir (initdb, trust auth, as the `postgres` user when run as root) and
+#                 start it on a fixed loopback port and a private unix socket dir; reuse it if
+#                 it already answers. Last stdout line:
+#                 ANTIDOTE_TEST_POSTGRES=postgres://postgres@127.0.0.1:PORT/postgres
+#   pg.sh stop    stop the server this script started (keeps the cluster for the next start).
+#   pg.sh env     print the ANTIDOTE_TEST_POSTGRES=... line if the server answers (exit 1
+#                 otherwise).
+#   pg.sh purge   stop, then delete the state dir.
+#
+# Tests create a database of their own on it (CREATE DATABASE with a unique name) and drop it.
+# Safe to call concurrently: starts are serialised by a lock file.
+#
+# Environment: ANTIDOTE_PG_STATE (state dir, default /tmp/antidote-pg),
+#              ANTIDOTE_PG_PORT (TCP port on 127.0.0.1, default 54329).
+set -euo pipefail
+
+STATE=$(realpath -m -- "${ANTIDOTE_PG_STATE:-/tmp/antidote-pg}")
+PORT=${ANTIDOTE_PG_PORT:-54329}
+BIN=/usr/lib/postgresql/15/bin
+DATA=$STATE/data
+SOCK=$STATE/sock
+LOGFILE=$STATE/postgres.log
+URL="postgres://postgres@127.0.0.1:$PORT/postgres"
+
+log() { echo "pg.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Runs a command as the cluster's owner: `postgres` when we are root (PostgreSQL refuses to run
+# as root), ourselves otherwise.
+as_owner() {
+  if [[ $(id -u) == 0 ]]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+answers() {
+  [[ -x $BIN/pg_isready ]] || return 1
+  "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -t 3
+}
+
+install() {
+  [[ -x $BIN/initdb ]] && return 0
+  [[ $(id -u) == 0 ]] || die "postgresql-15 is not installed and installing it needs root"
+  log "installing postgresql-15"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -q --no-install-recommends -o Dpkg::Use-Pty=0 postgresql-15 >&2
+  # Debian's package creates and starts a cluster of its own on port 5432; it is not ours and
+  # not needed.
+  if command -v pg_ctlcluster >/dev/null 2>&1; then
+    pg_ctlcluster 15 main stop >/dev/null 2>&1 || true
+  fi
+}
+
+start() {
+  if answers; then
+    echo "ANTIDOTE_TEST_POSTGRES=$URL"
+    return 0
+  fi
+  install
+  mkdir -p "$STATE" "$SOCK"
+  if [[ $(id -u) == 0 ]]; then
+    chown postgres: "$STATE" "$SOCK"
+  fi
+  if [[ ! -s $DATA/PG_VERSION ]]; then
+    log "creating a cluster in $DATA"
+    as_owner "$BIN/initdb" -D "$DATA" --auth=trust --username=postgres --encoding=UTF8 \
+      --no-sync >&2 9>&-
+  fi
+  log "starting PostgreSQL on 127.0.0.1:$PORT (socket dir $SOCK)"
+  # Many test databases at once, each with a pool of its own: room for their connections.
+  if ! as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 \
+    -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" start \
+    >&2 9>&-; then
+    tail -n 30 "$LOGFILE" >&2 || true
+    die "PostgreSQL did not start; see $LOGFILE"
+  fi
+  answers || die "PostgreSQL started but does not answer on 127.0.0.1:$PORT"
+  echo "ANTIDOTE_TEST_POSTGRES=$URL"
+}
+
+stop() {
+  if [[ -s $DATA/postmaster.pid ]]; then
+    as_owner "$BIN/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >&2 || true
+  fi
+}
+
+cmd=${1:-}
+case $cmd in
+  start)
+    mkdir -p "$STATE"
+    # One start at a time: tests that find no server call this concurrently.
+    exec 9>"$STATE.lock"
+    flock 9
+    start
+    ;;
+  stop) stop ;;
+  env)
+    answers || exit 1
+    echo "ANTIDOTE_TEST_POSTGRES=$URL"
+    ;;
+  purge)
+    stop
+    rm -rf -- "$STATE"
+    ;;
+  *) die "usage: pg.sh start|stop|env|purge" ;;
+esac
