@@ -19,8 +19,11 @@ pub const NOT_OURS: &[&str] = &[
     "ANTIDOTE_DOCKER_",
     "ANTIDOTE_K8S_",
     "ANTIDOTE_SERVER",
-    // An agent's `--connect` (antidote_proto::sdk::dial); `ANTIDOTE_AGENT_INTAKE__*` is ours.
+    // An agent's `--connect` (antidote_proto::sdk::dial) and its TLS and plaintext flags
+    // (antidote_proto::sdk::tls::TlsArgs); `ANTIDOTE_AGENT_INTAKE__*` is ours.
     "ANTIDOTE_AGENT_CONNECT",
+    "ANTIDOTE_AGENT_TLS_",
+    "ANTIDOTE_AGENT_INSECURE_PLAINTEXT",
     // The test suite's own settings (`ANTIDOTE_TEST_POSTGRES`: tests/postgres/pg.sh's server),
     // inherited by the schedulers the tests start.
     "ANTIDOTE_TEST_",
@@ -863,6 +866,9 @@ mod tests {
                 ("ANTIDOTE_DOCKER_TRUSTED_PRIVILEGED", "false"),
                 ("ANTIDOTE_K8S_LISTEN", "0.0.0.0:7072"),
                 ("ANTIDOTE_SERVER", "http://127.0.0.1:7070"),
+                ("ANTIDOTE_AGENT_TLS_CERT", "/etc/antidote/tls/tls.crt"),
+                ("ANTIDOTE_AGENT_INSECURE_PLAINTEXT", "true"),
+                ("ANTIDOTE_AGENT_CONNECT", "https://scheduler:7443"),
                 ("ANTIDOTE_TTL__LIVE_LESSON", "10m"),
             ]),
         )

@@ -187,7 +187,12 @@ async fn lifecycle(clients: &Clients, lesson: &str) -> anyhow::Result<Duration> 
     clients
         .lessons
         .clone()
-        .delete_live_lesson(api::DeleteLiveLessonRequest { id: ready.id })
+        .delete_live_lesson(antidote_tests::with_token(
+            api::DeleteLiveLessonRequest {
+                id: ready.id.clone(),
+            },
+            clients.tokens.of_lesson(&ready.id),
+        ))
         .await?;
     Ok(latency)
 }
