@@ -46,8 +46,33 @@ struct Args {
     /// Instead of the baseline, compare two schedulers in the same run: one whose agent is
     /// plaintext on loopback, one whose agent serves mTLS (certificates made here), alternating
     /// rounds; prints plaintext/mTLS throughput (the cost of mTLS, goal ≤ 1.10).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dial_in")]
     mtls: bool,
+    /// Like `--mtls`, but the second agent dials in to the scheduler's agent intake over mTLS
+    /// (`--connect`) instead of being dialled; prints plaintext/dial-in throughput (goal ≤ 1.10).
+    #[arg(long)]
+    dial_in: bool,
+}
+
+/// How the scheduler reaches its agent in a comparison run.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    /// Dialled, plaintext on loopback.
+    Plaintext,
+    /// Dialled, mTLS.
+    Mtls,
+    /// The agent dials in to the scheduler's agent intake (mTLS).
+    DialIn,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Plaintext => "plaintext",
+            Transport::Mtls => "mTLS",
+            Transport::DialIn => "dial-in",
+        }
+    }
 }
 
 struct Stats {
@@ -70,7 +95,10 @@ fn stats(mut latencies: Vec<Duration>, elapsed: Duration) -> Stats {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.mtls {
-        return compare_mtls(&args).await;
+        return compare(&args, Transport::Mtls).await;
+    }
+    if args.dial_in {
+        return compare(&args, Transport::DialIn).await;
     }
     let dir = tempfile::tempdir()?;
     let agent_process = Process::spawn(
@@ -245,84 +273,151 @@ async fn direct(
     Ok(latency)
 }
 
-/// A null test agent (over mTLS when `tls`) and a scheduler driving it, in `dir`; returns them
-/// with `args.connections` clients, warmed up by one lifecycle.
+/// A null test agent reached over `transport` and a scheduler driving it, in `dir`; returns
+/// them with `args.connections` clients, warmed up by one lifecycle.
 async fn null_pair(
     args: &Args,
     dir: &std::path::Path,
-    tls: bool,
+    transport: Transport,
 ) -> anyhow::Result<(Process, Scheduler, Vec<Clients>)> {
     use antidote_tests::pki::{Ca, Validity};
     let path = |name: &str| dir.join(name).display().to_string();
     let mut agent_args = vec!["--null".to_owned()];
-    let mut entry = String::new();
-    if tls {
+    let mut tls_entry = String::new();
+    let mut intake = String::new();
+    if transport != Transport::Plaintext {
         let (agents_ca, scheduler_ca) = (Ca::new("agents CA"), Ca::new("scheduler CA"));
         agents_ca.write(&dir.join("agents-ca.pem"));
         scheduler_ca.write(&dir.join("scheduler-ca.pem"));
         let until = Validity::Until(2040, 1, 1);
+        // Dial-in: the agent's certificate names it ("null", the name the intake admits) and
+        // the intake's names the loopback address the agent dials.
+        let (agent_name, server_name) = match transport {
+            Transport::DialIn => ("null", "127.0.0.1"),
+            _ => ("agent.loadgen.test", "agent.loadgen.test"),
+        };
         agents_ca
-            .issue(&["agent.loadgen.test"], until)
+            .issue(&[agent_name], until)
             .write(&dir.join("agent.crt"), &dir.join("agent.key"));
         scheduler_ca
-            .issue(&["spiffe://loadgen.test/scheduler"], until)
+            .issue(&["spiffe://loadgen.test/scheduler", server_name], until)
             .write(&dir.join("scheduler.crt"), &dir.join("scheduler.key"));
         agent_args.extend([
             "--tls-cert".into(),
             path("agent.crt"),
             "--tls-key".into(),
             path("agent.key"),
-            "--tls-client-ca".into(),
-            path("scheduler-ca.pem"),
-            "--tls-require-identity".into(),
-            "spiffe://loadgen.test/scheduler".into(),
         ]);
-        entry = format!(
-            "tls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\", server_name = \"agent.loadgen.test\" }}\n",
-            path("agents-ca.pem"),
-            path("scheduler.crt"),
-            path("scheduler.key")
-        );
+        if transport == Transport::DialIn {
+            // The agent verifies the intake with the scheduler's CA; the intake admits agents
+            // certified by the agents' CA.
+            agent_args.extend(["--tls-client-ca".into(), path("scheduler-ca.pem")]);
+            intake = format!(
+                "[agent_intake]\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                 client_ca = \"{}\"\nagents = [\"null\"]\n",
+                path("scheduler.crt"),
+                path("scheduler.key"),
+                path("agents-ca.pem"),
+            );
+        } else {
+            agent_args.extend([
+                "--tls-client-ca".into(),
+                path("scheduler-ca.pem"),
+                "--tls-require-identity".into(),
+                "spiffe://loadgen.test/scheduler".into(),
+            ]);
+            tls_entry = format!(
+                "tls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\", server_name = \"agent.loadgen.test\" }}\n",
+                path("agents-ca.pem"),
+                path("scheduler.crt"),
+                path("scheduler.key")
+            );
+        }
     }
-    let agent = Process::spawn(
-        &workspace_bin("test-agent"),
-        &agent_args,
-        dir.join("agent.log"),
-    )
-    .await?;
-    let config = format!(
-        "instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
-         [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
-         [[agents]]\nname = \"null\"\naddress = \"{}://{}\"\n{entry}",
-        example_curriculum().display(),
-        args.workers,
-        if tls { "https" } else { "http" },
-        agent.addr,
-    );
-    let scheduler = Scheduler::start(dir, &config).await?;
+    let (agent, scheduler) = if transport == Transport::DialIn {
+        let config = format!(
+            "instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+             [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n{intake}",
+            example_curriculum().display(),
+            args.workers,
+        );
+        let scheduler = Scheduler::start(dir, &config).await?;
+        let addr = scheduler
+            .process
+            .extra
+            .get("agent intake")
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("the scheduler printed no agent intake address"))?;
+        agent_args.extend(["--connect".into(), format!("https://{addr}")]);
+        let agent = Process::spawn(
+            &workspace_bin("test-agent"),
+            &agent_args,
+            dir.join("agent.log"),
+        )
+        .await?;
+        (agent, scheduler)
+    } else {
+        let agent = Process::spawn(
+            &workspace_bin("test-agent"),
+            &agent_args,
+            dir.join("agent.log"),
+        )
+        .await?;
+        let config = format!(
+            "instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+             [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
+             [[agents]]\nname = \"null\"\naddress = \"{}://{}\"\n{tls_entry}",
+            example_curriculum().display(),
+            args.workers,
+            if transport == Transport::Mtls {
+                "https"
+            } else {
+                "http"
+            },
+            agent.addr,
+        );
+        (agent, Scheduler::start(dir, &config).await?)
+    };
     let mut clients = Vec::new();
     for _ in 0..args.connections {
         clients.push(
             Clients::connect(scheduler.process.addr, scheduler.process.extra["admin"]).await?,
         );
     }
-    lifecycle(&clients[0], &args.lesson).await?;
+    // Warm up (and wait for the agent's handshake or its dial-in) with one lifecycle.
+    let warm = Instant::now();
+    loop {
+        match lifecycle(&clients[0], &args.lesson).await {
+            Ok(_) => break,
+            Err(_) if warm.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
     Ok((agent, scheduler, clients))
 }
 
-/// `--mtls`: plaintext and mTLS schedulers side by side, rounds alternating.
-async fn compare_mtls(args: &Args) -> anyhow::Result<()> {
-    let (plain_dir, tls_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let (_plain_agent, _plain, plain) = null_pair(args, plain_dir.path(), false).await?;
-    let (_tls_agent, _tls, tls) = null_pair(args, tls_dir.path(), true).await?;
+/// `--mtls` / `--dial-in`: a plaintext scheduler and one reaching its agent over `other`, side
+/// by side, rounds alternating.
+async fn compare(args: &Args, other: Transport) -> anyhow::Result<()> {
+    let (plain_dir, other_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (_plain_agent, _plain, plain) =
+        null_pair(args, plain_dir.path(), Transport::Plaintext).await?;
+    let (_other_agent, _other, others) = null_pair(args, other_dir.path(), other).await?;
+    let flag = if other == Transport::Mtls {
+        "--mtls"
+    } else {
+        "--dial-in"
+    };
     println!(
-        "loadgen --mtls: {} lifecycles per round, concurrency {}, {} rounds, lesson {}",
+        "loadgen {flag}: {} lifecycles per round, concurrency {}, {} rounds, lesson {}",
         args.lifecycles, args.concurrency, args.rounds, args.lesson
     );
     let mut ratios = Vec::new();
     for round in 1..=args.rounds {
         let mut rates = Vec::new();
-        for clients in [&plain, &tls] {
+        for clients in [&plain, &others] {
             let measured = run(args, |i| {
                 let clients = clients[i % clients.len()].clone();
                 let lesson = args.lesson.clone();
@@ -333,18 +428,21 @@ async fn compare_mtls(args: &Args) -> anyhow::Result<()> {
         }
         let ratio = rates[0].per_second / rates[1].per_second;
         println!(
-            "round {round}: plaintext {:>8.0} lifecycles/s p99 {:>6.2} ms | mTLS {:>8.0} lifecycles/s \
-             p99 {:>6.2} ms | plaintext/mTLS throughput {ratio:.3}",
+            "round {round}: plaintext {:>8.0} lifecycles/s p99 {:>6.2} ms | {} {:>8.0} lifecycles/s \
+             p99 {:>6.2} ms | plaintext/{} throughput {ratio:.3}",
             rates[0].per_second,
             ms(rates[0].p99),
+            other.name(),
             rates[1].per_second,
             ms(rates[1].p99),
+            other.name(),
         );
         ratios.push(ratio);
     }
     ratios.sort_by(f64::total_cmp);
     println!(
-        "median: plaintext/mTLS throughput {:.3} (goal <= 1.10)",
+        "median: plaintext/{} throughput {:.3} (goal <= 1.10)",
+        other.name(),
         ratios[ratios.len() / 2]
     );
     Ok(())
