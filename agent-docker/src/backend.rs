@@ -51,6 +51,8 @@ pub struct Docker {
     book: Arc<StateBook>,
     /// Whether the configurator image is there, so python, ansible and napalm run.
     configurator: bool,
+    /// Whether the Jupyter image is there, so Jupyter guide endpoints run.
+    jupyter: bool,
 }
 
 impl Docker {
@@ -68,7 +70,15 @@ impl Docker {
             firewall: Arc::new(firewall),
             book,
             configurator: false,
+            jupyter: false,
         }
+    }
+
+    /// Offers Jupyter guides when `available` (the Jupyter image is on the engine:
+    /// [`crate::guide::available`]).
+    pub fn with_jupyter(mut self, available: bool) -> Docker {
+        self.jupyter = available;
+        self
     }
 
     /// Offers python, ansible and napalm configurations when `available` (the configurator
@@ -165,6 +175,12 @@ impl Docker {
                 });
             }
         });
+
+        // The stage's notebook, before anything can fail on configuration: the guide is what
+        // the learner reads while waiting.
+        crate::guide::write(docker, spec)
+            .await
+            .map_err(|err| format!("writing the jupyter guide: {err}"))?;
 
         // Python, ansible and napalm run from one configurator container for the whole stage,
         // removed when the stage's configuration is over, whatever its outcome.
@@ -375,6 +391,9 @@ impl Backend for Docker {
     fn describe(&self) -> Description {
         let mut offered = CAPABILITIES.to_vec();
         offered.extend(configurator::capabilities(self.configurator));
+        if self.jupyter {
+            offered.push(capabilities::GUIDE_JUPYTER);
+        }
         let mut description = Description::new("agent-docker", env!("CARGO_PKG_VERSION"), &offered);
         description.max_live_lessons = self.settings.max_live_lessons;
         description.labels = HashMap::from([("backend".to_owned(), "docker".to_owned())]);
@@ -447,8 +466,7 @@ impl Backend for Docker {
         }
         let mut diagnostics = Vec::new();
         for (i, e) in spec.endpoints.iter().enumerate() {
-            let slug = e.image.as_ref().map(|i| i.slug.clone()).unwrap_or_default();
-            let image = self.settings.image(&slug);
+            let image = self.settings.image_of(e);
             if let Err(err) = self.docker.inspect_image(&image).await {
                 diagnostics.push(proto::Diagnostic {
                     severity: proto::Severity::Error as i32,

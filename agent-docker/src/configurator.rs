@@ -117,29 +117,6 @@ pub fn environment(
 
 /// A tar archive (ustar) of the stage's configuration files at `antidote/stageN/configs/F`.
 pub fn archive(spec: &proto::LessonSpec) -> Vec<u8> {
-    fn header(out: &mut Vec<u8>, path: &str, size: usize, kind: u8) {
-        let directory = kind == b'5';
-        let mut h = [0u8; 512];
-        h[..path.len()].copy_from_slice(path.as_bytes());
-        let octal = |field: &mut [u8], value: u64| {
-            let text = format!("{value:0width$o}\0", width = field.len() - 1);
-            field.copy_from_slice(text.as_bytes());
-        };
-        octal(&mut h[100..108], if directory { 0o755 } else { 0o644 });
-        octal(&mut h[108..116], 0);
-        octal(&mut h[116..124], 0);
-        octal(&mut h[124..136], size as u64);
-        octal(&mut h[136..148], 0);
-        h[156] = kind;
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[263..265].copy_from_slice(b"00");
-        // The checksum is computed with its own field as spaces.
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
-        let text = format!("{sum:06o}\0 ");
-        h[148..156].copy_from_slice(text.as_bytes());
-        out.extend_from_slice(&h);
-    }
     let mut out = Vec::new();
     let dir = config_dir(spec.stage);
     let dir = dir.trim_start_matches('/');
@@ -174,6 +151,49 @@ pub fn archive(spec: &proto::LessonSpec) -> Vec<u8> {
     }
     out.extend_from_slice(&[0u8; 1024]);
     out
+}
+
+/// A tar archive of one file at `path` (relative, under 100 bytes, its directories created),
+/// for an upload at `/`.
+pub fn one_file(path: &str, contents: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut dir = String::new();
+    let parts: Vec<&str> = path.split('/').collect();
+    for part in &parts[..parts.len() - 1] {
+        dir.push_str(part);
+        dir.push('/');
+        header(&mut out, &dir, 0, b'5');
+    }
+    header(&mut out, path, contents.len(), b'0');
+    out.extend_from_slice(contents);
+    pad(&mut out);
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+/// One ustar header: a directory (`5`), a file (`0`) or a GNU long name (`L`), owned by root.
+fn header(out: &mut Vec<u8>, path: &str, size: usize, kind: u8) {
+    let directory = kind == b'5';
+    let mut h = [0u8; 512];
+    h[..path.len()].copy_from_slice(path.as_bytes());
+    let octal = |field: &mut [u8], value: u64| {
+        let text = format!("{value:0width$o}\0", width = field.len() - 1);
+        field.copy_from_slice(text.as_bytes());
+    };
+    octal(&mut h[100..108], if directory { 0o755 } else { 0o644 });
+    octal(&mut h[108..116], 0);
+    octal(&mut h[116..124], 0);
+    octal(&mut h[124..136], size as u64);
+    octal(&mut h[136..148], 0);
+    h[156] = kind;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    // The checksum is computed with its own field as spaces.
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    let text = format!("{sum:06o}\0 ");
+    h[148..156].copy_from_slice(text.as_bytes());
+    out.extend_from_slice(&h);
 }
 
 fn pad(out: &mut Vec<u8>) {

@@ -220,7 +220,7 @@ pub async fn create(
             );
             let privileged = trusted && settings.trusted_privileged;
             let body = ContainerCreateBody {
-                image: Some(settings.image(&image.slug)),
+                image: Some(settings.image_of(endpoint)),
                 hostname: Some(endpoint.name.clone()),
                 labels: Some(container_labels),
                 exposed_ports: Some(ports.iter().map(|port| format!("{port}/tcp")).collect()),
@@ -274,7 +274,7 @@ pub async fn create(
                 }) => false,
                 Err(err) if is_not_found(&err) => {
                     return Err(EngineError::MissingImage {
-                        image: settings.image(&image.slug),
+                        image: settings.image_of(endpoint),
                         endpoint: endpoint.name.clone(),
                     });
                 }
@@ -676,6 +676,27 @@ pub async fn network_lessons(
 
 /// Removes every container and network of a live lesson, then the networks' firewall rules;
 /// idempotent.
+/// Waits (at most a minute) for a container whose removal is in progress to be gone; still
+/// there, it is an error, so the caller tries the removal again.
+async fn until_removed(docker: &Docker, name: &str) -> Result<(), EngineError> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match docker.inspect_container(name, None).await {
+            Err(err) if is_not_found(&err) => return Ok(()),
+            Err(err) => return Err(err.into()),
+            Ok(_) if tokio::time::Instant::now() >= deadline => {
+                return Err(EngineError::Docker(
+                    DockerError::DockerResponseServerError {
+                        status_code: 409,
+                        message: format!("container {name} is still being removed"),
+                    },
+                ));
+            }
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
+}
+
 pub async fn remove(
     docker: &Docker,
     firewall: &Firewall,
@@ -696,10 +717,11 @@ pub async fn remove(
         {
             Ok(()) => {}
             Err(err) if is_not_found(&err) => {}
-            // 409: removal already in progress.
+            // 409: removal already in progress (an earlier call whose deadline passed while a
+            // large image's copy was deleted on vfs): gone only once that removal is over.
             Err(DockerError::DockerResponseServerError {
                 status_code: 409, ..
-            }) => {}
+            }) => until_removed(docker, &name).await?,
             Err(err) => return Err(err.into()),
         }
     }

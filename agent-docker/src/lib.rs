@@ -7,6 +7,7 @@
 //!   label, plans; the SDK's `Agent` applies the protocol's rules around it.
 //! - [`configurator`], python, ansible and napalm configurations from one configurator
 //!   container per stage run on the lesson's network.
+//! - [`guide`], Jupyter guide endpoints: the Jupyter image, the stage's notebook written in.
 //! - [`engine`], every Docker call: networks, containers (confined: capabilities, pids,
 //!   memory, CPU, no-new-privileges), exec (bounded in time and output), inspection.
 //! - [`firewall`], the host iptables rules that keep lesson networks off the engine's host and
@@ -22,4 +23,5 @@ pub mod backend;
 pub mod configurator;
 pub mod engine;
 pub mod firewall;
+pub mod guide;
 pub mod settings;

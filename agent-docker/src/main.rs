@@ -64,15 +64,26 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
+    // Learners' way in: presentations resolve to the addresses the agent reports (the
+    // containers' ports published on the engine's host, where this agent runs).
+    let entrypoint = settings.entrypoint.bind().await?;
+    if let Some(bound) = &entrypoint {
+        println!("entrypoint listening on {}", bound.listener.local_addr()?);
+    }
     let signal = sdk::shutdown_signal();
     println!("{}", transport.announce());
     let book = Arc::new(StateBook::default());
     let configurator = agent_docker::configurator::available(&docker, &settings).await;
-    let backend =
-        Docker::new(docker, settings, firewall, book.clone()).with_configurator(configurator);
+    let jupyter = agent_docker::guide::available(&docker, &settings).await;
+    let backend = Docker::new(docker, settings, firewall, book.clone())
+        .with_configurator(configurator)
+        .with_jupyter(jupyter);
     let shutdown = CancellationToken::new();
     tokio::spawn(backend.clone().follow_events(shutdown.clone()));
     let agent = Agent::with_book(backend, book);
+    if let Some(bound) = entrypoint {
+        agent.serve_entrypoint(bound, shutdown.clone());
+    }
     sdk::run(agent, transport, metrics, telemetry, async move {
         signal.await;
         shutdown.cancel();

@@ -27,6 +27,10 @@ pub struct Settings {
     /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
     #[command(flatten)]
     pub connect: antidote_proto::sdk::dial::ConnectArgs,
+    /// Learners' way in (`--entrypoint-listen ADDR`, its TLS and keys): web terminals and
+    /// proxied HTTP presentations, reaching containers at their published ports.
+    #[command(flatten)]
+    pub entrypoint: antidote_proto::sdk::entrypoint::EntrypointArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,
@@ -67,6 +71,16 @@ pub struct Settings {
         default_value = crate::configurator::DEFAULT_IMAGE
     )]
     pub configurator_image: String,
+    /// The image a lesson's Jupyter guide endpoint runs (built locally by
+    /// tests/docker/configurator.sh jupyter): Jupyter serving /antidote/guide on port 8888.
+    /// Checked at start: when the engine lacks it (or it is empty) the agent does not offer
+    /// `guide.jupyter`.
+    #[arg(
+        long,
+        env = "ANTIDOTE_DOCKER_JUPYTER_IMAGE",
+        default_value = crate::guide::DEFAULT_IMAGE
+    )]
+    pub jupyter_image: String,
     /// Memory limit of a configurator container, in MiB (0: none): ansible and NAPALM need more
     /// than an endpoint.
     #[arg(
@@ -105,5 +119,14 @@ impl Settings {
     /// The image reference for a slug.
     pub fn image(&self, slug: &str) -> String {
         self.image_pattern.replace("{slug}", slug)
+    }
+
+    /// The image reference `endpoint` runs: the Jupyter image for a guide endpoint, its image
+    /// slug's otherwise.
+    pub fn image_of(&self, endpoint: &antidote_proto::agent::v1::Endpoint) -> String {
+        if endpoint.jupyter_guide.is_some() {
+            return self.jupyter_image.clone();
+        }
+        self.image(endpoint.image.as_ref().map_or("", |i| i.slug.as_str()))
     }
 }

@@ -139,6 +139,13 @@ impl Kubernetes {
                 }
             }
         }
+        // The guide's notebook before its pod, which mounts it.
+        if let Some(manifest) = cluster::guide_configmap_manifest(spec) {
+            let configmaps: Api<ConfigMap> = self.api(spec);
+            cluster::apply(&configmaps, cluster::GUIDE_CONFIGMAP, &manifest)
+                .await
+                .map_err(|e| explain(&format!("ConfigMap {}", cluster::GUIDE_CONFIGMAP), &e))?;
+        }
         let pods: Api<Pod> = self.api(spec);
         let services: Api<Service> = self.api(spec);
         for (i, endpoint) in spec.endpoints.iter().enumerate() {
@@ -474,6 +481,9 @@ impl Backend for Kubernetes {
     fn describe(&self) -> Description {
         let mut offered = CAPABILITIES.to_vec();
         offered.extend(configurator::capabilities(&self.settings));
+        if self.settings.jupyter_image.is_some() {
+            offered.push(capabilities::GUIDE_JUPYTER);
+        }
         let mut description = Description::new("agent-k8s", env!("CARGO_PKG_VERSION"), &offered);
         description.max_live_lessons = self.settings.max_live_lessons;
         description.labels = HashMap::from([("backend".to_owned(), "kubernetes".to_owned())]);

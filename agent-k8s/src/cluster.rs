@@ -270,6 +270,10 @@ pub fn pod_manifest(
         Flavor::try_from(image.flavor),
         Ok(Flavor::Trusted | Flavor::Legacy)
     );
+    let image_ref = match (&endpoint.jupyter_guide, &settings.jupyter_image) {
+        (Some(_), Some(jupyter)) => jupyter.clone(),
+        _ => settings.image(&image.slug),
+    };
     let mut pod_spec = json!({
         "hostname": endpoint.name,
         // Learners get a shell on these pods: no API credentials, no service links.
@@ -278,7 +282,7 @@ pub fn pod_manifest(
         "restartPolicy": "Always",
         "containers": [{
             "name": endpoint.name,
-            "image": settings.image(&image.slug),
+            "image": image_ref,
             "ports": ports(endpoint)
                 .into_iter()
                 .map(|(name, port)| json!({ "name": name, "containerPort": port, "protocol": "TCP" }))
@@ -304,6 +308,19 @@ pub fn pod_manifest(
     if !trusted && let Some(class) = &settings.untrusted_runtime_class {
         pod_spec["runtimeClassName"] = json!(class);
     }
+    if endpoint.jupyter_guide.is_some() {
+        // The notebook from the guide's ConfigMap: the kubelet refreshes the mounted file when
+        // a stage change updates it, and Jupyter reads it on every request.
+        pod_spec["volumes"] = json!([{
+            "name": "guide",
+            "configMap": { "name": GUIDE_CONFIGMAP },
+        }]);
+        pod_spec["containers"][0]["volumeMounts"] = json!([{
+            "name": "guide",
+            "mountPath": GUIDE_DIR,
+            "readOnly": true,
+        }]);
+    }
     let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -318,6 +335,37 @@ pub fn pod_manifest(
         pod["metadata"]["annotations"] = json!({ "k8s.v1.cni.cncf.io/networks": networks });
     }
     pod
+}
+
+/// The ConfigMap holding the Jupyter guide's notebook (`guide.ipynb`), mounted in the guide
+/// endpoint's pod at [`GUIDE_DIR`].
+pub const GUIDE_CONFIGMAP: &str = "jupyter-guide";
+
+/// Where the Jupyter image serves files from.
+pub const GUIDE_DIR: &str = "/antidote/guide";
+
+/// The guide ConfigMap of `spec`, when it has a Jupyter guide endpoint: its current stage's
+/// notebook, replaced by every generation (one name, so the pod's volume never changes).
+pub fn guide_configmap_manifest(spec: &proto::LessonSpec) -> Option<Value> {
+    let guide = spec
+        .endpoints
+        .iter()
+        .find_map(|e| e.jupyter_guide.as_ref())?;
+    let mut labels = lesson_labels(spec);
+    labels.insert("antidote.io/guide-stage".into(), spec.stage.to_string());
+    Some(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": GUIDE_CONFIGMAP,
+            "namespace": namespace(&spec.live_lesson_id),
+            "labels": labels,
+        },
+        "binaryData": {
+            // ByteString serialises as base64, as binaryData wants.
+            "guide.ipynb": k8s_openapi::ByteString(guide.notebook.clone()),
+        },
+    }))
 }
 
 pub fn service_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
@@ -669,5 +717,39 @@ mod tests {
     fn jobs_are_named_per_generation() {
         assert_eq!(job_name("router", 3), "config-router-g3");
         assert_eq!(namespace("abc"), "antidote-abc");
+    }
+    #[test]
+    fn the_jupyter_guide_pod_runs_the_jupyter_image_and_mounts_the_notebook() {
+        let settings = settings(&["--jupyter-image", "registry.example/antidote/jupyter:1"]);
+        let mut spec = spec();
+        assert_eq!(guide_configmap_manifest(&spec), None);
+        let mut guide = endpoint("jupyter-guide", Flavor::Untrusted, &[]);
+        guide.jupyter_guide = Some(proto::JupyterGuide {
+            notebook: b"{\"cells\": []}".to_vec(),
+        });
+        spec.endpoints.push(guide);
+        let pod = pod_manifest(&settings, &spec, 3, false);
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(container["image"], "registry.example/antidote/jupyter:1");
+        assert_eq!(container["volumeMounts"][0]["mountPath"], GUIDE_DIR);
+        assert_eq!(
+            pod["spec"]["volumes"][0]["configMap"]["name"],
+            GUIDE_CONFIGMAP
+        );
+        assert_confined(&container["securityContext"]);
+        // Other endpoints are untouched.
+        let other = pod_manifest(&settings, &spec, 0, false);
+        assert!(other["spec"]["volumes"].is_null(), "{other}");
+        let configmap = guide_configmap_manifest(&spec).unwrap();
+        assert_eq!(configmap["metadata"]["name"], GUIDE_CONFIGMAP);
+        assert_eq!(
+            configmap["metadata"]["labels"]["antidote.io/guide-stage"],
+            "0"
+        );
+        // `{"cells": []}` in base64.
+        assert_eq!(
+            configmap["binaryData"]["guide.ipynb"],
+            "eyJjZWxscyI6IFtdfQ=="
+        );
     }
 }

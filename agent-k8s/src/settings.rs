@@ -78,6 +78,12 @@ pub struct Settings {
     /// it the agent runs shell configurations only and does not offer the other types.
     #[arg(long, env = "ANTIDOTE_K8S_CONFIGURATOR_IMAGE")]
     pub configurator_image: Option<String>,
+    /// The image a lesson's Jupyter guide endpoint runs (built locally by
+    /// tests/docker/configurator.sh jupyter; push it where the cluster pulls from): Jupyter
+    /// serving /antidote/guide on port 8888. Without it the agent does not offer
+    /// `guide.jupyter`.
+    #[arg(long, env = "ANTIDOTE_K8S_JUPYTER_IMAGE")]
+    pub jupyter_image: Option<String>,
     /// Memory limit of a configurator Job's container, in MiB (0: the endpoints' limit).
     #[arg(
         long,

@@ -376,6 +376,7 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
                         })
                         .collect(),
                     configuration,
+                    jupyter_guide: None,
                 }
             },
         )

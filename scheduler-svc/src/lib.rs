@@ -10,13 +10,14 @@
 //! - [`store`]: SQLite or PostgreSQL persistence through sqlx.
 //!
 //! Shared by all: [`catalog`] (the YAML curriculum), [`model`] (ids, statuses, sessions, live
-//! lessons), [`metrics`], [`settings`] and [`error`].
+//! lessons), [`metrics`], [`settings`], [`error`] and [`entrypoint`] (the entrypoint tokens' key set).
 #![forbid(unsafe_code)]
 
 pub mod agents;
 pub mod api;
 pub mod catalog;
 pub mod drive;
+pub mod entrypoint;
 pub mod error;
 pub mod metrics;
 pub mod model;
@@ -35,8 +36,9 @@ use crate::api::auth::AdminAuth;
 use crate::api::http::Surface;
 use crate::api::{Api, Services, Watches};
 use crate::catalog::Catalog;
-use crate::drive::{Hub, Reaper, Reconciler, Roster};
+use crate::drive::{Hub, Identity, Reaper, Reconciler, Replica, Roster};
 use crate::metrics::Metrics;
+use crate::model::Millis;
 use crate::settings::Config;
 use crate::store::Store;
 
@@ -69,7 +71,22 @@ pub async fn run(
     let config = Arc::new(config);
     let catalog = Arc::new(catalog);
     let store = Store::open(&config.database).await?;
+    // Created by the first scheduler on this database, shared by its replicas: agents label
+    // every object with it, and only objects carrying it are ever collected as orphans.
+    let cluster_id = store.cluster_id(Millis::now()).await?;
+    // On PostgreSQL this process is one of possibly several replicas: a lease holder.
+    let replica =
+        (store.backend() == "postgres").then(|| Arc::new(Replica::new(config.replicas.lease_ttl)));
+    tracing::info!(
+        %cluster_id,
+        replica = replica.as_ref().map_or("", |r| r.id.as_str()),
+        backend = store.backend(),
+        "store open"
+    );
     let metrics = Arc::new(Metrics::default());
+    let entrypoint = Arc::new(
+        crate::entrypoint::Tokens::load(&config.entrypoint).map_err(|err| anyhow::anyhow!(err))?,
+    );
     let fleet = Arc::new(Fleet::new(
         &config.agents,
         &config.reconciler,
@@ -111,7 +128,12 @@ pub async fn run(
         roster,
         hub.clone(),
         config.reconciler.clone(),
-        config.instance_id.clone(),
+        Identity {
+            instance_id: config.instance_id.clone(),
+            cluster_id: cluster_id.clone(),
+            replica: replica.clone(),
+        },
+        config.replicas.clone(),
         metrics.clone(),
     );
     let (fleet_tx, fleet_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -126,6 +148,7 @@ pub async fn run(
                 config.reconciler.backoff_initial,
                 config.reconciler.backoff_max,
             ),
+            entrypoint_keys: entrypoint.public_keys(),
         },
     );
     if let (Some(intake), Some(listener)) = (intake, listeners.agent_intake) {
@@ -142,6 +165,8 @@ pub async fn run(
         ttl: config.ttl.clone(),
         config: config.reaper.clone(),
         instance_id: config.instance_id.clone(),
+        cluster_id,
+        replica,
         metrics: metrics.clone(),
     };
     tracker.spawn(reaper.run(shutdown.clone()));
@@ -157,6 +182,7 @@ pub async fn run(
         metrics,
         admin_auth: Arc::new(AdminAuth::new(&config.admin)),
         watches: Watches::new(&config.limits),
+        entrypoint,
     };
     for (listener, surface) in [
         (listeners.http, Surface::Learners),

@@ -60,8 +60,12 @@ fn main() -> ExitCode {
 
 fn validate(dir: &std::path::Path, tier: Tier) -> ExitCode {
     match scheduler_svc::catalog::validate(dir, tier) {
-        Ok(summary) => {
-            println!("{summary}");
+        Ok(validation) => {
+            // Warnings on stderr, the summary last on stdout, so scripts can read either.
+            for warning in &validation.warnings {
+                eprintln!("warning: {warning}");
+            }
+            println!("{}", validation.summary);
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -84,6 +88,16 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     .context("key `telemetry.otlp_endpoint`")?;
     let catalog = Catalog::load(&config.curriculum, config.tier)
         .with_context(|| format!("curriculum {}", config.curriculum.display()))?;
+    for warning in &catalog.warnings {
+        tracing::warn!(
+            file = %warning.file.display(),
+            lesson = warning.lesson.as_deref().unwrap_or_default(),
+            field = %warning.field,
+            reason = %warning.reason,
+            "curriculum warning: a skipped lesson refers to what does not exist"
+        );
+    }
+    tracing::info!(summary = %catalog.summary(config.tier), "curriculum loaded");
     let http = if config.http.enabled {
         let listener = tokio::net::TcpListener::bind(config.http.listen)
             .await

@@ -24,6 +24,9 @@ pub const NOT_OURS: &[&str] = &[
     "ANTIDOTE_AGENT_CONNECT",
     "ANTIDOTE_AGENT_TLS_",
     "ANTIDOTE_AGENT_INSECURE_PLAINTEXT",
+    // An agent's entrypoint flags (antidote_proto::sdk::entrypoint::EntrypointArgs);
+    // `ANTIDOTE_ENTRYPOINT__*` is ours.
+    "ANTIDOTE_AGENT_ENTRYPOINT_",
     // The test suite's own settings (`ANTIDOTE_TEST_POSTGRES`: tests/postgres/pg.sh's server),
     // inherited by the schedulers the tests start.
     "ANTIDOTE_TEST_",
@@ -53,6 +56,8 @@ pub struct Config {
     pub reaper: ReaperConfig,
     /// The reconciler's pool, deadlines and retries.
     pub reconciler: ReconcilerConfig,
+    /// Replicas sharing one PostgreSQL database: leases and the resync.
+    pub replicas: ReplicasConfig,
     /// The agents to dial.
     pub agents: Vec<AgentConfig>,
     /// Where agents behind NAT dial in (`--connect`), and which of them are admitted; off
@@ -69,6 +74,50 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Where spans are exported (OTLP), if anywhere.
     pub telemetry: TelemetryConfig,
+    /// Tokens for agents' entrypoints (learners' way in): signing keys, their lifetime, and
+    /// agents' entrypoint URLs when their handshake does not say.
+    pub entrypoint: EntrypointConfig,
+}
+
+/// Entrypoint tokens (PROTOCOL.md, "Entrypoint"). No keys: no token is signed and learners'
+/// answers carry no `entrypoint_url`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EntrypointConfig {
+    /// Signing keys, `{ id = "k2", file = "k2.pem" }` (Ed25519, PKCS#8 PEM: `openssl genpkey
+    /// -algorithm ed25519`). Every key's public half goes to agents at handshake, so tokens of
+    /// an older key keep verifying while it is listed; every replica lists the same keys.
+    pub keys: Vec<EntrypointKeyConfig>,
+    /// The id of the key that signs; unset: the last listed. Rotation: add the new key, make it
+    /// current, remove the old one once its tokens expired.
+    pub current: Option<String>,
+    /// How long a token admits (its `exp`): learners get a fresh one with every answer.
+    #[serde(with = "humantime_serde")]
+    pub token_ttl: Duration,
+    /// Agents' entrypoint base URLs by agent name (`{ docker = "https://lab.example:8443" }`),
+    /// over what their handshakes say.
+    pub urls: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for EntrypointConfig {
+    fn default() -> Self {
+        EntrypointConfig {
+            keys: Vec::new(),
+            current: None,
+            token_ttl: Duration::from_secs(600),
+            urls: Default::default(),
+        }
+    }
+}
+
+/// One entrypoint signing key.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntrypointKeyConfig {
+    /// Its key id (`kid`).
+    pub id: String,
+    /// The PKCS#8 PEM file of the Ed25519 private key.
+    pub file: PathBuf,
 }
 
 impl Default for Config {
@@ -83,12 +132,14 @@ impl Default for Config {
             limits: Limits::default(),
             reaper: ReaperConfig::default(),
             reconciler: ReconcilerConfig::default(),
+            replicas: ReplicasConfig::default(),
             agents: Vec::new(),
             agent_intake: AgentIntakeConfig::default(),
             trust_forwarded_for: false,
             http: HttpConfig::default(),
             admin: AdminConfig::default(),
             telemetry: TelemetryConfig::default(),
+            entrypoint: EntrypointConfig::default(),
         }
     }
 }
@@ -393,6 +444,32 @@ impl Default for ReconcilerConfig {
     }
 }
 
+/// Work shared by replicas (DESIGN.md §3, replicas). Leases are only taken on PostgreSQL; the
+/// resync runs on both backends.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicasConfig {
+    /// How long a replica's lease (on a live lesson's work, or on the reaper's duties) lasts
+    /// unless renewed; renewed every third of it. A replica that dies has its work taken over
+    /// within about this long (plus `resync_interval`). Replicas' clocks must agree to well
+    /// within it.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How often the store is searched for unsettled live lessons that no worker has: not in
+    /// this process's queue and, on PostgreSQL, leased by no live replica.
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+}
+
+impl Default for ReplicasConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(15),
+            resync_interval: Duration::from_secs(10),
+        }
+    }
+}
+
 /// The agent intake: a TLS listener where agents dial in (`--connect https://HOST:PORT`),
 /// each named by its client certificate (its first `spiffe://` URI SAN, else its first DNS SAN).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -693,6 +770,8 @@ impl Config {
             ("reconciler.backoff_max", self.reconciler.backoff_max),
             ("reconciler.poll_interval", self.reconciler.poll_interval),
             ("reconciler.agent_grace", self.reconciler.agent_grace),
+            ("replicas.lease_ttl", self.replicas.lease_ttl),
+            ("replicas.resync_interval", self.replicas.resync_interval),
         ] {
             if value.is_zero() {
                 return invalid(key, "must be longer than zero");
@@ -724,6 +803,26 @@ impl Config {
             }
         }
         self.agent_intake.validate(&self.agents)?;
+        let ids: Vec<&str> = self.entrypoint.keys.iter().map(|k| k.id.as_str()).collect();
+        for (i, id) in ids.iter().enumerate() {
+            if id.is_empty() || ids[..i].contains(id) {
+                return invalid(
+                    &format!("entrypoint.keys[{i}].id"),
+                    "must be set and unique",
+                );
+            }
+        }
+        if let Some(current) = &self.entrypoint.current
+            && !ids.contains(&current.as_str())
+        {
+            return invalid(
+                "entrypoint.current",
+                &format!("`{current}` is not the id of a key in entrypoint.keys"),
+            );
+        }
+        if self.entrypoint.token_ttl < Duration::from_secs(10) {
+            return invalid("entrypoint.token_ttl", "must be at least 10s");
+        }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint
             && !endpoint.is_empty()
             && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))

@@ -2,7 +2,7 @@
 # Build the configurator image and the SSH test endpoint image locally, from packages the
 # registries serve (Debian's mirror and PyPI; no container registry), once.
 #
-#   DOCKER_HOST=unix://... tests/docker/configurator.sh [configurator|sshd|all]   (default: all)
+#   DOCKER_HOST=unix://... tests/docker/configurator.sh [configurator|sshd|jupyter|all]   (default: all)
 #
 # antidote/configurator:latest: a Debian bookworm rootfs (debootstrap --variant=minbase) with
 #   python3, openssh-client and sshpass, and a virtualenv /opt/antidote (on PATH) holding
@@ -15,6 +15,12 @@
 #   libraries it links (ldd): dropbear on 22 (user `antidote`, password `antidotepassword`,
 #   logins logged to the container's stderr, so `docker logs` shows who logged in), busybox httpd
 #   on 8080. The curriculum slug `sshd` names it.
+# antidote/jupyter:latest: the configurator's Debian rootfs (its cached tarball, without the
+#   configurator's virtualenv) with a virtualenv /opt/jupyter holding Jupyter Notebook from PyPI,
+#   serving /antidote/guide on port 8888 with no token (learners reach it only through the
+#   agent's entrypoint). Agents run a lesson's Jupyter guide endpoint in it and write the current
+#   stage's notebook to /antidote/guide/guide.ipynb (agent-docker `--jupyter-image`). Its rootfs
+#   tarball is cached beside the configurator's.
 # Each image carries the label antidote.io/content-hash; an image whose label matches is kept.
 set -euo pipefail
 
@@ -24,9 +30,11 @@ CACHE=${ANTIDOTE_IMAGE_CACHE:-$HOME/.cache/antidote/images}
 BUSYBOX=${ANTIDOTE_BUSYBOX:-/bin/busybox}
 CONFIGURATOR_TAG=antidote/configurator:latest
 SSHD_TAG=antidote/sshd:latest
+JUPYTER_TAG=antidote/jupyter:latest
 # What the configurator holds; part of the cache key.
 DEBIAN_PACKAGES="python3,python3-venv,openssh-client,sshpass,ca-certificates"
 PYPI_PACKAGES="ansible-core==2.19.* napalm==5.2.*"
+JUPYTER_PACKAGES="notebook==7.*"
 export DOCKER_BUILDKIT=0
 
 log() { echo "configurator.sh: $*" >&2; }
@@ -98,14 +106,17 @@ if __name__ == "__main__":
     main()
 '
 
-build_configurator() {
-  local key tarball have started
-  key=$( { cat "${BASH_SOURCE[0]}"; echo "$DEBIAN_PACKAGES $PYPI_PACKAGES"; } | sha256sum | cut -c1-16)
-  have=$(label_of "$CONFIGURATOR_TAG")
-  if [[ $have == "$key" ]]; then
-    log "$CONFIGURATOR_TAG is up to date ($key)"
-    return 0
-  fi
+# The configurator's cache key: this script's configurator part and its packages (so a change
+# to the Jupyter image alone rebuilds nothing here).
+configurator_key() {
+  { sed -n '/^NAPALM_SCRIPT=/,/^# END CONFIGURATOR/p' "${BASH_SOURCE[0]}"; echo "$DEBIAN_PACKAGES $PYPI_PACKAGES"; } \
+    | sha256sum | cut -c1-16
+}
+
+# Makes sure the configurator's rootfs tarball is cached; prints its path.
+configurator_rootfs() {
+  local key tarball started
+  key=$(configurator_key)
   tarball=$CACHE/configurator-$key.tar.gz
   started=$(date +%s)
   if [[ ! -s $tarball ]]; then
@@ -148,6 +159,19 @@ build_configurator() {
     trap - EXIT
     log "rootfs cached in $tarball ($(du -h "$tarball" | cut -f1)) after $(( $(date +%s) - started )) s"
   fi
+  echo "$tarball"
+}
+
+build_configurator() {
+  local key tarball have started
+  key=$(configurator_key)
+  have=$(label_of "$CONFIGURATOR_TAG")
+  if [[ $have == "$key" ]]; then
+    log "$CONFIGURATOR_TAG is up to date ($key)"
+    return 0
+  fi
+  started=$(date +%s)
+  tarball=$(configurator_rootfs)
   log "importing $CONFIGURATOR_TAG"
   docker import \
     --change 'ENV PATH=/opt/antidote/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
@@ -160,6 +184,63 @@ build_configurator() {
     "$tarball" "$CONFIGURATOR_TAG" >/dev/null
   docker image prune -f --filter "label=antidote.io/image=configurator" >/dev/null 2>&1 || true
   log "$CONFIGURATOR_TAG ready after $(( $(date +%s) - started )) s"
+}
+# END CONFIGURATOR
+
+# How the Jupyter image serves the guide: no token or password (the agent's entrypoint admits
+# learners), any origin (it is reached through that proxy), files under /antidote/guide.
+JUPYTER_CMD='["jupyter", "notebook", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--allow-root", "--ServerApp.root_dir=/antidote/guide", "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.allow_origin=*", "--ServerApp.allow_remote_access=True", "--ServerApp.disable_check_xsrf=True"]'
+
+build_jupyter() {
+  local base key tarball have started root
+  started=$(date +%s)
+  key=$( { configurator_key; sed -n '/^# END CONFIGURATOR/,$p' "${BASH_SOURCE[0]}"; echo "$JUPYTER_PACKAGES"; } \
+    | sha256sum | cut -c1-16)
+  have=$(label_of "$JUPYTER_TAG")
+  if [[ $have == "$key" ]]; then
+    log "$JUPYTER_TAG is up to date ($key)"
+    return 0
+  fi
+  tarball=$CACHE/jupyter-$key.tar.gz
+  if [[ ! -s $tarball ]]; then
+    [[ $(id -u) == 0 ]] || die "building the jupyter rootfs needs root (chroot)"
+    base=$(configurator_rootfs)
+    root=$(mktemp -d "$CACHE/.jupyter.XXXXXX")
+    # shellcheck disable=SC2064
+    trap "umount '$root/proc' 2>/dev/null || true; rm -rf '$root'" EXIT
+    tar --numeric-owner -C "$root" -xzf "$base"
+    rm -rf "$root/opt/antidote" "$root/usr/local/bin/antidote-napalm"
+    cp /etc/resolv.conf "$root/etc/resolv.conf"
+    cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/antidote-build-ca.crt"
+    mount -t proc proc "$root/proc"
+    log "pip install $JUPYTER_PACKAGES (about a minute)"
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+      PIP_CERT=/etc/ssl/certs/antidote-build-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
+      PIP_DEFAULT_TIMEOUT=180 ${PIP_INDEX_URL:+PIP_INDEX_URL=$PIP_INDEX_URL} \
+      sh -c "python3 -m venv /opt/jupyter && /opt/jupyter/bin/pip install --no-cache-dir -q $JUPYTER_PACKAGES" \
+      >&2 || die "pip install in the jupyter rootfs failed"
+    umount "$root/proc"
+    rm -f "$root/etc/ssl/certs/antidote-build-ca.crt"
+    printf 'nameserver 127.0.0.11\n' >"$root/etc/resolv.conf"
+    mkdir -p "$root/antidote/guide"
+    find "$root/opt/jupyter" -name __pycache__ -type d -prune -exec rm -rf {} +
+    tar --numeric-owner -C "$root" -czf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+    trap - EXIT
+    log "rootfs cached in $tarball ($(du -h "$tarball" | cut -f1)) after $(( $(date +%s) - started )) s"
+  fi
+  log "importing $JUPYTER_TAG"
+  docker import \
+    --change 'ENV PATH=/opt/jupyter/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV PYTHONUNBUFFERED=1' \
+    --change 'ENV HOME=/root' \
+    --change 'WORKDIR /antidote/guide' \
+    --change "CMD $JUPYTER_CMD" \
+    --change 'EXPOSE 8888' \
+    --change "LABEL antidote.io/image=jupyter antidote.io/content-hash=$key" \
+    "$tarball" "$JUPYTER_TAG" >/dev/null
+  docker image prune -f --filter "label=antidote.io/image=jupyter" >/dev/null 2>&1 || true
+  log "$JUPYTER_TAG ready after $(( $(date +%s) - started )) s"
 }
 
 build_sshd() {
@@ -236,6 +317,7 @@ EOF
 case $WHAT in
   configurator) build_configurator ;;
   sshd) build_sshd ;;
-  all) build_sshd; build_configurator ;;
-  *) die "unknown image '$WHAT' (configurator, sshd or all)" ;;
+  jupyter) build_jupyter ;;
+  all) build_sshd; build_configurator; build_jupyter ;;
+  *) die "unknown image '$WHAT' (configurator, sshd, jupyter or all)" ;;
 esac

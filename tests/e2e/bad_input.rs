@@ -341,3 +341,94 @@ async fn a_malformed_curriculum_stops_start_up_naming_file_and_problem() {
     assert!(!output.status.success());
     assert!(stderr.contains("ttl.live_lesson"), "{stderr}");
 }
+
+/// Writes a curriculum in Antidote's format: two prod lessons, and a ptr lesson whose endpoint
+/// names an image the curriculum does not define (real curricula hold such lessons).
+fn tiered_curriculum(root: &std::path::Path) {
+    let write = |path: &str, text: &str| {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("curriculum.meta.yaml", "name: Tiers\n");
+    write(
+        "images/box/image.meta.yaml",
+        "slug: box\nflavor: untrusted\n",
+    );
+    for (dir, slug, tier, image) in [
+        ("intro", "intro", "prod", "box"),
+        ("routing", "routing", "prod", "box"),
+        ("draft", "vqfx-draft", "ptr", "vqfx-snap1"),
+    ] {
+        write(
+            &format!("lessons/{dir}/lesson.meta.yaml"),
+            &format!(
+                "slug: {slug}\nname: {slug}\ncategory: fundamentals\ntier: {tier}\n\
+                 endpoints:\n- name: e\n  image: {image}\n  additionalPorts: [22]\n\
+                 stages:\n- description: one\n  guideType: markdown\n"
+            ),
+        );
+        write(&format!("lessons/{dir}/stage0/guide.md"), "# guide\n");
+    }
+}
+
+#[tokio::test]
+async fn a_skipped_lesson_naming_an_undefined_image_is_a_warning_and_a_loaded_one_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let curriculum = dir.path().join("curriculum");
+    tiered_curriculum(&curriculum);
+    let validate = |tier: &str| {
+        std::process::Command::new(workspace_bin("scheduler-svc"))
+            .args([
+                "validate",
+                &curriculum.display().to_string(),
+                "--tier",
+                tier,
+            ])
+            .output()
+            .unwrap()
+    };
+    let problem = "lessons/draft/lesson.meta.yaml: lesson `vqfx-draft`: `endpoints[0].image`: \
+                   no image with slug `vqfx-snap1`";
+
+    // At tier prod the ptr lesson is skipped: a warning naming it, and the counts.
+    let output = validate("prod");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("warning: ") && stderr.contains(problem),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains(
+            "valid at tier prod: 2 lessons loaded (1 skipped below the tier), 0 collections \
+             loaded (0 skipped), 1 image, 1 warning"
+        ),
+        "{stdout}"
+    );
+
+    // At tier ptr it loads, so its undefined image is an error naming it.
+    let output = validate("ptr");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.starts_with("1 curriculum error:"), "{stderr}");
+    assert!(stderr.contains(problem), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    // `serve` at tier prod starts and logs the warning.
+    let scheduler = antidote_tests::Scheduler::start(
+        dir.path(),
+        &format!(
+            "curriculum = \"{}\"\ntier = \"prod\"\n",
+            curriculum.display()
+        ),
+    )
+    .await
+    .expect("the scheduler starts at tier prod");
+    let log = scheduler.process.log_text();
+    assert!(
+        log.contains("curriculum warning") && log.contains("vqfx-draft"),
+        "{log}"
+    );
+}

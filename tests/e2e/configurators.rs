@@ -7,7 +7,8 @@
 //! leave a file there, which the test reads with `docker exec`; the napalm driver logs in to its
 //! endpoint's port 22 with the image's config credentials (dropbear's log says so) and its
 //! failure is the FAILED reason; a script that exits non-zero and one that hangs past the
-//! timeout are FAILED with the reason. agent-k8s (against the test control plane, whose fake
+//! timeout are FAILED with the reason; a lesson with Jupyter guides gets a guide endpoint
+//! (`antidote/jupyter`) serving stage 0's notebook, then stage 1's after SetStage. agent-k8s (against the test control plane, whose fake
 //! kubelet runs no container): the Jobs, ConfigMap and Secret it makes, read through the API.
 
 use std::path::{Path, PathBuf};
@@ -243,6 +244,96 @@ async fn docker_python_ansible_and_napalm_configure_endpoints_over_ssh() {
     assert_eq!(configurators(&env.instance), "");
 
     env.delete_all(&[&both.id, &napalm.id]).await;
+}
+
+/// The guide endpoint's notebook as its Jupyter server serves it (`/files/`: the file's bytes).
+async fn served_notebook(lesson: &api::LiveLesson) -> String {
+    let web = antidote_tests::presentation(lesson, "jupyter-guide", "web");
+    assert_eq!(web.r#type, "http");
+    let url = format!("http://{}/files/guide.ipynb", web.address);
+    let answer = antidote_tests::web::Web::default()
+        .get(&url)
+        .await
+        .unwrap_or_else(|err| panic!("GET {url}: {err:#}"));
+    assert_eq!(
+        answer.status,
+        hyper::StatusCode::OK,
+        "{url}: {}",
+        answer.body
+    );
+    answer.body
+}
+
+#[tokio::test]
+async fn docker_jupyter_guide_serves_the_current_stages_notebook() {
+    let (present, out) = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{.Id}}",
+        "antidote/jupyter:latest",
+    ]);
+    assert!(
+        present,
+        "antidote/jupyter:latest is missing: run tests/docker/configurator.sh jupyter\n{out}"
+    );
+    let env = DockerEnv::start("e2e-jupyter-guide", &[]).await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let live = c.request(&session, "jupyter-guide", 0).await.unwrap();
+    let live = env.settle(&live.id).await;
+    assert_eq!(
+        live.status(),
+        S::Ready,
+        "{}\n{}",
+        live.failure_reason,
+        env.logs()
+    );
+    // The lesson's own endpoint, and the guide endpoint the scheduler added.
+    let names: Vec<&str> = live.endpoints.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["box", "jupyter-guide"]);
+    let notebook = served_notebook(&live).await;
+    assert!(notebook.contains("notebook-of-stage-zero"), "{notebook}");
+    // The same through Jupyter's contents API, parsed as a notebook.
+    let web = antidote_tests::presentation(&live, "jupyter-guide", "web");
+    let contents = antidote_tests::web::Web::default()
+        .get(&format!("http://{}/api/contents/guide.ipynb", web.address))
+        .await
+        .unwrap();
+    let contents: serde_json::Value = serde_json::from_str(&contents.body).unwrap();
+    assert_eq!(contents["type"], "notebook", "{contents}");
+    assert_eq!(contents["content"]["nbformat"], 4, "{contents}");
+
+    // SetStage swaps the notebook in the running server.
+    c.lessons
+        .clone()
+        .set_stage(with_token(
+            api::SetStageRequest {
+                id: live.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&live.id),
+        ))
+        .await
+        .unwrap();
+    let (_, staged) = c
+        .follow(&live.id, PATIENCE, |l| {
+            l.generation == 2 && matches!(l.status(), S::Ready | S::Failed)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        staged.status(),
+        S::Ready,
+        "{}\n{}",
+        staged.failure_reason,
+        env.logs()
+    );
+    let notebook = served_notebook(&staged).await;
+    assert!(notebook.contains("notebook-of-stage-one"), "{notebook}");
+    assert!(!notebook.contains("notebook-of-stage-zero"), "{notebook}");
+
+    env.delete_all(&[&live.id]).await;
 }
 
 #[tokio::test]

@@ -354,6 +354,19 @@ async fn docker_agent_kill_9_mid_provision_recovers_without_recreating_and_orpha
 
     // A container with our labels that the scheduler does not know is an orphan: removed after
     // the grace period. One with another instance's label is left alone.
+    // Both carry our cluster id (only such objects are ever reaped: PROTOCOL.md, "Labels"),
+    // read off our own live lesson's container.
+    let (ok, cluster) = docker(&[
+        "inspect",
+        "-f",
+        "{{index .Config.Labels \"antidote.io/cluster\"}}",
+        &web,
+    ]);
+    let cluster = cluster.trim().to_owned();
+    assert!(
+        ok && !cluster.is_empty(),
+        "no cluster label on {web}: {cluster}"
+    );
     let orphan = uuid::Uuid::new_v4().to_string();
     let foreign = uuid::Uuid::new_v4().to_string();
     for (id, instance) in [(&orphan, env.instance.as_str()), (&foreign, "someone-else")] {
@@ -364,6 +377,8 @@ async fn docker_agent_kill_9_mid_provision_recovers_without_recreating_and_orpha
             &container(id, "stray"),
             "--label",
             &format!("antidote.io/instance={instance}"),
+            "--label",
+            &format!("antidote.io/cluster={cluster}"),
             "--label",
             &format!("antidote.io/live-lesson={id}"),
             "--label",

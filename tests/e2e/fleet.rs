@@ -21,7 +21,8 @@ use tonic_types::StatusExt as _;
 use crate::{PATIENCE, start_agent_with_env};
 
 /// The fleet lessons: `anywhere`, `eu-only` (requires region=eu), `gpu-only` (requires gpu=yes,
-/// which no agent has).
+/// which no agent has), `ansible-configured` and `napalm-configured` (an endpoint configured
+/// by that type).
 fn curriculum() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/fleet-curriculum")
@@ -162,9 +163,17 @@ agent_grace = "{agent_grace}"
             .request_placed(&session, lesson, 0, placement)
             .await
             .unwrap_or_else(|status| panic!("{status:?}\n{}", self.logs()));
-        c.ready(&live.id)
+        let ready = c
+            .ready(&live.id)
             .await
-            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()))
+            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
+        // Learners never see the backend: the agent's name is in the operators' view only,
+        // which the tests below read.
+        assert_eq!(ready.agent, "", "a learner's answer names no agent");
+        self.admin_view(&ready.id)
+            .await
+            .live_lesson
+            .expect("the admin view has the live lesson")
     }
 
     /// A request that must be refused: its status.
@@ -409,6 +418,77 @@ async fn placement_follows_required_and_preferred_labels_and_explains_itself() {
 }
 
 #[tokio::test]
+async fn only_agents_claiming_a_configuration_type_get_lessons_using_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // First in configuration order, so it wins every tie it is eligible for.
+    let shell = test_agent(&dir, "shell", &args(&["--configuration-types", "shell"])).await;
+    let ansible = test_agent(
+        &dir,
+        "ansible",
+        &args(&["--configuration-types", "shell,ansible"]),
+    )
+    .await;
+    let members = vec![
+        Member {
+            name: "shell",
+            configured: "",
+            process: shell,
+            args: vec![],
+        },
+        Member {
+            name: "ansible",
+            configured: "",
+            process: ansible,
+            args: vec![],
+        },
+    ];
+    let env = FleetEnv::start(dir, members, "60s").await;
+    let agents = env.agents().await;
+    let offers = |name: &str| {
+        agents
+            .iter()
+            .find(|a| a.name == name)
+            .unwrap()
+            .capabilities
+            .clone()
+    };
+    assert!(!offers("shell").contains(&"configuration.ansible".to_owned()));
+    assert!(offers("ansible").contains(&"configuration.ansible".to_owned()));
+
+    // Every ansible lesson goes to the agent claiming ansible, however loaded it gets.
+    for _ in 0..3 {
+        let live = env.ready("ansible-configured", None).await;
+        assert_eq!(live.agent, "ansible");
+        let placement = env.admin_view(&live.id).await.placement.unwrap();
+        assert_eq!(
+            excluded(&placement, "shell"),
+            "lacks capability configuration.ansible"
+        );
+    }
+    // The other agent is eligible for the rest, and less loaded now.
+    let live = env.ready("anywhere", None).await;
+    assert_eq!(live.agent, "shell");
+    let shell = &env.members.iter().find(|m| m.name == "shell").unwrap();
+    assert!(
+        held(&shell.process, &instance(&env.config))
+            .await
+            .contains(&live.id)
+    );
+
+    // A type no agent claims: refused at once, naming it.
+    let status = env.refused("napalm-configured", None).await;
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("configuration.napalm"),
+        "{status:?}"
+    );
+    let (reason, metadata) = error_info(&status);
+    assert_eq!(reason, "PLACEMENT_IMPOSSIBLE");
+    assert_eq!(metadata["lesson"], "napalm-configured");
+    assert_eq!(metadata["missing"], "capability configuration.napalm");
+}
+
+#[tokio::test]
 async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() {
     let dir = tempfile::tempdir().unwrap();
     let mut members = Vec::new();
@@ -459,12 +539,14 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
     // ...and its live lessons are READY on the others, with the move in their events.
     let c = env.scheduler.clients.clone();
     for live in &moving {
-        let (_, after) = c
-            .follow(&live.id, PATIENCE, |l| {
-                l.status() == S::Ready && l.agent != "a"
-            })
-            .await
-            .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+        // Moved: READY again in a later generation (on another agent, which only the
+        // operators' view names).
+        c.follow(&live.id, PATIENCE, |l| {
+            l.status() == S::Ready && l.generation > live.generation
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+        let after = env.admin_view(&live.id).await.live_lesson.unwrap();
         assert!(["b", "c"].contains(&after.agent.as_str()), "{after:?}");
         assert_eq!(
             (after.stage, after.id.as_str()),
@@ -528,18 +610,7 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
     .await;
     // The moved live lessons were not disturbed: still READY where they went.
     for live in &moving {
-        let now = c
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest {
-                    id: live.id.clone(),
-                },
-                c.tokens.of_lesson(&live.id),
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let now = env.admin_view(&live.id).await.live_lesson.unwrap();
         assert_eq!(now.status(), S::Ready, "{now:?}");
         let holder = env
             .members

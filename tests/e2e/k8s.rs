@@ -477,9 +477,19 @@ async fn k8s_agent_restart_recovers_and_orphan_namespaces_go() {
     let pods: Api<Pod> = env.namespaced(&ready.id);
     let before = pods.get("web").await.unwrap().metadata.uid;
 
-    // An orphan: a labelled namespace the store does not know.
+    // An orphan: a labelled namespace the store does not know, with our cluster id (only
+    // those are ever reaped: PROTOCOL.md, "Labels"), read off our own live lesson's namespace.
     let orphan = uuid::Uuid::new_v4().to_string();
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let cluster = namespaces
+        .get(&format!("antidote-{}", ready.id))
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .remove("antidote.io/cluster")
+        .expect("our live lesson's namespace carries the cluster label");
     let manifest = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -487,6 +497,7 @@ async fn k8s_agent_restart_recovers_and_orphan_namespaces_go() {
             "name": format!("antidote-{orphan}"),
             "labels": {
                 "antidote.io/instance": env.instance,
+                "antidote.io/cluster": cluster,
                 "antidote.io/live-lesson": orphan,
                 "antidote.io/session": orphan,
                 "antidote.io/generation": "1",

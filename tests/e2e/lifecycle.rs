@@ -57,7 +57,8 @@ async fn session_request_watch_stage_heartbeat_delete() {
         .collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
     assert_eq!((ready.healthy, ready.total), (4, 4), "{ready:?}");
-    assert_eq!(ready.agent, "loopback");
+    assert_eq!(ready.agent, "", "learners are not told the agent");
+    assert_eq!(c.agent_of(&ready.id).await.unwrap(), "loopback");
 
     // The endpoints really answer, at stage 0.
     let web = fetch(presentation(&ready, "server", "web")).await;

@@ -9,8 +9,10 @@ mod clock;
 mod configurators;
 mod conformance;
 mod deploy;
+mod deploy_ha;
 mod dialin;
 mod docker;
+mod entrypoint;
 mod fleet;
 mod k8s;
 mod lifecycle;
@@ -21,6 +23,7 @@ mod oidc;
 mod operability;
 mod postgres;
 mod reaping;
+mod replicas;
 mod restart;
 
 use std::path::PathBuf;

@@ -9,21 +9,43 @@
 //!   end, so other tests see the cluster as before.
 //! - On the rendered manifests: the mesh policies admit the scheduler's identity alone to the
 //!   agent's gRPC port, the probes still work behind the sidecar, the agent opts in to plaintext
-//!   only here, and the base is not meshed.
+//!   only here, and the base is not meshed. The base's own mTLS (its TLS Secrets, the agent's
+//!   TLS variables, the scheduler's https:// address) is gone from every variant, and the real
+//!   scheduler with a variant's configuration reaches the real agent-k8s with that variant's
+//!   environment in plaintext.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
 use super::deploy::{
-    documents, dry_run, dry_run_count, k8s_dir, kubectl, kubectl_binary, prepare_namespaces, repo,
-    to_yaml,
+    self, FixtureCrds, agent_service, container_env, documents, dry_run, dry_run_count, find,
+    k8s_dir, prepare_namespaces, relative, scheduler_accepts, scheduler_config, start_agent_k8s,
+    start_scheduler, to_yaml, wait_agent,
 };
+use antidote_proto::api::v1 as api;
 
-/// The label every fixture CRD carries; the test deletes by it and touches nothing without it.
-const FIXTURE_LABEL: &str = "antidote.io/test-fixture=mesh-crds";
+/// The fixture CRDs of the meshes (`tests/fixtures/mesh-crds`).
+const MESH_CRDS: &str = "mesh-crds";
+
+/// The agent's mTLS settings in the base (`--tls-*`, proto/src/sdk/tls.rs).
+const TLS_ENV: [&str; 4] = [
+    "ANTIDOTE_AGENT_TLS_CERT",
+    "ANTIDOTE_AGENT_TLS_KEY",
+    "ANTIDOTE_AGENT_TLS_CLIENT_CA",
+    "ANTIDOTE_AGENT_TLS_REQUIRE_IDENTITY",
+];
+
+/// The Secrets Deployment `name` mounts.
+fn secret_volumes(docs: &[Value], name: &str) -> Vec<String> {
+    find(docs, "Deployment", name)["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["secret"]["secretName"].as_str().map(str::to_owned))
+        .collect()
+}
 
 /// The mesh variants, by their component's directory under `deploy/k8s/mesh`.
 const MESHES: [&str; 2] = ["linkerd", "istio"];
@@ -32,183 +54,24 @@ const MESHES: [&str; 2] = ["linkerd", "istio"];
 /// address (`--insecure-plaintext`, proto/src/sdk/tls.rs).
 const PLAINTEXT_ENV: &str = "ANTIDOTE_AGENT_INSECURE_PLAINTEXT";
 
-fn crd_dir() -> PathBuf {
-    repo().join("tests/fixtures/mesh-crds")
-}
-
-/// The mesh CRDs installed in the test control plane for as long as this lives, and removed
-/// when it drops (a failing test included).
-///
-/// The CRD names are fixed by their groups, so two runs of this test against one control plane
-/// must not overlap: one would delete the CRDs under the other. An exclusive lock on a file
-/// named after the control plane's kubeconfig serialises them (a lock held by a killed process
-/// is released by the kernel). Installing is a server-side apply, idempotent whatever an
-/// earlier, interrupted run left behind.
-struct MeshCrds {
-    _lock: File,
-}
-
-impl MeshCrds {
-    fn install() -> MeshCrds {
-        let kubeconfig = std::env::var("KUBECONFIG").expect(
-            "KUBECONFIG is not set: run tests/run, which starts the test control plane (tests/k8s/controlplane.sh)",
-        );
-        let name: String = kubeconfig
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
-        let path = std::env::temp_dir().join(format!("antidote-mesh-crds-{name}.lock"));
-        let lock = File::create(&path).unwrap();
-        lock.lock().expect("locking the mesh CRD lock file");
-
-        // A CRD of the same name without our label belongs to someone else (a real mesh):
-        // replacing or deleting it would break their cluster.
-        let mut names = Vec::new();
-        for file in crd_files() {
-            for crd in documents(&file) {
-                names.push(crd["metadata"]["name"].as_str().unwrap().to_owned());
-            }
-        }
-        let (ok, output) = kubectl(&[
-            "get",
-            "crd",
-            "-l",
-            "antidote.io/test-fixture!=mesh-crds",
-            "-o",
-            "name",
-        ]);
-        assert!(ok, "{output}");
-        for name in &names {
-            assert!(
-                !output
-                    .lines()
-                    .any(|line| line.ends_with(&format!("/{name}"))),
-                "CRD {name} exists without the label {FIXTURE_LABEL}: it is not ours, refusing to replace it"
-            );
-        }
-
-        let crds = MeshCrds { _lock: lock };
-        let (ok, output) = kubectl(&[
-            "apply",
-            "--server-side",
-            "--field-manager=antidote-tests-mesh",
-            "--force-conflicts",
-            "-f",
-            crd_dir().to_str().unwrap(),
-        ]);
-        assert!(ok, "installing the mesh CRDs failed:\n{output}");
-        let (ok, output) = kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "-l",
-            FIXTURE_LABEL,
-            "--timeout=60s",
-        ]);
-        assert!(ok, "the mesh CRDs were not established:\n{output}");
-        assert_eq!(
-            output
-                .lines()
-                .filter(|l| l.ends_with("condition met"))
-                .count(),
-            names.len(),
-            "{output}"
-        );
-        crds
-    }
-}
-
-impl Drop for MeshCrds {
-    fn drop(&mut self) {
-        // Waits until they are gone (their objects too: a dry run stored none), so the next
-        // holder of the lock starts from a clean cluster.
-        let (ok, output) = kubectl(&[
-            "delete",
-            "crd",
-            "-l",
-            FIXTURE_LABEL,
-            "--wait=true",
-            "--timeout=60s",
-        ]);
-        if !ok && !std::thread::panicking() {
-            panic!("removing the mesh CRDs failed:\n{output}");
-        }
-    }
-}
-
-fn crd_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(crd_dir())
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
-
-/// `to` as a path relative to `from` (both absolute): kustomize refuses absolute paths to
-/// other kustomizations.
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<Component> = from.components().collect();
-    let to: Vec<Component> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut path = PathBuf::new();
-    for _ in common..from.len() {
-        path.push("..");
-    }
-    for part in &to[common..] {
-        path.push(part);
-    }
-    path
+/// The component directories under deploy/k8s of `mesh` (`None`: the base alone).
+fn components(mesh: Option<&str>) -> Vec<String> {
+    mesh.map(|mesh| format!("mesh/{mesh}"))
+        .into_iter()
+        .collect()
 }
 
 /// An overlay as an operator would write it (the base plus one mesh component, or the base
 /// alone), in a temporary directory.
 fn overlay(mesh: Option<&str>) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let here = dir.path().canonicalize().unwrap();
-    let mut kustomization = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n",
-        relative(&here, &k8s_dir()).display()
-    );
-    if let Some(mesh) = mesh {
-        kustomization += &format!(
-            "components:\n  - {}\n",
-            relative(&here, &k8s_dir().join("mesh").join(mesh)).display()
-        );
-    }
-    std::fs::write(dir.path().join("kustomization.yaml"), kustomization).unwrap();
-    dir
+    let components = components(mesh);
+    deploy::overlay(&components.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// The manifests kustomize renders for `mesh` (`None`: the base alone). Needs no cluster.
 fn render(mesh: Option<&str>) -> Vec<Value> {
-    let dir = overlay(mesh);
-    let output = std::process::Command::new(kubectl_binary())
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        output.status.success(),
-        "kustomize failed for {mesh:?}:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|document| serde::Deserialize::deserialize(document).unwrap())
-        .filter(|value: &Value| !value.is_null())
-        .collect()
-}
-
-/// The one object of `kind` named `name`.
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    let mut found = docs
-        .iter()
-        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name);
-    let object = found.next().unwrap_or_else(|| panic!("no {kind} {name}"));
-    assert!(found.next().is_none(), "more than one {kind} {name}");
-    object
+    let components = components(mesh);
+    deploy::render(&components.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn all<'a>(docs: &'a [Value], api_version: &str, kind: &str) -> Vec<&'a Value> {
@@ -251,14 +114,30 @@ fn workloads(docs: &[Value]) -> Workloads<'_> {
         .find(|p| p["name"] == "grpc")
         .expect("the agent's container has a port named grpc");
     let number = port["containerPort"].as_u64().unwrap();
-    // The probes that must keep working behind a sidecar: native gRPC probes of that port.
+    let plaintext = container_env(agent)
+        .iter()
+        .any(|(k, v)| k == PLAINTEXT_ENV && v == "true");
     for probe in ["readinessProbe", "livenessProbe"] {
-        assert_eq!(
-            container[probe]["grpc"]["port"].as_u64(),
-            Some(number),
-            "the agent's {probe} should be a gRPC probe of its gRPC port: {}",
-            container[probe]
-        );
+        if plaintext {
+            // The probes that must keep working behind a sidecar: native gRPC probes of that
+            // port.
+            assert_eq!(
+                container[probe]["grpc"]["port"].as_u64(),
+                Some(number),
+                "the agent's {probe} should be a gRPC probe of its gRPC port: {}",
+                container[probe]
+            );
+            assert!(container[probe].get("httpGet").is_none(), "{probe}");
+        } else {
+            // The kubelet cannot do mTLS: HTTP probes of the metrics port (deploy.rs checks
+            // that they answer).
+            assert_eq!(
+                container[probe]["httpGet"]["port"], "metrics",
+                "the agent's {probe} should ask the metrics port: {}",
+                container[probe]
+            );
+            assert!(container[probe].get("grpc").is_none(), "{probe}");
+        }
     }
     Workloads {
         namespace: agent["metadata"]["namespace"].as_str().unwrap(),
@@ -326,7 +205,7 @@ fn port_list(annotation: &Value) -> BTreeSet<String> {
 #[test]
 fn mesh_components_pass_a_strict_server_dry_run() {
     prepare_namespaces();
-    let _crds = MeshCrds::install();
+    let _crds = FixtureCrds::install(MESH_CRDS);
     let dir = tempfile::tempdir().unwrap();
     for mesh in MESHES {
         let objects = render(Some(mesh)).len();
@@ -424,9 +303,33 @@ fn mesh_mode_is_opt_in_and_every_variant_makes_the_agent_plaintext_behind_its_si
         "the base agent serves plaintext on the pod network without a mesh: {:?}",
         w.agent_env
     );
+    // The base does mTLS of its own (deploy.rs checks that it works).
+    for variable in TLS_ENV {
+        assert!(
+            w.agent_env.iter().any(|(k, _)| *k == variable),
+            "the base agent has no {variable}: {:?}",
+            w.agent_env
+        );
+    }
+    for deployment in ["agent-k8s", "scheduler-svc"] {
+        assert_eq!(secret_volumes(&base, deployment).len(), 1, "{deployment}");
+    }
+    assert!(
+        scheduler_config(&base).contains(&format!("\"https://{}\"", agent_service(&base))),
+        "{}",
+        scheduler_config(&base)
+    );
 
     for mesh in MESHES {
         let docs = render(Some(mesh));
+        // No TLS Secret anywhere: nothing issues one in a mesh, and a pod would wait for it.
+        for deployment in ["agent-k8s", "scheduler-svc"] {
+            assert_eq!(
+                secret_volumes(&docs, deployment),
+                Vec::<String>::new(),
+                "{mesh}: {deployment}"
+            );
+        }
         let w = workloads(&docs);
         assert_eq!(
             w.agent_env
@@ -466,69 +369,63 @@ fn mesh_mode_is_opt_in_and_every_variant_makes_the_agent_plaintext_behind_its_si
     }
 }
 
-/// The real agent-k8s binary with the environment a variant gives its container, the listen
-/// address kept (all interfaces: the pod network) but the port free, and the test control
-/// plane's kubeconfig.
-async fn start_agent(dir: &Path, mesh: Option<&str>) -> anyhow::Result<antidote_tests::Process> {
-    let docs = render(mesh);
-    let w = workloads(&docs);
-    let mut env: Vec<(&str, String)> = w
-        .agent_env
-        .iter()
-        .filter(|(k, _)| *k != "RUST_LOG")
-        .map(|(k, v)| {
-            let v = match *k {
-                "ANTIDOTE_K8S_LISTEN" => {
-                    assert!(
-                        v.starts_with("0.0.0.0:"),
-                        "{mesh:?}: the agent listens on {v}"
-                    );
-                    "0.0.0.0:0".to_owned()
-                }
-                "ANTIDOTE_K8S_METRICS_LISTEN" => "127.0.0.1:0".to_owned(),
-                _ => v.to_string(),
-            };
-            (*k, v)
-        })
-        .collect();
-    env.push((
-        "KUBECONFIG",
-        std::env::var("KUBECONFIG").expect("KUBECONFIG is not set: run tests/run"),
-    ));
-    let log = dir.join(format!("agent-k8s-{}.log", mesh.unwrap_or("base")));
-    antidote_tests::Process::spawn_with_env(
-        &antidote_tests::workspace_bin("agent-k8s"),
-        &[],
-        &env,
-        log,
-    )
-    .await
+/// The environment a variant (`None`: the base) gives agent-k8s's container.
+fn agent_env(mesh: Option<&str>) -> Vec<(String, String)> {
+    container_env(find(&render(mesh), "Deployment", "agent-k8s"))
+}
+
+/// The scheduler's configuration with its `[[agents]]` tables cut off (they come last).
+fn before_agents(config: &str) -> &str {
+    let at = config
+        .find("[[agents]]")
+        .unwrap_or_else(|| panic!("no [[agents]] in:\n{config}"));
+    // The comment lines just above the table belong to it.
+    let head = &config[..at];
+    let mut end = head.len();
+    for line in head.lines().rev() {
+        if line.trim_start().starts_with('#') {
+            end -= line.len() + 1;
+        } else {
+            break;
+        }
+    }
+    &config[..end]
 }
 
 #[tokio::test]
 async fn the_agent_serves_plaintext_on_the_pod_network_only_in_mesh_mode() {
-    // The base, while it configures no TLS files: no opt-in either, so the agent refuses to
-    // serve plaintext on a non-loopback address. (Once the base mounts certificates, which do
-    // not exist here, the rendered environment is what the other test checks.)
     let dir = tempfile::tempdir().unwrap();
-    let base = render(None);
-    if !workloads(&base)
-        .agent_env
-        .iter()
-        .any(|(k, _)| k.starts_with("ANTIDOTE_AGENT_TLS_"))
-    {
-        let refused = start_agent(dir.path(), None)
-            .await
-            .err()
-            .expect("the base agent started in plaintext on all interfaces");
-        assert!(
-            format!("{refused:#}").contains("--insecure-plaintext"),
-            "the refusal should name the opt-in: {refused:#}"
-        );
-    }
-    // Each mesh variant: the opt-in its component sets is the one the agent knows.
+    // The base without its TLS settings and without the opt-in: the agent refuses to serve
+    // plaintext on a non-loopback address.
+    let without_tls: Vec<_> = agent_env(None)
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("ANTIDOTE_AGENT_TLS_"))
+        .collect();
+    let refused = start_agent_k8s(dir.path(), "base-without-tls", &without_tls)
+        .await
+        .err()
+        .expect("the base agent started in plaintext on all interfaces");
+    assert!(
+        format!("{refused:#}").contains("--insecure-plaintext"),
+        "the refusal should name the opt-in: {refused:#}"
+    );
+    // The opt-in on top of the base's TLS settings: refused too, which is why the mesh
+    // components take those out.
+    let mut both = agent_env(None);
+    both.push((PLAINTEXT_ENV.to_owned(), "true".to_owned()));
+    let refused = start_agent_k8s(dir.path(), "base-and-opt-in", &both)
+        .await
+        .err()
+        .expect("the agent started with both TLS files and the plaintext opt-in");
+    assert!(
+        format!("{refused:#}").contains("--insecure-plaintext contradicts"),
+        "{refused:#}"
+    );
+
+    // Each mesh variant: the opt-in its component sets is the one the agent knows, and the
+    // scheduler with the variant's configuration reaches the agent in plaintext.
     for mesh in MESHES {
-        let mut agent = start_agent(dir.path(), Some(mesh))
+        let mut agent = start_agent_k8s(dir.path(), mesh, &agent_env(Some(mesh)))
             .await
             .unwrap_or_else(|e| panic!("agent-k8s of the {mesh} variant did not start: {e:#}"));
         assert!(agent.addr.ip().is_unspecified(), "{mesh}: {}", agent.addr);
@@ -537,8 +434,73 @@ async fn the_agent_serves_plaintext_on_the_pod_network_only_in_mesh_mode() {
             "{mesh}: the agent should warn loudly that it serves plaintext:\n{}",
             agent.log_text()
         );
+
+        let docs = render(Some(mesh));
+        let address = format!("address = \"http://{}\"", agent_service(&docs));
+        let config = scheduler_config(&docs);
+        assert!(config.contains(&address), "{mesh}:\n{config}");
+        let config = config.replace(
+            &address,
+            &format!("address = \"http://127.0.0.1:{}\"", agent.addr.port()),
+        );
+        let scheduler_dir = dir.path().join(format!("scheduler-{mesh}"));
+        std::fs::create_dir_all(&scheduler_dir).unwrap();
+        let (mut scheduler, clients) = start_scheduler(&scheduler_dir, &config).await;
+        let (scheduler_log, agent_log) = (scheduler.log.clone(), agent.log.clone());
+        let logs = || {
+            let read = |path: &PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+            format!(
+                "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
+                read(&scheduler_log),
+                read(&agent_log)
+            )
+        };
+        let k8s = wait_agent(
+            &clients,
+            "k8s",
+            |a| a.state() == api::AgentState::Ready,
+            logs,
+        )
+        .await;
+        assert_eq!(k8s.tls_peer_sha256, "", "{mesh}: {k8s:?}");
+
+        let status = scheduler.terminate().await.expect("the scheduler stops");
+        assert!(status.success(), "{mesh}: {status}\n{}", logs());
         let status = agent.terminate().await.expect("agent-k8s stops");
         assert!(status.success(), "{mesh}: {status}\n{}", agent.log_text());
+    }
+}
+
+#[tokio::test]
+async fn every_variant_gives_the_scheduler_its_base_configuration_but_for_the_agent() {
+    let base = render(None);
+    let base_config = scheduler_config(&base);
+    scheduler_accepts("the base's ConfigMap", &base_config).await;
+    for mesh in MESHES {
+        let docs = render(Some(mesh));
+        let config = scheduler_config(&docs);
+        // Plaintext to the agent's Service, no client certificate.
+        assert!(
+            config.contains(&format!("address = \"http://{}\"", agent_service(&docs))),
+            "{mesh}:\n{config}"
+        );
+        let agents = &config[before_agents(&config).len()..];
+        assert!(
+            !agents.contains("https://")
+                && !agents
+                    .lines()
+                    .any(|l| l.trim_start().starts_with("tls") || l.contains("[agents.tls]")),
+            "{mesh}: the scheduler still dials with TLS:\n{agents}"
+        );
+        // The rest is the base's, word for word: the component replaces the whole file.
+        assert_eq!(
+            before_agents(&config),
+            before_agents(&base_config),
+            "{mesh}: deploy/k8s/mesh/common/scheduler-plaintext.yaml has drifted from \
+             deploy/k8s/scheduler.yaml's antidote.toml"
+        );
+        assert_eq!(config.matches("[[agents]]").count(), 1, "{mesh}");
+        scheduler_accepts(&format!("the {mesh} variant's ConfigMap"), &config).await;
     }
 }
 

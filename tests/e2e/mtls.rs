@@ -270,7 +270,7 @@ async fn mtls_runs_lessons_and_refuses_every_other_caller_before_any_rpc() {
 
     // A lesson end to end over mTLS; ListAgents shows the agent's certificate.
     let ready = ready_lesson(c, logs).await;
-    assert_eq!(ready.agent, "good");
+    assert_eq!(c.agent_of(&ready.id).await.unwrap(), "good");
     let good = wait_agent(c, "good", |a| !a.tls_peer_sha256.is_empty(), logs).await;
     assert_eq!(good.tls_peer_sha256, agent_leaf.sha256());
     assert_eq!(

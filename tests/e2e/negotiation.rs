@@ -54,7 +54,11 @@ address = "{}"
             .ready(&lesson.id)
             .await
             .unwrap_or_else(|err| panic!("{err:#}\n{}", scheduler.process.log_text()));
-        assert_eq!(ready.agent, "full", "{slug} needs ssh and configuration");
+        assert_eq!(
+            c.agent_of(&ready.id).await.unwrap(),
+            "full",
+            "{slug} needs ssh and configuration"
+        );
     }
 
     // The admin API has no stream of agent states: ask until every first handshake is done.

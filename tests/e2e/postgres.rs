@@ -17,7 +17,7 @@ use antidote_tests::{
 use crate::{Env, Knobs, PATIENCE, start_agent};
 
 /// The test server's maintenance URL.
-fn server() -> &'static str {
+pub(crate) fn server() -> &'static str {
     static SERVER: OnceLock<String> = OnceLock::new();
     SERVER.get_or_init(|| {
         if let Ok(url) = std::env::var("ANTIDOTE_TEST_POSTGRES")
@@ -44,7 +44,7 @@ fn server() -> &'static str {
 }
 
 /// Runs one SQL command on the test server's maintenance database.
-fn psql(sql: &str) {
+pub(crate) fn psql(sql: &str) {
     let psql = ["/usr/lib/postgresql/15/bin/psql", "psql"]
         .into_iter()
         .find(|p| !p.starts_with('/') || Path::new(p).exists())
@@ -57,13 +57,13 @@ fn psql(sql: &str) {
 }
 
 /// A database of this test's own on the test server, dropped with the guard.
-struct TestDatabase {
-    name: String,
-    url: String,
+pub(crate) struct TestDatabase {
+    pub(crate) name: String,
+    pub(crate) url: String,
 }
 
 impl TestDatabase {
-    fn create() -> TestDatabase {
+    pub(crate) fn create() -> TestDatabase {
         let name = format!("antidote_e2e_{}", uuid::Uuid::new_v4().simple());
         psql(&format!("CREATE DATABASE {name}"));
         let server = server();
@@ -86,7 +86,7 @@ impl Drop for TestDatabase {
 
 /// Starts the scheduler binary with `config` and `database = "<url>"` in its configuration
 /// file (as an operator writes it), like [`Scheduler::start`] does with an SQLite file.
-async fn start_on(dir: &Path, url: &str, config: &str) -> Scheduler {
+pub(crate) async fn start_on(dir: &Path, url: &str, config: &str) -> Scheduler {
     let path = dir.join("antidote-postgres.toml");
     let full = format!(
         "listen = \"127.0.0.1:0\"\ndatabase = \"{url}\"\nhttp.listen = \"127.0.0.1:0\"\n{}{config}",

@@ -187,6 +187,8 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
         .await
         .unwrap()
         .into_inner();
+    // The scheduler's cluster id, from the labels it put on its own live lesson.
+    let cluster = cluster_of(&mut agent_client, &known.id).await;
     let orphan = uuid::Uuid::new_v4().to_string();
     let spec = agent::LessonSpec {
         live_lesson_id: orphan.clone(),
@@ -209,6 +211,7 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
         }],
         labels: HashMap::from([
             ("antidote.io/instance".to_owned(), "e2e".to_owned()),
+            ("antidote.io/cluster".to_owned(), cluster.clone()),
             ("antidote.io/live-lesson".to_owned(), orphan.clone()),
             (
                 "antidote.io/session".to_owned(),
@@ -242,6 +245,22 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
         .await
         .unwrap();
 
+    // Objects without a cluster label (a scheduler before the cluster id made them, or
+    // something else did) are never reaped, even with our instance id.
+    let legacy = uuid::Uuid::new_v4().to_string();
+    let mut legacy_spec = spec.clone();
+    legacy_spec.live_lesson_id = legacy.clone();
+    legacy_spec.labels.remove("antidote.io/cluster");
+    legacy_spec
+        .labels
+        .insert("antidote.io/live-lesson".into(), legacy.clone());
+    agent_client
+        .provision(agent::ProvisionRequest {
+            spec: Some(legacy_spec),
+        })
+        .await
+        .unwrap();
+
     tokio::time::timeout(PATIENCE, async {
         while let Some(event) = events.next().await {
             if let Some(agent::watch_event::Event::Deleted(deleted)) = event.unwrap().event {
@@ -261,9 +280,116 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
         .items;
     let ids: Vec<_> = items.into_iter().map(|s| s.live_lesson_id).collect();
     assert!(
-        ids.contains(&known.id) && ids.contains(&foreign) && !ids.contains(&orphan),
-        "{ids:?} (orphan {orphan}, foreign {foreign}, known {})\n{}",
+        ids.contains(&known.id)
+            && ids.contains(&foreign)
+            && ids.contains(&legacy)
+            && !ids.contains(&orphan),
+        "{ids:?} (orphan {orphan}, foreign {foreign}, legacy {legacy}, known {})\n{}",
         known.id,
         env.logs()
     );
+}
+
+/// The `antidote.io/cluster` label an agent reports for one of its live lessons.
+async fn cluster_of(
+    agent_client: &mut agent::backend_client::BackendClient<tonic::transport::Channel>,
+    id: &str,
+) -> String {
+    let state = agent_client
+        .get(agent::GetRequest {
+            live_lesson_id: id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .state
+        .expect("a state");
+    let cluster = state
+        .labels
+        .get("antidote.io/cluster")
+        .cloned()
+        .unwrap_or_default();
+    assert!(!cluster.is_empty(), "no cluster label: {:?}", state.labels);
+    cluster
+}
+
+/// Two deployments (each its own SQLite database, so its own cluster id) with the SAME instance
+/// id share one agent: neither takes the other's live lessons for orphans, however many orphan
+/// rounds pass (every 200 ms, grace 500 ms).
+#[tokio::test]
+async fn two_deployments_with_one_instance_id_never_reap_each_other() {
+    let env = Env::start(&[], Knobs::default()).await;
+    let other_dir = tempfile::tempdir().expect("temp dir");
+    // The same configuration: instance id `e2e`, the same agent, the same reaper knobs.
+    let other = antidote_tests::Scheduler::start(other_dir.path(), &env.config)
+        .await
+        .expect("the second deployment starts");
+    let (a, b) = (&env.scheduler.clients, &other.clients);
+    let session_a = a.session().await.unwrap();
+    let lesson_a = a.request(&session_a, "hello-web", 0).await.unwrap();
+    let session_b = b.session().await.unwrap();
+    let lesson_b = b.request(&session_b, "hello-web", 0).await.unwrap();
+    a.ready(&lesson_a.id).await.unwrap();
+    b.ready(&lesson_b.id).await.unwrap();
+    let mut agent_client = env.agent_client().await;
+    let (cluster_a, cluster_b) = (
+        cluster_of(&mut agent_client, &lesson_a.id).await,
+        cluster_of(&mut agent_client, &lesson_b.id).await,
+    );
+    assert_ne!(cluster_a, cluster_b, "each database has its own cluster id");
+    let mut events = agent_client
+        .watch(agent::WatchRequest {
+            label_selector: HashMap::new(),
+            heartbeat_interval: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Ten times the orphan grace: each scheduler lists the agent some 25 times meanwhile, and
+    // each sees the other's live lesson under its own instance id. No deletion may come.
+    let quiet = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(event) = events.next().await {
+            if let Some(agent::watch_event::Event::Deleted(deleted)) = event.unwrap().event {
+                return Some(deleted.live_lesson_id);
+            }
+        }
+        None
+    })
+    .await;
+    let logs = || {
+        format!(
+            "{}\n--- second scheduler log ---\n{}",
+            env.logs(),
+            other.process.log_text()
+        )
+    };
+    assert!(
+        quiet.is_err(),
+        "a live lesson was removed: {quiet:?}\n{}",
+        logs()
+    );
+    for (clients, id) in [(a, &lesson_a.id), (b, &lesson_b.id)] {
+        let lesson = clients
+            .lessons
+            .clone()
+            .get_live_lesson(with_token(
+                api::GetLiveLessonRequest { id: id.clone() },
+                clients.tokens.of_lesson(id),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(lesson.status(), api::LiveLessonStatus::Ready, "{}", logs());
+    }
+    let mut created = env.creations();
+    created.sort();
+    let mut expected = vec![lesson_a.id.clone(), lesson_b.id.clone()];
+    expected.sort();
+    assert_eq!(
+        created, expected,
+        "each created once, none removed and re-created"
+    );
+    // Each deployment still removes its own.
+    a.delete(&lesson_a.id, PATIENCE).await.unwrap();
+    b.delete(&lesson_b.id, PATIENCE).await.unwrap();
 }

@@ -552,6 +552,18 @@ impl Clients {
         .with_context(|| format!("live lesson {id} still exists after {limit:?}"))?
     }
 
+    /// The agent a live lesson is placed on, as the admin API tells operators (learners'
+    /// answers never name it).
+    pub async fn agent_of(&self, id: &str) -> anyhow::Result<String> {
+        let view = self
+            .admin
+            .clone()
+            .get_live_lesson(api::AdminGetLiveLessonRequest { id: id.into() })
+            .await?
+            .into_inner();
+        Ok(view.live_lesson.map(|l| l.agent).unwrap_or_default())
+    }
+
     /// Deletes a live lesson and waits until it is gone.
     pub async fn delete(&self, id: &str, limit: Duration) -> anyhow::Result<()> {
         self.lessons

@@ -13,6 +13,7 @@ use crate::agent::v1::backend_server::Backend as BackendRpc;
 use proto::{ErrorReason, Phase};
 
 use super::book::{StateBook, WatchStream};
+use super::entrypoint::{self, Keys, Lessons};
 use super::metrics::AgentMetrics;
 use super::{errors, labels, spec};
 
@@ -96,6 +97,25 @@ pub trait Backend: Send + Sync + 'static {
         Ok(vec![])
     }
 
+    /// Where the entrypoint reaches a presentation of a live lesson (PROTOCOL.md,
+    /// "Entrypoint"). The default resolves the address the agent reported for it, which is
+    /// right when the entrypoint runs where learners' addresses are reachable (agent-docker's
+    /// published ports, a cluster's Service names from inside the cluster).
+    async fn reach(
+        &self,
+        _live_lesson: &str,
+        _endpoint: &proto::EndpointState,
+        presentation: &proto::PresentationState,
+    ) -> Option<std::net::SocketAddr> {
+        if presentation.address.is_empty() {
+            return None;
+        }
+        tokio::net::lookup_host(presentation.address.as_str())
+            .await
+            .ok()?
+            .next()
+    }
+
     /// What Provision would create, with no side effects.
     async fn plan(&self, _spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
         Err(errors::agent(
@@ -170,6 +190,9 @@ pub struct Agent<B> {
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Call and provisioning metrics.
     metrics: Arc<AgentMetrics>,
+    /// The entrypoint's base URL (told at handshake) and its key set (the handshake's keys
+    /// join it), once [`Agent::serve_entrypoint`] runs one.
+    entrypoint: std::sync::OnceLock<(String, Arc<Keys>)>,
 }
 
 impl<B: Backend> Agent<B> {
@@ -190,7 +213,27 @@ impl<B: Backend> Agent<B> {
             work: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             metrics: Arc::new(AgentMetrics::default()),
+            entrypoint: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Serves the entrypoint `bound` (see [`entrypoint::EntrypointArgs::bind`]) for this
+    /// agent's live lessons until `shutdown`: its URL goes out in the handshake, the scheduler's
+    /// keys come in with it, learners' activity lands on the live lessons' states.
+    pub fn serve_entrypoint(
+        self: &Arc<Self>,
+        bound: entrypoint::Bound,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> JoinHandle<()> {
+        let _ = self.entrypoint.set((bound.url.clone(), bound.keys.clone()));
+        let entry = entrypoint::Entrypoint::new(self.clone(), bound.keys, bound.settings);
+        tracing::info!(url = %bound.url, "entrypoint serving");
+        tokio::spawn(entrypoint::serve(
+            entry,
+            bound.listener,
+            bound.tls,
+            shutdown,
+        ))
     }
 
     /// The backend.
@@ -391,8 +434,13 @@ impl<B: Backend> Agent<B> {
 
     async fn deprovision(&self, id: &str) -> Result<(), Status> {
         let _turn = self.turn(id).await;
-        if let Some(work) = self.work().remove(id) {
+        let work = self.work().remove(id);
+        if let Some(work) = work {
+            // Stop the driver and wait until it has stopped: a task running on another worker
+            // thread finishes its current step first, and whatever that step creates must exist
+            // before the removal below looks for it (PROTOCOL.md [D2]).
             work.driver.abort();
+            let _ = work.driver.await;
         }
         self.book.update(id, |s| {
             s.phase = Phase::Terminating as i32;
@@ -475,6 +523,48 @@ impl<B: Backend> Agent<B> {
     }
 }
 
+#[tonic::async_trait]
+impl<B: Backend> Lessons for Agent<B> {
+    async fn resolve(
+        &self,
+        live_lesson: &str,
+        endpoint: &str,
+        presentation: &str,
+    ) -> Option<entrypoint::Target> {
+        let spec = self.work().get(live_lesson).map(|w| w.spec.clone())?;
+        let wanted = spec.endpoints.iter().find(|e| e.name == endpoint)?;
+        let declared = wanted
+            .presentations
+            .iter()
+            .find(|p| p.name == presentation)?;
+        let state = self.book.get(live_lesson)?;
+        let reported = state.endpoints.iter().find(|e| e.name == endpoint)?;
+        let at = reported
+            .presentations
+            .iter()
+            .find(|p| p.name == presentation)?;
+        let addr = self.backend.reach(live_lesson, reported, at).await?;
+        let kind = match declared.r#type() {
+            proto::PresentationType::Http => entrypoint::Kind::Http,
+            proto::PresentationType::Ssh => {
+                let image = wanted.image.clone().unwrap_or_default();
+                entrypoint::Kind::Ssh {
+                    user: image.ssh_user,
+                    password: image.ssh_password,
+                }
+            }
+            proto::PresentationType::Unspecified => return None,
+        };
+        Some(entrypoint::Target { addr, kind })
+    }
+
+    fn active(&self, live_lesson: &str, at: std::time::SystemTime) {
+        self.book.update(live_lesson, |s| {
+            s.last_active = Some(prost_types::Timestamp::from(at));
+        });
+    }
+}
+
 /// The generated service trait, implemented over an [`Agent`].
 pub struct AgentService<B>(Arc<Agent<B>>);
 
@@ -534,6 +624,17 @@ impl<B: Backend> BackendRpc for AgentService<B> {
                         live_lessons: agent.work().len() as u32,
                     }),
                     labels: d.labels.clone(),
+                    entrypoint_url: match agent.entrypoint.get() {
+                        Some((url, keys)) => {
+                            for key in &request.entrypoint_keys {
+                                if let Err(err) = keys.insert_bytes(&key.key_id, &key.public_key) {
+                                    tracing::warn!(key_id = %key.key_id, error = %err, "ignored a scheduler entrypoint key");
+                                }
+                            }
+                            url.clone()
+                        }
+                        None => String::new(),
+                    },
                 }))
             })
             .await

@@ -23,12 +23,13 @@
 //! details, reasons, the oversized-request layer), [`spec`] (generic spec checks and states), [`probe`] (readiness probes), [`trace`] (logging, OTLP span export, W3C trace
 //! context), [`b3`] (Zipkin B3 trace context accepted from meshes), [`metrics`] (Prometheus `/metrics`), `agent` (the trait and the runtime), `server`
 //! (serving, plaintext or mTLS: [`Listener`]), [`tls`] (mTLS with certificates re-read when
-//! rotated, and the agents' `--tls-*` flags), [`dial`] (dial-in: the agent opens the connection, the scheduler calls over it).
+//! rotated, and the agents' `--tls-*` flags), [`dial`] (dial-in: the agent opens the connection, the scheduler calls over it), [`entrypoint`] (learners' way in: proxied HTTP presentations, web terminals, scheduler-signed tokens).
 
 mod agent;
 pub mod b3;
 pub mod book;
 pub mod dial;
+pub mod entrypoint;
 pub mod errors;
 pub mod metrics;
 pub mod probe;
@@ -53,6 +54,10 @@ pub mod labels {
     pub const GENERATION: &str = "antidote.io/generation";
     /// The lesson slug.
     pub const LESSON: &str = "antidote.io/lesson";
+    /// The scheduler deployment's cluster id (created in its database, shared by its
+    /// replicas). Not in [`REQUIRED`]: schedulers before it did not send it, and objects
+    /// without it are never reaped (PROTOCOL.md, "Labels").
+    pub const CLUSTER: &str = "antidote.io/cluster";
     /// Every label a spec must carry.
     pub const REQUIRED: [&str; 5] = [INSTANCE, LIVE_LESSON, SESSION, GENERATION, LESSON];
 }
@@ -85,6 +90,8 @@ pub mod capabilities {
     pub const CONFIGURATION_ANSIBLE: &str = "configuration.ansible";
     /// NAPALM configurations run.
     pub const CONFIGURATION_NAPALM: &str = "configuration.napalm";
+    /// Jupyter guide endpoints run (`Endpoint.jupyter_guide`, PROTOCOL.md [V7]).
+    pub const GUIDE_JUPYTER: &str = "guide.jupyter";
 
     /// The capability of a configuration type: `configuration.` and the value's name in lower
     /// case.

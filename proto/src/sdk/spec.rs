@@ -23,6 +23,10 @@ pub const MAX_CONFIGURATION_FILE: usize = 256 * 1024;
 /// them all on agent-k8s, and Kubernetes caps a ConfigMap at 1 MiB.
 pub const MAX_CONFIGURATION_STAGE: usize = 1024 * 1024;
 
+/// The most bytes a Jupyter guide's notebook may hold (PROTOCOL.md [V7]): agent-k8s keeps it in
+/// a ConfigMap, and a spec must stay well inside a gRPC message.
+pub const MAX_NOTEBOOK: usize = 512 * 1024;
+
 /// Checks `spec` against the protocol's rules and what the agent offers.
 pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
     let bad = |field: String, why: String| Err(errors::invalid(field, why));
@@ -107,6 +111,33 @@ pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
                 return bad(
                     format!("{field}.type"),
                     format!("this agent does not offer `{needed}`"),
+                );
+            }
+        }
+        if let Some(guide) = &endpoint.jupyter_guide {
+            if !offers(capabilities::GUIDE_JUPYTER) {
+                return bad(
+                    format!("{field}.jupyter_guide"),
+                    format!(
+                        "this agent does not offer `{}`",
+                        capabilities::GUIDE_JUPYTER
+                    ),
+                );
+            }
+            if guide.notebook.len() > MAX_NOTEBOOK {
+                return bad(
+                    format!("{field}.jupyter_guide.notebook"),
+                    format!(
+                        "{} bytes, over the {} KiB a notebook may hold",
+                        guide.notebook.len(),
+                        MAX_NOTEBOOK / 1024
+                    ),
+                );
+            }
+            if endpoint.configuration.is_some() {
+                return bad(
+                    format!("{field}.configuration"),
+                    "a Jupyter guide endpoint is not configured".into(),
                 );
             }
         }
@@ -220,6 +251,10 @@ pub fn same_lesson(held: &LessonSpec, newer: &LessonSpec) -> Result<(), Status> 
             .cloned()
             .map(|mut endpoint| {
                 endpoint.configuration = None;
+                // The notebook is the stage's; that there is a guide is the lesson's.
+                if let Some(guide) = endpoint.jupyter_guide.as_mut() {
+                    guide.notebook.clear();
+                }
                 if let Some(image) = endpoint.image.as_mut() {
                     image.ssh_user.clear();
                     image.ssh_password.clear();
@@ -285,6 +320,7 @@ pub fn initial_state(
         conditions: vec![],
         labels: spec.labels.clone(),
         revision: 0,
+        last_active: None,
     }
 }
 
@@ -591,6 +627,36 @@ mod tests {
         for (change, expected) in cases {
             assert_eq!(check_with(change, &offered), expected);
         }
+    }
+
+    #[test]
+    fn jupyter_guides_need_the_capability_and_a_bounded_notebook() {
+        use crate::agent::v1::JupyterGuide;
+        let guide = |size: usize| {
+            move |s: &mut LessonSpec| {
+                s.endpoints[0].jupyter_guide = Some(JupyterGuide {
+                    notebook: vec![b' '; size],
+                })
+            }
+        };
+        assert_eq!(
+            check_with(guide(10), &all()),
+            "spec.endpoints[0].jupyter_guide: this agent does not offer `guide.jupyter`"
+        );
+        let mut offered = all();
+        offered.push(capabilities::GUIDE_JUPYTER.into());
+        assert_eq!(check_with(guide(MAX_NOTEBOOK), &offered), "ok");
+        assert_eq!(
+            check_with(guide(MAX_NOTEBOOK + 1), &offered),
+            "spec.endpoints[0].jupyter_guide.notebook: 524289 bytes, over the 512 KiB a notebook may hold"
+        );
+        // Another stage's notebook is the same lesson.
+        let mut held = spec();
+        guide(3)(&mut held);
+        let mut newer = held.clone();
+        newer.generation += 1;
+        guide(7)(&mut newer);
+        assert!(same_lesson(&held, &newer).is_ok());
     }
 
     #[test]

@@ -528,6 +528,37 @@ impl ServerTls {
     }
 }
 
+impl ServerTls {
+    /// A reloading acceptor for browsers (the entrypoint): server authentication only, no
+    /// client certificate asked, ALPN `http/1.1`. The certificate stands in for the CA file the
+    /// reloading machinery watches; it is not used to verify anything.
+    pub fn load_web(cert: PathBuf, key: PathBuf) -> Result<ServerTls, TlsError> {
+        let files = TlsFiles {
+            ca: cert.clone(),
+            cert,
+            key,
+        };
+        let config = Reloading::new(files, web_config, false)?;
+        Ok(ServerTls { config })
+    }
+}
+
+fn web_config(loaded: Loaded) -> Result<rustls::ServerConfig, TlsError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|err| TlsError::Config(err.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(loaded.chain, loaded.key)
+        .map_err(|err| {
+            TlsError::Config(format!(
+                "certificate and key do not go together: {}",
+                describe(&err)
+            ))
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 fn server_config(
     loaded: Loaded,
     require: Option<Identity>,

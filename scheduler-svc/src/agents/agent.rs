@@ -69,6 +69,8 @@ pub struct Agent {
     /// mTLS to a dialled agent (`agents.tls`): every new connection re-reads rotated files and
     /// records the agent's certificate or why the handshake failed.
     tls: Option<Arc<ClientTls>>,
+    /// The entrypoint base URL of its last handshake (empty: it runs none).
+    entrypoint_url: Mutex<String>,
 }
 
 impl Agent {
@@ -112,6 +114,7 @@ impl Agent {
             call_timeout,
             metrics,
             tls,
+            entrypoint_url: Mutex::new(String::new()),
         })
     }
 
@@ -154,7 +157,16 @@ impl Agent {
             call_timeout,
             metrics,
             tls: None,
+            entrypoint_url: Mutex::new(String::new()),
         }
+    }
+
+    /// The base URL of the agent's entrypoint, from its last handshake (empty: none).
+    pub fn entrypoint_url(&self) -> String {
+        self.entrypoint_url
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The connections of an agent that dials in; `None` for one the scheduler dials.
@@ -334,11 +346,16 @@ impl Agent {
         &self,
         request: proto::HandshakeRequest,
     ) -> Result<Handshake, Error> {
-        self.call("Handshake", request, |mut c, r| async move {
-            c.handshake(r).await
-        })
-        .await
-        .map(convert::handshake)
+        let response = self
+            .call("Handshake", request, |mut c, r| async move {
+                c.handshake(r).await
+            })
+            .await?;
+        *self
+            .entrypoint_url
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = response.entrypoint_url.clone();
+        Ok(convert::handshake(response))
     }
 
     /// Asks the agent to realise the desired generation (idempotent on id + generation).
@@ -405,17 +422,22 @@ impl Agent {
             .map(convert::plan)
     }
 
-    /// Every live lesson the agent holds with our instance label, all pages. Objects whose id is
-    /// not a UUID cannot be ours and are left out.
-    pub async fn list_all(&self, instance_id: &str) -> Result<Vec<Report>, Error> {
+    /// Every live lesson the agent holds with our instance and cluster labels, all pages.
+    /// Objects whose id is not a UUID cannot be ours and are left out; objects of another
+    /// deployment (another cluster id, or none) are not asked for.
+    pub async fn list_all(
+        &self,
+        instance_id: &str,
+        cluster_id: &str,
+    ) -> Result<Vec<Report>, Error> {
         let mut items = Vec::new();
         let mut page_token = String::new();
         loop {
             let request = proto::ListRequest {
-                label_selector: HashMap::from([(
-                    labels::INSTANCE.to_owned(),
-                    instance_id.to_owned(),
-                )]),
+                label_selector: HashMap::from([
+                    (labels::INSTANCE.to_owned(), instance_id.to_owned()),
+                    (labels::CLUSTER.to_owned(), cluster_id.to_owned()),
+                ]),
                 page_size: LIST_PAGE,
                 page_token,
             };

@@ -10,7 +10,9 @@ use antidote_proto::agent::v1 as agent;
 use antidote_proto::sdk::{errors, labels};
 
 use super::{Desired, Handshake, Plan, PlannedObject, Report};
-use crate::catalog::{ConfigurationType, Flavor, PresentationKind};
+use crate::catalog::{
+    ConfigurationType, Flavor, JUPYTER_GUIDE_ENDPOINT, JUPYTER_GUIDE_PORT, PresentationKind,
+};
 use crate::error::Error;
 use crate::model::{EndpointInfo, LiveLessonId, PresentationInfo, Status};
 
@@ -30,6 +32,7 @@ fn duration(d: Duration) -> prost_types::Duration {
 pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
     let Desired {
         instance_id,
+        cluster_id,
         live,
         lesson,
         catalog,
@@ -87,8 +90,10 @@ pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
                         driver: config.driver.clone().unwrap_or_default(),
                     })
                 }),
+                jupyter_guide: None,
             }
         })
+        .chain(lesson.has_jupyter_guide().then(|| jupyter_guide(stage)))
         .collect();
     agent::LessonSpec {
         live_lesson_id: live.id.to_string(),
@@ -109,11 +114,44 @@ pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
         ready_delay: Some(duration(lesson.ready_delay)),
         labels: HashMap::from([
             (labels::INSTANCE.to_owned(), instance_id.to_owned()),
+            (labels::CLUSTER.to_owned(), cluster_id.to_owned()),
             (labels::LIVE_LESSON.to_owned(), live.id.to_string()),
             (labels::SESSION.to_owned(), live.session_id.to_string()),
             (labels::GENERATION.to_owned(), live.generation.to_string()),
             (labels::LESSON.to_owned(), live.lesson_slug.clone()),
         ]),
+    }
+}
+
+/// What a stage without a notebook shows on the guide endpoint of a lesson whose other stages
+/// have one: a valid notebook saying so.
+const NO_NOTEBOOK: &str = r#"{"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["This stage's guide is not a notebook."]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}"#;
+
+/// The endpoint serving a lesson's Jupyter guides (Antidote added one to every lesson with a
+/// `jupyter` stage): the agent runs it from its own Jupyter image and serves `stage`'s
+/// notebook on its HTTP presentation `web`.
+fn jupyter_guide(stage: Option<&crate::catalog::Stage>) -> agent::Endpoint {
+    let notebook = stage
+        .and_then(|s| s.notebook.as_deref())
+        .unwrap_or(NO_NOTEBOOK);
+    agent::Endpoint {
+        name: JUPYTER_GUIDE_ENDPOINT.to_owned(),
+        // Agents run their own Jupyter image; the slug names it for messages and plans.
+        image: Some(agent::Image {
+            slug: "jupyter".to_owned(),
+            flavor: agent::Flavor::Untrusted as i32,
+            ..Default::default()
+        }),
+        additional_ports: vec![],
+        presentations: vec![agent::Presentation {
+            name: "web".to_owned(),
+            r#type: agent::PresentationType::Http as i32,
+            port: u32::from(JUPYTER_GUIDE_PORT),
+        }],
+        configuration: None,
+        jupyter_guide: Some(agent::JupyterGuide {
+            notebook: notebook.as_bytes().to_vec(),
+        }),
     }
 }
 
@@ -209,6 +247,8 @@ pub fn handshake(response: agent::HandshakeResponse) -> Handshake {
         capabilities,
         capacity,
         labels,
+        // Kept by `Agent::handshake` itself: only the learners' answers read it.
+        entrypoint_url: _,
     } = response;
     Handshake {
         major,
@@ -324,6 +364,33 @@ mod tests {
     }
 
     #[test]
+    fn the_jupyter_guide_endpoint_serves_the_stages_notebook() {
+        let stage = |notebook: Option<&str>| crate::catalog::Stage {
+            index: 0,
+            description: String::new(),
+            guide_type: crate::catalog::GuideType::Jupyter,
+            guide: Default::default(),
+            notebook: notebook.map(str::to_owned),
+            stage_video: None,
+            configs: Default::default(),
+        };
+        let guide = jupyter_guide(Some(&stage(Some("{\"cells\": []}"))));
+        assert_eq!(guide.name, "jupyter-guide");
+        assert_eq!(guide.presentations.len(), 1);
+        assert_eq!(guide.presentations[0].port, 8888);
+        assert_eq!(
+            guide.presentations[0].r#type,
+            agent::PresentationType::Http as i32
+        );
+        assert_eq!(guide.configuration, None);
+        assert_eq!(guide.jupyter_guide.unwrap().notebook, b"{\"cells\": []}");
+        // A markdown stage of the same lesson: a notebook saying so.
+        let markdown = jupyter_guide(Some(&stage(None))).jupyter_guide.unwrap();
+        let parsed: serde_json::Value = serde_json::from_slice(&markdown.notebook).unwrap();
+        assert_eq!(parsed["nbformat"], 4);
+    }
+
+    #[test]
     fn phases_map_to_statuses() {
         let id = LiveLessonId::new().to_string();
         for (phase, status) in [
@@ -368,6 +435,7 @@ mod tests {
                 live_lessons: 2,
             }),
             labels: HashMap::from([("region".into(), "eu".into())]),
+            entrypoint_url: String::new(),
         });
         assert_eq!(
             handshake.capabilities.iter().collect::<Vec<_>>(),

@@ -147,6 +147,8 @@ pub enum FleetEvent {
 pub struct Desired<'a> {
     /// This scheduler's instance id, put on every object through the labels.
     pub instance_id: &'a str,
+    /// This deployment's cluster id (from its database), put on every object too.
+    pub cluster_id: &'a str,
     /// The live lesson (id, session, stage, generation, handle).
     pub live: &'a LiveLesson,
     /// Its lesson's definition.

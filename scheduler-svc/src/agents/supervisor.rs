@@ -53,6 +53,8 @@ pub struct SupervisorContext {
     pub shutdown: CancellationToken,
     /// Backoff bounds between reconnections.
     pub backoff: (Duration, Duration),
+    /// The entrypoint key set's ids and public keys, sent in every handshake.
+    pub entrypoint_keys: Vec<(String, Vec<u8>)>,
 }
 
 // Debug level: it lasts as long as the process, so as a trace it would never end.
@@ -113,6 +115,14 @@ async fn connect_and_follow(agent: &Agent, ctx: &SupervisorContext) -> Result<()
         capabilities: SCHEDULER_CAPABILITIES
             .iter()
             .map(|c| (*c).to_owned())
+            .collect(),
+        entrypoint_keys: ctx
+            .entrypoint_keys
+            .iter()
+            .map(|(key_id, public_key)| proto::EntrypointKey {
+                key_id: key_id.clone(),
+                public_key: public_key.clone(),
+            })
             .collect(),
     };
     let handshake = match agent.handshake(request).await {
@@ -232,6 +242,11 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
 /// Hands a state to the worker waiting for it; a failure nobody waits for (a READY lesson whose
 /// container died) goes to the reconciler.
 fn route(agent: &Agent, ctx: &SupervisorContext, state: proto::LiveLessonState) {
+    if let Some(at) = &state.last_active
+        && let Ok(id) = state.live_lesson_id.parse::<LiveLessonId>()
+    {
+        apply_activity(ctx, id, at);
+    }
     let Some(report) = convert::report(state) else {
         return;
     };
@@ -241,4 +256,24 @@ fn route(agent: &Agent, ctx: &SupervisorContext, state: proto::LiveLessonState) 
             .events
             .send(FleetEvent::Unsolicited(agent.name.clone(), report));
     }
+}
+
+/// Learners' activity the agent's entrypoint saw (`LiveLessonState.last_active`) counts as the
+/// live lesson's: its last-active time moves forward to it (never back, never past now: a
+/// snapshot repeats old times, and agents' clocks may run ahead).
+fn apply_activity(ctx: &SupervisorContext, id: LiveLessonId, at: &prost_types::Timestamp) {
+    let reported = Millis(at.seconds.saturating_mul(1000) + i64::from(at.nanos / 1_000_000));
+    let now = Millis::now();
+    let at = if reported.0 > now.0 { now } else { reported };
+    let store = ctx.store.clone();
+    tokio::spawn(async move {
+        match store.live_lesson(id).await {
+            Ok(lesson) if lesson.last_active.0 < at.0 => {
+                if let Err(err) = store.heartbeat(id, at).await {
+                    tracing::debug!(live_lesson.id = %id, error = %err, "activity not recorded");
+                }
+            }
+            _ => {}
+        }
+    });
 }

@@ -77,6 +77,8 @@ pub fn live_lesson(lesson: &LiveLesson, ttl: Duration) -> api::LiveLesson {
                         r#type: p.kind.clone(),
                         address: p.address.clone(),
                         url: p.url.clone(),
+                        // Signed per answer, for the owner only (api::grpc::learner_view).
+                        entrypoint_url: String::new(),
                     })
                     .collect(),
                 healthy: e.healthy,
@@ -91,6 +93,15 @@ pub fn live_lesson(lesson: &LiveLesson, ttl: Duration) -> api::LiveLesson {
         generation: lesson.generation,
         expires_at: expiry(lesson.persistent, lesson.last_active, ttl).map(timestamp),
     }
+}
+
+/// What a learner may see of a live lesson: everything but the backend it runs on (the agent's
+/// name is for operators; the admin API keeps it). Failure reasons and events still name the
+/// agent where it failed (operators read them too); presentations' addresses are backend ones
+/// until the entrypoint issue gives learners their own way in.
+pub fn for_learner(mut lesson: api::LiveLesson) -> api::LiveLesson {
+    lesson.agent.clear();
+    lesson
 }
 
 /// A session for the API.

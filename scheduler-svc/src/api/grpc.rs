@@ -55,6 +55,8 @@ pub struct Api {
     pub admin_auth: Arc<AdminAuth>,
     /// Open Watch streams per session and per client address.
     pub watches: Watches,
+    /// Entrypoint tokens: learners' answers carry a URL per presentation.
+    pub entrypoint: Arc<crate::entrypoint::Tokens>,
 }
 
 /// Open Watch streams (gRPC and server-sent events alike), bounded per session and per client
@@ -165,7 +167,19 @@ impl Api {
         }
     }
 
+    /// A live lesson as its learner sees it: no backend names ([`wire::for_learner`]), an
+    /// entrypoint URL with a fresh token per presentation ([`learner_view`]).
     fn api_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
+        learner_view(
+            lesson,
+            self.config.ttl.live_lesson,
+            &self.entrypoint,
+            &self.fleet,
+        )
+    }
+
+    /// A live lesson as an operator sees it (the admin API): with its agent.
+    fn admin_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
         wire::live_lesson(lesson, self.config.ttl.live_lesson)
     }
 
@@ -561,10 +575,15 @@ impl LiveLessonService for Api {
         };
         let ttl = self.config.ttl.live_lesson;
         let shutdown = self.shutdown.clone();
+        let (entrypoint, fleet) = (self.entrypoint.clone(), self.fleet.clone());
         let stream = async_stream(move |tx| async move {
             let _permits = permits;
             let mut last = first.clone();
-            if tx.send(Ok(wire::live_lesson(&first, ttl))).await.is_err() {
+            if tx
+                .send(Ok(learner_view(&first, ttl, &entrypoint, &fleet)))
+                .await
+                .is_err()
+            {
                 return;
             }
             loop {
@@ -595,7 +614,11 @@ impl LiveLessonService for Api {
                     continue;
                 }
                 last = lesson.clone();
-                if tx.send(Ok(wire::live_lesson(&lesson, ttl))).await.is_err() {
+                if tx
+                    .send(Ok(learner_view(&lesson, ttl, &entrypoint, &fleet)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -671,7 +694,7 @@ impl AdminService for Api {
             .live_lessons(&filter)
             .await?
             .iter()
-            .map(|l| self.api_lesson(l))
+            .map(|l| self.admin_lesson(l))
             .collect();
         Ok(Response::new(api::AdminListLiveLessonsResponse {
             live_lessons,
@@ -785,6 +808,7 @@ impl AdminService for Api {
         let plan = agent
             .plan(&Desired {
                 instance_id: &self.config.instance_id,
+                cluster_id: self.reconciler.cluster_id(),
                 live: &probe,
                 lesson: definition,
                 catalog: &self.catalog,
@@ -852,7 +876,7 @@ impl AdminService for Api {
             record.wishes.prefers = needs.prefers;
         }
         Ok(Response::new(api::AdminLiveLesson {
-            live_lesson: Some(self.api_lesson(&lesson)),
+            live_lesson: Some(self.admin_lesson(&lesson)),
             placement: wire::placement(record),
         }))
     }
@@ -911,6 +935,45 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(body(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A live lesson as its owner sees it: [`wire::for_learner`], and per presentation the agent's
+/// entrypoint URL with a fresh token (when the scheduler signs tokens and knows the agent's
+/// entrypoint: `[entrypoint] urls`, else its handshake). Only ever called for the session's
+/// owner: the token is the way in.
+fn learner_view(
+    lesson: &LiveLesson,
+    ttl: std::time::Duration,
+    tokens: &crate::entrypoint::Tokens,
+    fleet: &Fleet,
+) -> api::LiveLesson {
+    let mut view = wire::for_learner(wire::live_lesson(lesson, ttl));
+    if !tokens.enabled() {
+        return view;
+    }
+    let Some(agent) = lesson.agent.as_deref() else {
+        return view;
+    };
+    let base = match tokens.configured_url(agent) {
+        Some(url) => url.to_owned(),
+        None => match fleet.get(agent) {
+            Some(agent) => agent.entrypoint_url(),
+            None => return view,
+        },
+    };
+    if base.is_empty() {
+        return view;
+    }
+    let id = lesson.id.to_string();
+    for endpoint in &mut view.endpoints {
+        for presentation in &mut endpoint.presentations {
+            let ssh = presentation.r#type == "ssh";
+            if let Some(url) = tokens.url(&base, &id, &endpoint.name, &presentation.name, ssh) {
+                presentation.entrypoint_url = url;
+            }
+        }
+    }
+    view
 }
 
 #[cfg(test)]

@@ -33,6 +33,9 @@ const SERVICES: [&str; 4] = [
     "antidote.api.v1.AdminService",
 ];
 
+/// How often (and how long at most) the health check asks the database.
+const DATABASE_CHECK: Duration = Duration::from_secs(5);
+
 /// Which gRPC services a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Services {
@@ -54,6 +57,40 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
         health
             .set_service_status(service, tonic_health::ServingStatus::Serving)
             .await;
+    }
+    // The API's services are SERVING while the database answers (readiness: a replica cut off
+    // from PostgreSQL takes no traffic); `""` stays the process's own liveness, so a database
+    // outage restarts nothing.
+    {
+        let (health, store, shutdown) = (health.clone(), api.store.clone(), api.shutdown.clone());
+        let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        tokio::spawn(async move {
+            let mut serving = true;
+            let mut tick = tokio::time::interval(DATABASE_CHECK);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let answers = tokio::time::timeout(DATABASE_CHECK, store.ping())
+                    .await
+                    .is_ok_and(|ping| ping.is_ok());
+                if answers == serving {
+                    continue;
+                }
+                serving = answers;
+                let status = if answers {
+                    tracing::info!("the database answers again: serving");
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tracing::warn!("the database does not answer: not serving");
+                    tonic_health::ServingStatus::NotServing
+                };
+                for service in &names {
+                    health.set_service_status(service, status).await;
+                }
+            }
+        });
     }
     let reflection = || {
         tonic_reflection::server::Builder::configure()

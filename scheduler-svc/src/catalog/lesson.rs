@@ -10,8 +10,8 @@ use serde_yaml::Value;
 
 use super::meta::{self, LESSON_SLUG, Parsed};
 use super::model::{
-    Author, Category, ConfigurationType, Connection, Endpoint, GuideType, Lesson, LessonPlacement,
-    Presentation, PresentationKind, Stage, Tier,
+    Author, Category, ConfigurationType, Connection, Endpoint, GuideType, JUPYTER_GUIDE_ENDPOINT,
+    Lesson, LessonPlacement, Presentation, PresentationKind, Stage, Tier,
 };
 use super::source::Source;
 use super::stage;
@@ -100,6 +100,19 @@ pub(super) fn read(
     let (endpoints, endpoint_names) = endpoints(&node, known, report);
     let connections = connections(&node, &endpoint_names, report);
     let stages = stages(source, dir, &node, &endpoints, report);
+    if stages.iter().any(|s| s.guide_type == GuideType::Jupyter)
+        && let Some((field, _)) = endpoints
+            .iter()
+            .find(|(_, e)| e.name == JUPYTER_GUIDE_ENDPOINT)
+    {
+        report.error(
+            format!("{field}.name"),
+            format!(
+                "`{JUPYTER_GUIDE_ENDPOINT}` names the endpoint that serves this lesson's jupyter \
+                 guides"
+            ),
+        );
+    }
     let placement = placement(&node, report);
 
     if let Some(collection) = &collection {
@@ -256,7 +269,7 @@ fn endpoints(
         if let Some(image) = &image
             && !known.images.contains(image)
         {
-            report.error(
+            report.reference(
                 endpoint.field("image"),
                 format!("no image with slug `{image}`"),
             );
@@ -434,6 +447,7 @@ fn stages(
             description,
             guide_type,
             guide: files.guide,
+            notebook: files.notebook,
             stage_video,
             configs: files.configs,
         });
@@ -450,7 +464,7 @@ fn check_collection(
     report: &mut Report,
 ) {
     match known.collections.get(collection) {
-        None => report.error(
+        None => report.reference(
             node.field("collection"),
             format!("no collection with slug `{collection}`"),
         ),
@@ -458,7 +472,7 @@ fn check_collection(
             if let Some(tier) = tier
                 && *collection_tier < tier
             {
-                report.error(
+                report.reference(
                     node.field("collection"),
                     format!(
                         "collection `{collection}` has tier {collection_tier}, below this \

@@ -20,12 +20,14 @@
 //! # Validation
 //!
 //! Loading never stops at the first problem: [`Catalog::load`] returns every [`CatalogError`]
-//! in the curriculum, each naming file, lesson, field and reason, sorted by file. Every lesson
-//! is validated whatever the configured tier, and the cross-references between lessons are
-//! checked against each lesson's own tier (a lesson may not depend on a lesson or collection of
-//! a lower tier, which would be skipped wherever it loads), so the result does not depend on
-//! the tier: `validate` at any tier finds the same problems. The tier only decides which valid
-//! lessons and collections land in the catalog.
+//! in the curriculum, each naming file, lesson, field and reason, sorted by file. Tiers work as
+//! in Antidote: every lesson's structure is validated whatever the configured tier, then the
+//! lessons below the tier are skipped. A lesson's references outside itself (the images of its
+//! endpoints, its collection, its prereqs) must exist and be loaded wherever the lesson is
+//! (checked against the lesson's own tier: it may not depend on a lesson or collection of a
+//! lower tier). For a loaded lesson a broken reference is an error; for a skipped one it is a
+//! warning ([`Catalog::warnings`]), since Antidote never checked them and real curricula that
+//! ran at tier prod hold lessons at tier ptr naming images they never defined.
 //!
 //! [`Catalog::load`] reads files with blocking I/O; call it from `spawn_blocking` in async code.
 //! [`Catalog::from_files`] validates a curriculum held in memory (a map of paths to contents)
@@ -58,8 +60,8 @@ use std::path::{Path, PathBuf};
 pub use self::error::{CatalogError, CatalogErrors, UnknownVariant};
 pub use self::model::{
     Author, Category, Collection, CollectionType, ConfigurationType, Connection, CurriculumMeta,
-    Endpoint, Flavor, GuideType, Image, Lesson, LessonPlacement, NAPALM_DRIVERS, Presentation,
-    PresentationKind, Stage, StageConfig, Tier,
+    Endpoint, Flavor, GuideType, Image, JUPYTER_GUIDE_ENDPOINT, JUPYTER_GUIDE_PORT, Lesson,
+    LessonPlacement, NAPALM_DRIVERS, Presentation, PresentationKind, Stage, StageConfig, Tier,
 };
 
 use self::lesson::Known;
@@ -85,23 +87,29 @@ pub struct Catalog {
     pub skipped: Vec<String>,
     /// Slugs of the valid collections below the configured tier, sorted, for the same reason.
     pub skipped_collections: Vec<String>,
+    /// Problems that stopped nothing: a skipped lesson's references to images, collections or
+    /// prereqs that do not exist or do not load with it (Antidote never checked those, and
+    /// curricula that ran at tier prod for years hold them). Sorted by file; `validate` prints
+    /// them and `serve` logs them.
+    pub warnings: Vec<CatalogError>,
 }
 
-/// What the `validate` commands print: the counts on success, every problem otherwise.
-pub fn validate(dir: &Path, tier: Tier) -> Result<String, CatalogErrors> {
+/// What the `validate` commands print on success: the warnings and a summary with the counts.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    /// The catalog's warnings ([`Catalog::warnings`]), printed one per line.
+    pub warnings: Vec<CatalogError>,
+    /// One line: what loaded and what was skipped.
+    pub summary: String,
+}
+
+/// Loads the curriculum in `dir` at `tier` for the `validate` commands.
+pub fn validate(dir: &Path, tier: Tier) -> Result<Validation, CatalogErrors> {
     let catalog = Catalog::load(dir, tier)?;
-    let skipped = if catalog.skipped.is_empty() {
-        String::new()
-    } else {
-        format!(" ({} skipped below the tier)", catalog.skipped.len())
-    };
-    Ok(format!(
-        "{}: {} lessons, {} collections, {} images valid at tier {tier}{skipped}",
-        dir.display(),
-        catalog.lessons.len(),
-        catalog.collections.len(),
-        catalog.images.len(),
-    ))
+    Ok(Validation {
+        summary: catalog.summary(tier),
+        warnings: catalog.warnings,
+    })
 }
 
 impl Catalog {
@@ -204,6 +212,8 @@ impl Catalog {
             collections: &collection_tiers,
         };
         let mut drafts = Vec::new();
+        // References that only skipped lessons make; they stop nothing.
+        let mut warnings = Vec::new();
         let mut lesson_files = BTreeMap::new();
         let mut lesson_tiers = BTreeMap::new();
         for file in discover(
@@ -225,13 +235,18 @@ impl Catalog {
             {
                 lesson_tiers.insert(slug.clone(), draft.parsed.tier);
             }
-            errors.extend(report.into_errors());
-            drafts.push((file, draft));
+            let (found, lenient) = report.split(is_below(draft.parsed.tier, tier));
+            // Reading built the lesson unless its structure was wrong; a loaded lesson's
+            // references to what does not exist are errors too, and also keep it out.
+            let read_clean = found.is_empty();
+            errors.extend(found);
+            warnings.extend(lenient);
+            drafts.push((file, draft, read_clean));
         }
 
         let mut lessons = BTreeMap::new();
         let mut skipped = Vec::new();
-        for (file, draft) in drafts {
+        for (file, draft, read_clean) in drafts {
             let Some(slug) = draft.parsed.slug else {
                 continue;
             };
@@ -244,8 +259,11 @@ impl Catalog {
                 &lesson_tiers,
                 &mut report,
             );
-            let clean = report.count() == 0;
-            errors.extend(report.into_errors());
+            let (found, lenient) = report.split(is_below(draft.parsed.tier, tier));
+            // A loaded lesson's references were errors, found when it was read.
+            let clean = read_clean && found.is_empty();
+            errors.extend(found);
+            warnings.extend(lenient);
             // A duplicate slug was reported against the later file; keep only the first.
             if let Some(lesson) = draft.parsed.item
                 && clean
@@ -260,6 +278,7 @@ impl Catalog {
         }
         skipped.sort();
         skipped_collections.sort();
+        warnings.sort_by(|a, b| a.file.cmp(&b.file));
 
         match meta {
             Some(meta) if errors.is_empty() => Ok(Catalog {
@@ -270,6 +289,7 @@ impl Catalog {
                 lessons,
                 skipped,
                 skipped_collections,
+                warnings,
             }),
             _ => {
                 // `meta` is only missing after its problem was recorded, so this is never empty.
@@ -279,6 +299,24 @@ impl Catalog {
                 Err(CatalogErrors(errors))
             }
         }
+    }
+
+    /// One line saying what loaded at `tier` and what was skipped, with the warnings' count.
+    pub fn summary(&self, tier: Tier) -> String {
+        let plural = |count: usize, noun: &str| {
+            format!("{count} {noun}{}", if count == 1 { "" } else { "s" })
+        };
+        format!(
+            "{}: valid at tier {tier}: {} loaded ({} skipped below the tier), {} loaded ({} \
+             skipped), {}, {}",
+            self.root.display(),
+            plural(self.lessons.len(), "lesson"),
+            self.skipped.len(),
+            plural(self.collections.len(), "collection"),
+            self.skipped_collections.len(),
+            plural(self.images.len(), "image"),
+            plural(self.warnings.len(), "warning"),
+        )
     }
 
     /// The loaded lesson with this slug; `None` if it does not exist or was skipped by tier.
@@ -317,6 +355,12 @@ fn claim(
     }
 }
 
+/// Whether a lesson of tier `lesson` is skipped when loading at `tier`; a lesson whose tier
+/// could not be read is never skipped (it is an error already).
+fn is_below(lesson: Option<Tier>, tier: Tier) -> bool {
+    lesson.is_some_and(|lesson| lesson < tier)
+}
+
 /// Checks that every prereq names a lesson that is loaded wherever this one is.
 fn check_prereqs(
     slug: &str,
@@ -332,12 +376,12 @@ fn check_prereqs(
             continue;
         }
         match lesson_tiers.get(prereq) {
-            None => report.error(field, format!("no lesson with slug `{prereq}`")),
+            None => report.reference(field, format!("no lesson with slug `{prereq}`")),
             Some(Some(prereq_tier)) => {
                 if let Some(tier) = tier
                     && *prereq_tier < tier
                 {
-                    report.error(
+                    report.reference(
                         field,
                         format!(
                             "lesson `{prereq}` has tier {prereq_tier}, below this lesson's tier \

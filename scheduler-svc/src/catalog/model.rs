@@ -98,6 +98,16 @@ string_enum! {
     }
 }
 
+impl Lesson {
+    /// Whether any stage's guide is a Jupyter notebook, so the live lesson gets a guide
+    /// endpoint ([`JUPYTER_GUIDE_ENDPOINT`]).
+    pub fn has_jupyter_guide(&self) -> bool {
+        self.stages
+            .iter()
+            .any(|stage| stage.guide_type == GuideType::Jupyter)
+    }
+}
+
 impl GuideType {
     /// The file name, inside `stage<N>/`, that a guide of this type must have.
     pub const fn file_name(self) -> &'static str {
@@ -133,6 +143,13 @@ string_enum! {
         Shell = "shell",
     }
 }
+
+/// The name of the endpoint that serves a lesson's Jupyter guides (added to the live lesson of
+/// any lesson with a `jupyter` stage), so no endpoint of such a lesson may have it.
+pub const JUPYTER_GUIDE_ENDPOINT: &str = "jupyter-guide";
+
+/// The port of the guide endpoint's HTTP presentation (Jupyter's own).
+pub const JUPYTER_GUIDE_PORT: u16 = 8888;
 
 /// The NAPALM drivers a `<endpoint>-<driver>.txt` config file may name, as Antidote accepted.
 pub const NAPALM_DRIVERS: &[&str] = &["junos", "eos", "iosxr", "nxos", "nxos_ssh", "ios"];
@@ -343,6 +360,10 @@ pub struct Stage {
     pub guide_type: GuideType,
     /// The guide file, checked to exist at load time.
     pub guide: PathBuf,
+    /// A Jupyter guide's notebook, read at load time (at most
+    /// [`antidote_proto::sdk::spec::MAX_NOTEBOOK`] bytes): it travels to the agent in the spec
+    /// of the lesson's guide endpoint. `None` for a markdown guide.
+    pub notebook: Option<String>,
     /// URL of a video for this stage.
     pub stage_video: Option<String>,
     /// The config file of every endpoint that has a configuration type, by endpoint name.

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use antidote_proto::sdk::spec::MAX_NOTEBOOK;
+
 use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, StageConfig};
 use super::source::Source;
 use super::yaml::Report;
@@ -17,6 +19,8 @@ use super::yaml::Report;
 pub(super) struct StageFiles {
     /// The guide.
     pub(super) guide: PathBuf,
+    /// A Jupyter guide's text.
+    pub(super) notebook: Option<String>,
     /// Each configured endpoint's config, by endpoint name.
     pub(super) configs: BTreeMap<String, StageConfig>,
 }
@@ -45,6 +49,7 @@ pub(super) fn locate(
     let before = report.count();
 
     let guide = stage_dir.join(guide_type.file_name());
+    let mut notebook = None;
     if !source.is_file(&guide) {
         report.error(
             format!("{field}.guideType"),
@@ -53,6 +58,29 @@ pub(super) fn locate(
                 guide_type.file_name()
             ),
         );
+    } else if guide_type == GuideType::Jupyter {
+        let shown = format!("{stage_name}/{}", guide_type.file_name());
+        match source.read(&guide) {
+            Ok(text) if text.len() > MAX_NOTEBOOK => report.error(
+                format!("{field}.guideType"),
+                format!(
+                    "`{shown}` holds {} bytes, over the {} KiB a jupyter guide may hold",
+                    text.len(),
+                    MAX_NOTEBOOK / 1024
+                ),
+            ),
+            Ok(text) => notebook = Some(text),
+            Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                report.error(
+                    format!("{field}.guideType"),
+                    format!("`{shown}` is not valid utf-8"),
+                );
+            }
+            Err(error) => report.error(
+                format!("{field}.guideType"),
+                format!("cannot read `{shown}`: {error}"),
+            ),
+        }
     }
 
     let mut configs = BTreeMap::new();
@@ -102,7 +130,11 @@ pub(super) fn locate(
         }
     }
 
-    (report.count() == before).then_some(StageFiles { guide, configs })
+    (report.count() == before).then_some(StageFiles {
+        guide,
+        notebook,
+        configs,
+    })
 }
 
 /// The extension of `<endpoint>.<extension>` config files, for every type but napalm, whose

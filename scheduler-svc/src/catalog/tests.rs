@@ -134,6 +134,7 @@ fn same(disk: &Result<Catalog, CatalogErrors>, memory: &Result<Catalog, CatalogE
             assert_eq!(disk.lessons, memory.lessons);
             assert_eq!(disk.skipped, memory.skipped);
             assert_eq!(disk.skipped_collections, memory.skipped_collections);
+            assert_eq!(disk.warnings, memory.warnings);
         }
         (Err(disk), Err(memory)) => assert_eq!(disk, memory, "disk and memory disagree"),
         (disk, memory) => panic!("disk and memory disagree:\n{disk:?}\n{memory:?}"),
@@ -162,6 +163,16 @@ fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 #[track_caller]
 fn load(files: &[(&str, &str)], tier: Tier) -> Catalog {
     check(files, tier, &[]).expect("check returns the catalog when no error is expected")
+}
+
+/// The catalog's warnings as lines, with the curriculum's path removed.
+fn warnings(catalog: &Catalog) -> Vec<String> {
+    let prefix = format!("{}/", catalog.root.display());
+    catalog
+        .warnings
+        .iter()
+        .map(|warning| warning.to_string().replace(&prefix, ""))
+        .collect()
 }
 
 /// Strips the indentation common to all non-blank lines, so YAML can sit indented in the test.
@@ -353,6 +364,9 @@ fn every_key_and_configuration_type_loads() {
     assert_eq!(stage1.index, 1);
     assert_eq!(stage1.guide_type, GuideType::Jupyter);
     assert!(stage1.guide.ends_with("stage1/guide.ipynb"));
+    assert_eq!(stage1.notebook.as_deref(), Some("{}\n"));
+    assert_eq!(stage0.notebook, None);
+    assert!(lesson.has_jupyter_guide());
     assert_eq!(stage1.configs["nap"].driver.as_deref(), Some("nxos_ssh"));
     assert_eq!(stage1.configs["ans"].contents, "- hosts: all\n");
 }
@@ -511,21 +525,145 @@ fn tier_filters_lessons_and_collections() {
 
 #[test]
 fn skipped_lessons_are_still_validated() {
-    // So that `validate` at any tier finds every problem.
+    // Their structure, so that `validate` at any tier finds every malformed file.
     check(
         &one("
             slug: one
             name: One
             category: tools
             tier: local
-            endpoints: [{name: web, image: nope, additionalPorts: [1]}]
+            endpoints: [{name: web, image: nope, additionalPorts: [0]}]
             stages: [{guideType: markdown}]
             "),
         Tier::Prod,
         &[
-            "lessons/one/lesson.meta.yaml: lesson `one`: `endpoints[0].image`: no image with slug `nope`",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `endpoints[0].additionalPorts[0]`: `0` is not a port (a whole number from 1 to 65535)",
         ],
     );
+}
+
+/// Prod lessons and a ptr lesson naming an image that `images/` does not define, as in real
+/// Antidote curricula.
+fn with_a_ptr_lesson_naming_an_undefined_image() -> Vec<(&'static str, &'static str)> {
+    let mut files = tiered();
+    files.extend([
+        (
+            "lessons/draft/lesson.meta.yaml",
+            "
+            {slug: draft, name: D, category: tools, tier: ptr,
+             endpoints: [{name: vqfx, image: vqfx-snap1, additionalPorts: [22]},
+                         {name: web, image: box, additionalPorts: [1]}],
+             stages: [{guideType: markdown}]}
+            ",
+        ),
+        ("lessons/draft/stage0/guide.md", "# draft"),
+    ]);
+    files
+}
+
+#[test]
+fn a_skipped_lesson_naming_an_undefined_image_is_a_warning() {
+    let files = with_a_ptr_lesson_naming_an_undefined_image();
+    let prod = load(&files, Tier::Prod);
+    assert_eq!(
+        warnings(&prod),
+        [
+            "lessons/draft/lesson.meta.yaml: lesson `draft`: `endpoints[0].image`: no image with slug `vqfx-snap1`"
+        ]
+    );
+    assert_eq!(prod.lessons.keys().collect::<Vec<_>>(), ["at-prod"]);
+    assert_eq!(prod.skipped, ["at-local", "at-ptr", "draft"]);
+    assert!(
+        prod.summary(Tier::Prod).ends_with(
+            "valid at tier prod: 1 lesson loaded (3 skipped below the tier), 1 collection loaded \
+             (1 skipped), 1 image, 1 warning"
+        ),
+        "{}",
+        prod.summary(Tier::Prod)
+    );
+}
+
+#[test]
+fn a_loaded_lesson_naming_an_undefined_image_is_an_error() {
+    let files = with_a_ptr_lesson_naming_an_undefined_image();
+    for tier in [Tier::Ptr, Tier::Local] {
+        check(
+            &files,
+            tier,
+            &[
+                "lessons/draft/lesson.meta.yaml: lesson `draft`: `endpoints[0].image`: no image with slug `vqfx-snap1`",
+            ],
+        );
+    }
+}
+
+#[test]
+fn every_broken_reference_of_loaded_lessons_is_reported_at_once() {
+    let mut files = with_a_ptr_lesson_naming_an_undefined_image();
+    files.extend([
+        (
+            "lessons/other/lesson.meta.yaml",
+            "
+            {slug: other, name: O, category: tools, tier: prod, collection: gone,
+             endpoints: [{name: a, image: gone-a, additionalPorts: [1]},
+                         {name: b, image: gone-b, additionalPorts: [1]}],
+             stages: [{guideType: markdown}]}
+            ",
+        ),
+        ("lessons/other/stage0/guide.md", "# other"),
+    ]);
+    check(
+        &files,
+        Tier::Ptr,
+        &[
+            "lessons/draft/lesson.meta.yaml: lesson `draft`: `endpoints[0].image`: no image with slug `vqfx-snap1`",
+            "lessons/other/lesson.meta.yaml: lesson `other`: `endpoints[0].image`: no image with slug `gone-a`",
+            "lessons/other/lesson.meta.yaml: lesson `other`: `endpoints[1].image`: no image with slug `gone-b`",
+            "lessons/other/lesson.meta.yaml: lesson `other`: `collection`: no collection with slug `gone`",
+        ],
+    );
+}
+
+#[test]
+fn a_skipped_lessons_broken_collection_and_prereqs_are_warnings() {
+    let mut files = tiered();
+    files.extend(one("
+        slug: one
+        name: One
+        category: tools
+        tier: ptr
+        collection: local-only
+        prereqs: [at-local, nowhere]
+        endpoints: [{name: web, image: box, additionalPorts: [1]}]
+        stages: [{guideType: markdown}]
+        "));
+    let prod = load(&files, Tier::Prod);
+    assert_eq!(
+        warnings(&prod),
+        [
+            "lessons/one/lesson.meta.yaml: lesson `one`: `collection`: collection `local-only` has tier local, below this lesson's tier ptr, so it is skipped wherever this lesson loads",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `prereqs[0]`: lesson `at-local` has tier local, below this lesson's tier ptr, so it is skipped wherever this lesson loads",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `prereqs[1]`: no lesson with slug `nowhere`",
+        ]
+    );
+    assert!(prod.skipped.contains(&"one".to_owned()));
+    // Loaded, the same lesson is refused for the same reasons.
+    check(
+        &files,
+        Tier::Ptr,
+        &[
+            "lessons/one/lesson.meta.yaml: lesson `one`: `collection`: collection `local-only` has tier local, below this lesson's tier ptr, so it is skipped wherever this lesson loads",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `prereqs[0]`: lesson `at-local` has tier local, below this lesson's tier ptr, so it is skipped wherever this lesson loads",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `prereqs[1]`: no lesson with slug `nowhere`",
+        ],
+    );
+}
+
+#[test]
+fn a_clean_curriculum_has_no_warnings() {
+    for tier in Tier::ALL {
+        assert!(load(&tiered(), *tier).warnings.is_empty());
+    }
 }
 
 #[test]
@@ -1094,6 +1232,53 @@ fn stage_directories_and_guides_must_exist() {
 }
 
 #[test]
+fn jupyter_guides_are_read_capped_and_get_their_own_endpoint_name() {
+    let big = format!(
+        "{{\"cells\": [], \"pad\": \"{}\"}}",
+        "x".repeat(antidote_proto::sdk::spec::MAX_NOTEBOOK)
+    );
+    check(
+        &[
+            (
+                "lessons/one/lesson.meta.yaml",
+                "
+                slug: one
+                name: One
+                category: tools
+                tier: prod
+                endpoints:
+                - {name: jupyter-guide, image: box, additionalPorts: [1]}
+                stages: [{guideType: jupyter}, {guideType: jupyter}]
+                ",
+            ),
+            ("lessons/one/stage0/guide.ipynb", "{}"),
+            ("lessons/one/stage1/guide.ipynb", big.as_str()),
+        ],
+        Tier::Prod,
+        &[
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[1].guideType`: `stage1/guide.ipynb` holds 524313 bytes, over the 512 KiB a jupyter guide may hold",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `endpoints[0].name`: `jupyter-guide` names the endpoint that serves this lesson's jupyter guides",
+        ],
+    );
+    // A lesson without jupyter guides may use the name.
+    let catalog = load(
+        &[
+            (
+                "lessons/one/lesson.meta.yaml",
+                "
+                {slug: one, name: One, category: tools, tier: prod,
+                 endpoints: [{name: jupyter-guide, image: box, additionalPorts: [1]}],
+                 stages: [{guideType: markdown}]}
+                ",
+            ),
+            GUIDE0,
+        ],
+        Tier::Prod,
+    );
+    assert!(!catalog.lesson("one").unwrap().has_jupyter_guide());
+}
+
+#[test]
 fn every_configured_endpoint_needs_a_config_file_in_every_stage() {
     check(
         &[
@@ -1257,10 +1442,12 @@ fn prereqs_must_exist_and_load_wherever_the_lesson_does() {
         "lessons/one/lesson.meta.yaml: lesson `one`: `prereqs[3]`: no lesson with slug `nowhere`",
         "lessons/one/lesson.meta.yaml: lesson `one`: `prereqs[4]`: a lesson cannot be its own prereq",
     ];
-    // The same problems whatever the configured tier.
-    for tier in Tier::ALL {
-        check(&files, *tier, &expect);
+    // The same problems at every tier where the lesson loads; where it is skipped, only what
+    // is wrong with the lesson itself.
+    for tier in [Tier::Local, Tier::Ptr] {
+        check(&files, tier, &expect);
     }
+    check(&files, Tier::Prod, &expect[2..]);
 }
 
 #[test]

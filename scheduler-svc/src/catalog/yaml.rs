@@ -19,7 +19,19 @@ use super::source::Source;
 pub(super) struct Report {
     file: PathBuf,
     lesson: Option<String>,
-    errors: Vec<CatalogError>,
+    /// Every problem in the order found, each marked when it is a reference to something the
+    /// curriculum does not hold (see [`Report::reference`]).
+    problems: Vec<(CatalogError, Problem)>,
+}
+
+/// What kind of problem a [`Report`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Problem {
+    /// Wrong wherever the file is: the file itself is malformed.
+    Structure,
+    /// A reference to an image, collection or lesson that the curriculum does not hold (or
+    /// would not load with the lesson); only an error if the lesson itself loads.
+    Reference,
 }
 
 impl Report {
@@ -28,7 +40,7 @@ impl Report {
         Self {
             file,
             lesson: None,
-            errors: Vec::new(),
+            problems: Vec::new(),
         }
     }
 
@@ -39,23 +51,54 @@ impl Report {
 
     /// Records one problem with `field`; an empty field means the whole file.
     pub(super) fn error(&mut self, field: impl Into<String>, reason: impl Into<String>) {
-        self.errors.push(CatalogError {
+        self.push(field.into(), reason.into(), Problem::Structure);
+    }
+
+    /// Records a reference from `field` to something the curriculum does not hold. As in
+    /// Antidote, it only matters for a lesson that loads: for a lesson below the configured
+    /// tier it is a warning ([`Report::split`]). It does not count in [`Report::count`], so a
+    /// lesson whose only problems are references is still built, to be kept or skipped.
+    pub(super) fn reference(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.push(field.into(), reason.into(), Problem::Reference);
+    }
+
+    fn push(&mut self, field: String, reason: String, kind: Problem) {
+        let error = CatalogError {
             file: self.file.clone(),
             lesson: self.lesson.clone(),
-            field: field.into(),
-            reason: reason.into(),
-        });
+            field,
+            reason,
+        };
+        self.problems.push((error, kind));
     }
 
-    /// How many problems are recorded; comparing counts before and after reading a part tells
-    /// whether that part was clean.
+    /// How many structural problems are recorded (references are not counted); comparing
+    /// counts before and after reading a part tells whether that part was well formed.
     pub(super) fn count(&self) -> usize {
-        self.errors.len()
+        self.problems
+            .iter()
+            .filter(|(_, kind)| *kind == Problem::Structure)
+            .count()
     }
 
-    /// The recorded problems, in the order they were found.
+    /// Every recorded problem as an error, in the order they were found.
     pub(super) fn into_errors(self) -> Vec<CatalogError> {
-        self.errors
+        self.split(false).0
+    }
+
+    /// The recorded problems as errors and warnings, each in the order found: references are
+    /// warnings when `lenient` (the lesson is skipped below the tier), errors otherwise.
+    pub(super) fn split(self, lenient: bool) -> (Vec<CatalogError>, Vec<CatalogError>) {
+        let mut errors = Vec::new();
+        let mut warnings = Vec::new();
+        for (error, kind) in self.problems {
+            if lenient && kind == Problem::Reference {
+                warnings.push(error);
+            } else {
+                errors.push(error);
+            }
+        }
+        (errors, warnings)
     }
 }
 

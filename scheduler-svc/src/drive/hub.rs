@@ -58,6 +58,35 @@ impl Hub {
         }
     }
 
+    /// Publishes a state read back from the store after another replica changed it (or after
+    /// notifications may have been missed), unless watchers already have exactly that state.
+    pub fn refresh(&self, lesson: &LiveLesson) {
+        let mut channels = self.lock();
+        if let Some(tx) = channels.get(&lesson.id) {
+            if tx.receiver_count() == 0 {
+                channels.remove(&lesson.id);
+            } else {
+                tx.send_if_modified(|current| {
+                    if current.as_ref() == Some(lesson) {
+                        return false;
+                    }
+                    *current = Some(lesson.clone());
+                    true
+                });
+            }
+        }
+    }
+
+    /// Whether someone watches the live lesson.
+    pub fn is_watched(&self, id: LiveLessonId) -> bool {
+        self.lock().contains_key(&id)
+    }
+
+    /// Every watched live lesson.
+    pub fn watched_ids(&self) -> Vec<LiveLessonId> {
+        self.lock().keys().copied().collect()
+    }
+
     /// Tells watchers the live lesson is gone, ending their streams.
     pub fn gone(&self, id: LiveLessonId) {
         if let Some(tx) = self.lock().remove(&id) {

@@ -10,9 +10,11 @@ pub mod placement;
 mod queue;
 pub mod reaper;
 mod reconcile;
+pub mod replicas;
 pub mod roster;
 
 pub use hub::Hub;
 pub use reaper::Reaper;
-pub use reconcile::Reconciler;
+pub use reconcile::{Identity, Reconciler};
+pub use replicas::Replica;
 pub use roster::Roster;

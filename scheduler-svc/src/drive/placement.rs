@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use antidote_proto::sdk::capabilities;
 
 use crate::agents::{AgentState, Snapshot};
-use crate::catalog::{Lesson, PresentationKind};
+use crate::catalog::{ConfigurationType, Lesson, PresentationKind};
 use crate::model::{Decision, Wishes};
 
 /// The capabilities an agent must offer to run a lesson.
@@ -30,7 +30,8 @@ pub fn capabilities_for(lesson: &Lesson) -> Vec<&'static str> {
     if presentations().any(|p| p.kind == PresentationKind::Ssh) {
         needs.push(capabilities::PRESENTATION_SSH);
     }
-    if presentations().any(|p| p.kind == PresentationKind::Http) {
+    // The Jupyter guide endpoint is served over HTTP too.
+    if presentations().any(|p| p.kind == PresentationKind::Http) || lesson.has_jupyter_guide() {
         needs.push(capabilities::PRESENTATION_HTTP);
     }
     if lesson
@@ -40,7 +41,38 @@ pub fn capabilities_for(lesson: &Lesson) -> Vec<&'static str> {
     {
         needs.push(capabilities::STAGE_CONFIGURATION);
     }
+    // Every configuration type the lesson uses, each once, in a fixed order (PROTOCOL.md [V5]).
+    let types: BTreeSet<ConfigurationType> = lesson
+        .endpoints
+        .iter()
+        .filter_map(|e| e.configuration_type)
+        .collect();
+    needs.extend(types.into_iter().map(configuration_capability));
+    if lesson.has_jupyter_guide() {
+        needs.push(capabilities::GUIDE_JUPYTER);
+    }
     needs
+}
+
+/// The capability of an agent that runs configurations of `kind`.
+fn configuration_capability(kind: ConfigurationType) -> &'static str {
+    match kind {
+        ConfigurationType::Shell => capabilities::CONFIGURATION_SHELL,
+        ConfigurationType::Python => capabilities::CONFIGURATION_PYTHON,
+        ConfigurationType::Ansible => capabilities::CONFIGURATION_ANSIBLE,
+        ConfigurationType::Napalm => capabilities::CONFIGURATION_NAPALM,
+    }
+}
+
+/// Whether an agent whose handshake listed `offered` offers `capability`. An agent that lists
+/// no configuration type at all runs shell alone (PROTOCOL.md [V5]: agents written before the
+/// types were announced).
+fn offers(offered: &BTreeSet<String>, capability: &str) -> bool {
+    offered.contains(capability)
+        || (capability == capabilities::CONFIGURATION_SHELL
+            && !offered
+                .iter()
+                .any(|c| c.starts_with(capabilities::CONFIGURATION_PREFIX)))
 }
 
 /// What a live lesson asks of its agent.
@@ -173,7 +205,7 @@ impl Candidate {
             let missing: Vec<_> = needs
                 .capabilities
                 .iter()
-                .filter(|c| !offered.contains(**c))
+                .filter(|c| !offers(offered, c))
                 .copied()
                 .collect();
             if !missing.is_empty() {
@@ -197,7 +229,7 @@ impl Candidate {
                 needs
                     .capabilities
                     .iter()
-                    .filter(|c| !offered.contains(**c))
+                    .filter(|c| !offers(offered, c))
                     .map(|c| format!("capability {c}")),
             );
         }
@@ -364,7 +396,7 @@ pub fn possible(agents: &[Candidate], needs: &Needs) -> Result<(), Impossible> {
         if !agents.iter().any(|a| {
             a.capabilities
                 .as_ref()
-                .is_none_or(|c| c.contains(*capability))
+                .is_none_or(|c| offers(c, capability))
         }) {
             missing.push(format!("capability {capability}"));
         }
@@ -666,6 +698,94 @@ mod tests {
         );
     }
 
+    /// What a lesson whose endpoints use `types` needs of its agent, capabilities only.
+    fn configured(types: &[ConfigurationType]) -> Needs {
+        use crate::catalog::Endpoint;
+        let mut lesson = lesson();
+        lesson.endpoints = types
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| Endpoint {
+                name: format!("e{i}"),
+                image: "box".into(),
+                configuration_type: Some(*kind),
+                additional_ports: vec![],
+                presentations: vec![],
+            })
+            .collect();
+        Needs::of(&lesson, &Wishes::default()).unwrap()
+    }
+
+    #[test]
+    fn a_lesson_needs_every_configuration_type_it_uses() {
+        use ConfigurationType::{Ansible, Napalm, Python, Shell};
+        assert_eq!(
+            configured(&[Napalm, Python, Napalm, Ansible]).capabilities,
+            [
+                capabilities::STAGE_CONFIGURATION,
+                capabilities::CONFIGURATION_PYTHON,
+                capabilities::CONFIGURATION_ANSIBLE,
+                capabilities::CONFIGURATION_NAPALM,
+            ]
+        );
+        assert_eq!(
+            configured(&[Shell]).capabilities,
+            [
+                capabilities::STAGE_CONFIGURATION,
+                capabilities::CONFIGURATION_SHELL
+            ]
+        );
+        assert!(configured(&[]).capabilities.is_empty());
+    }
+
+    #[test]
+    fn configuration_types_choose_the_agent() {
+        use ConfigurationType::{Ansible, Python, Shell};
+        let with = |name, types: &[&'static str]| {
+            let mut offers = vec![capabilities::STAGE_CONFIGURATION];
+            offers.extend(types);
+            offering(ready(name, &[], 0, 0), &offers)
+        };
+        let shell_only = with("shell", &[capabilities::CONFIGURATION_SHELL]);
+        let all = with(
+            "all",
+            &[
+                capabilities::CONFIGURATION_SHELL,
+                capabilities::CONFIGURATION_PYTHON,
+                capabilities::CONFIGURATION_ANSIBLE,
+            ],
+        );
+        // An agent listing no type runs shell alone (PROTOCOL.md [V5]).
+        let old = with("old", &[]);
+        check(
+            &[shell_only.clone(), old.clone(), all.clone()],
+            &configured(&[Shell, Ansible]),
+            "all: chose `all`: load 0 (no limit). Not chosen: `shell`: lacks capability \
+             configuration.ansible; `old`: lacks capability configuration.ansible",
+        );
+        check(
+            std::slice::from_ref(&old),
+            &configured(&[Shell]),
+            "old: chose `old`: load 0 (no limit)",
+        );
+        check(
+            &[shell_only.clone(), old.clone()],
+            &configured(&[Python, Ansible]),
+            "error: `shell`: lacks capability configuration.python, configuration.ansible; \
+             `old`: lacks capability configuration.python, configuration.ansible",
+        );
+        check_possible(
+            &[shell_only.clone(), old.clone()],
+            &configured(&[Ansible]),
+            "capability configuration.ansible | no agent has capability configuration.ansible \
+             (`shell`: lacks capability configuration.ansible; `old`: lacks capability \
+             configuration.ansible)",
+        );
+        check_possible(&[shell_only, all], &configured(&[Ansible]), "ok");
+        // Capabilities unknown before a handshake: it may yet run them.
+        check_possible(&[unknown("new", &[])], &configured(&[Ansible]), "ok");
+    }
+
     #[test]
     fn impossible_only_when_no_agent_in_any_state_could_ever() {
         let n = needs(&[("region", "eu")], &[]);
@@ -762,9 +882,9 @@ mod tests {
         assert_eq!(lost.availability, Availability::Lost);
     }
 
-    #[test]
-    fn a_request_cannot_contradict_the_lessons_requirement() {
-        let mut lesson = crate::catalog::Lesson {
+    /// A lesson with no endpoints and no placement.
+    fn lesson() -> crate::catalog::Lesson {
+        crate::catalog::Lesson {
             slug: "l".into(),
             name: String::new(),
             category: crate::catalog::Category::Fundamentals,
@@ -783,7 +903,12 @@ mod tests {
             connections: vec![],
             dir: Default::default(),
             placement: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_request_cannot_contradict_the_lessons_requirement() {
+        let mut lesson = lesson();
         lesson.placement.requires = labels(&[("region", "eu")]);
         lesson.placement.prefers = labels(&[("disk", "ssd")]);
         let wishes = Wishes {

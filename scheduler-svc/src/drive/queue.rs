@@ -64,6 +64,12 @@ impl WorkQueue {
         }
     }
 
+    /// Whether `id` is queued or being processed.
+    pub fn contains(&self, id: LiveLessonId) -> bool {
+        let state = lock(&self.state);
+        state.queued.contains(&id) || state.processing.contains_key(&id)
+    }
+
     /// Ends processing of `id`; a dirty id is queued again.
     pub fn done(&self, id: LiveLessonId) {
         let mut state = lock(&self.state);

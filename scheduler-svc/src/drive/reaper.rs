@@ -5,6 +5,12 @@
 //!
 //! The reaper only marks live lessons for removal in the store; the reconciler does the removal,
 //! exactly as for a user's delete.
+//!
+//! Orphans are only looked for among objects carrying both our instance label and our cluster
+//! label (the cluster id created in our database): another deployment's objects, even with the
+//! same instance id, and objects without a cluster label are never touched. Replicas on
+//! PostgreSQL run these duties once per tick between them: only the holder of the `reaper`
+//! lease does.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,6 +20,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::reconcile::Reconciler;
+use super::replicas::{self, Replica};
 use crate::agents::Fleet;
 use crate::metrics::{Metrics, ReaperAction};
 use crate::model::{LiveLessonId, Millis};
@@ -34,6 +41,11 @@ pub struct Reaper {
     pub config: ReaperConfig,
     /// Our instance label value.
     pub instance_id: String,
+    /// Our cluster label value.
+    pub cluster_id: String,
+    /// This process as a replica on PostgreSQL (the duties need the `reaper` lease); `None` on
+    /// SQLite.
+    pub replica: Option<Arc<Replica>>,
     /// Where actions are counted.
     pub metrics: Arc<Metrics>,
 }
@@ -49,8 +61,31 @@ impl Reaper {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = expiry.tick() => self.expire().await,
-                _ = orphans.tick() => self.collect_orphans(&mut suspects).await,
+                _ = expiry.tick() => if self.on_duty().await {
+                    self.expire().await;
+                },
+                _ = orphans.tick() => if self.on_duty().await {
+                    self.collect_orphans(&mut suspects).await;
+                } else {
+                    // Another replica collects; should this one take over, its suspects start
+                    // their grace again.
+                    suspects = Suspects::default();
+                },
+            }
+        }
+    }
+
+    /// Whether this process runs the duties now: always on SQLite; on PostgreSQL when it holds
+    /// (or just took) the `reaper` lease, which the reconciler's renewal keeps while it lives.
+    async fn on_duty(&self) -> bool {
+        let Some(replica) = &self.replica else {
+            return true;
+        };
+        match replica.take(&self.store, replicas::REAPER).await {
+            Ok(taken) => taken,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot take the reaper's lease; skipping a tick");
+                false
             }
         }
     }
@@ -109,7 +144,7 @@ impl Reaper {
                 suspects.keep(&agent.name);
                 continue;
             }
-            let items = match agent.list_all(&self.instance_id).await {
+            let items = match agent.list_all(&self.instance_id, &self.cluster_id).await {
                 Ok(items) => items,
                 Err(err) => {
                     tracing::warn!(agent = %agent.name, error = %err, "cannot list for orphans");

@@ -14,7 +14,16 @@
 //!
 //! Every agent call has a deadline; retryable codes back off exponentially; every generation
 //! ends in READY or FAILED within `provision_timeout`. After a restart, `start` enqueues every
-//! unsettled live lesson, and Provision's idempotency means nothing is created twice.
+//! unsettled live lesson, and Provision's idempotency means nothing is created twice. A periodic
+//! resync enqueues any unsettled live lesson that nobody works on (not queued, not waiting for
+//! a retry, and on PostgreSQL leased by no live replica), so a failed write or a dead replica
+//! leaves nothing behind.
+//!
+//! Replicas on PostgreSQL ([`Replica`]): a worker takes the live lesson's lease before a run
+//! and gives it back when the work is done (kept across retries), so one replica at a time
+//! works on it; every replica hears every change ([`crate::store::Changes`]): watched live
+//! lessons are read again for the [`Hub`], and changes that need work are enqueued unless this
+//! replica is on that very generation already or another replica holds the lease.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -32,14 +41,15 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use super::hub::Hub;
 use super::placement::{self, Needs};
 use super::queue::WorkQueue;
+use super::replicas::Replica;
 use super::roster::Roster;
 use crate::agents::{self, Agent, Desired, Fleet, FleetEvent, Observed, Observer, Report};
 use crate::catalog::{Catalog, Lesson};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, Status};
-use crate::settings::ReconcilerConfig;
-use crate::store::{Observation, Store};
+use crate::settings::{ReconcilerConfig, ReplicasConfig};
+use crate::store::{Change, Changes, Observation, Store};
 
 /// Shared handle to the reconciler.
 #[derive(Clone)]
@@ -62,6 +72,14 @@ struct Inner {
     config: ReconcilerConfig,
     /// This scheduler's instance id, put on every object through the spec's labels.
     instance_id: String,
+    /// This deployment's cluster id (from the store), put on every object too.
+    cluster_id: String,
+    /// This process as a replica on PostgreSQL (leases); `None` on SQLite.
+    replica: Option<Arc<Replica>>,
+    /// The lease TTL and how often the store is searched for work nobody does.
+    replicas: ReplicasConfig,
+    /// Live lessons waiting for a retry (a timer will enqueue them): the resync leaves them be.
+    retrying: Mutex<HashSet<LiveLessonId>>,
     /// The work queue.
     queue: WorkQueue,
     /// Live lessons whose agent restarted: their next run calls Recover.
@@ -101,9 +119,15 @@ impl Reconciler {
         roster: Arc<Roster>,
         hub: Arc<Hub>,
         config: ReconcilerConfig,
-        instance_id: String,
+        identity: Identity,
+        replicas: ReplicasConfig,
         metrics: Arc<Metrics>,
     ) -> Reconciler {
+        let Identity {
+            instance_id,
+            cluster_id,
+            replica,
+        } = identity;
         Reconciler {
             inner: Arc::new(Inner {
                 store,
@@ -113,6 +137,10 @@ impl Reconciler {
                 hub,
                 config,
                 instance_id,
+                cluster_id,
+                replica,
+                replicas,
+                retrying: Mutex::new(HashSet::new()),
                 queue: WorkQueue::default(),
                 recover: Mutex::new(HashSet::new()),
                 attempts: Mutex::new(HashMap::new()),
@@ -127,6 +155,11 @@ impl Reconciler {
     pub fn changed(&self, lesson: &LiveLesson) {
         self.inner.hub.publish(lesson);
         self.enqueue(lesson.id);
+    }
+
+    /// This deployment's cluster id.
+    pub fn cluster_id(&self) -> &str {
+        &self.inner.cluster_id
     }
 
     /// Drained and lost agents and the operators' labels: what placement and operators see.
@@ -197,6 +230,29 @@ impl Reconciler {
             }
         });
         let this = self.clone();
+        let resync = shutdown.clone();
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(this.inner.replicas.resync_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = resync.cancelled() => return,
+                    _ = tick.tick() => this.resync().await,
+                }
+            }
+        });
+        if let Some(replica) = self.inner.replica.clone() {
+            let this = self.clone();
+            let renewal = shutdown.clone();
+            tracker.spawn(async move { this.renew_leases(replica, renewal).await });
+        }
+        if let Some(changes) = self.inner.store.changes().await? {
+            let this = self.clone();
+            let follow = shutdown.clone();
+            tracker.spawn(async move { this.follow_changes(changes, follow).await });
+        }
+        let this = self.clone();
         tracker.spawn(async move {
             loop {
                 let event = tokio::select! {
@@ -214,14 +270,138 @@ impl Reconciler {
 
     /// Enqueues `id` again after `delay` (a retry with backoff), unless shutdown comes first.
     fn enqueue_after(&self, id: LiveLessonId, delay: Duration, shutdown: &CancellationToken) {
+        lock(&self.inner.retrying).insert(id);
         let queue = self.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(delay) => queue.enqueue(id),
+                _ = tokio::time::sleep(delay) => {
+                    queue.enqueue(id);
+                    lock(&queue.inner.retrying).remove(&id);
+                }
             }
         });
+    }
+
+    /// Enqueues every unsettled live lesson nobody works on: not queued or being processed
+    /// here, not waiting for a retry here, and on PostgreSQL leased by no live replica (its
+    /// holder died, or a write failed between the store and the queue). On PostgreSQL the
+    /// agents' loads are also read again, since every replica places on them.
+    #[tracing::instrument(skip_all, level = "debug")]
+    async fn resync(&self) {
+        let inner = &self.inner;
+        let ids = match inner.store.unleased_unsettled(Millis::now()).await {
+            Ok(ids) => ids,
+            Err(err) => {
+                tracing::warn!(error = %err, "resync: cannot read unsettled live lessons");
+                return;
+            }
+        };
+        for id in ids {
+            if inner.queue.contains(id)
+                || lock(&inner.retrying).contains(&id)
+                || inner.replica.as_ref().is_some_and(|r| r.holds(id))
+            {
+                continue;
+            }
+            tracing::info!(live_lesson.id = %id, "resync: unsettled and nobody works on it; enqueued");
+            inner.queue.add(id);
+        }
+        if inner.replica.is_some() {
+            match inner.store.agent_loads().await {
+                Ok(loads) => inner.fleet.set_loads(loads),
+                Err(err) => tracing::warn!(error = %err, "resync: cannot read the agents' loads"),
+            }
+        }
+    }
+
+    /// Renews this replica's leases every third of their TTL until shutdown; a lost lease
+    /// (expired and taken over) stops its worker. At shutdown every lease is given back, so
+    /// other replicas take the work over at once.
+    async fn renew_leases(&self, replica: Arc<Replica>, shutdown: CancellationToken) {
+        let store = &self.inner.store;
+        let mut tick = tokio::time::interval(replica.renew_every());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => match replica.renew(store).await {
+                    Ok(lost) => for id in lost {
+                        tracing::warn!(live_lesson.id = %id, "lease lost to another replica; stopping");
+                        // Its worker is told to stop waiting and runs again, finding the lease
+                        // taken.
+                        self.inner.queue.add(id);
+                    },
+                    Err(err) => tracing::warn!(error = %err, "cannot renew leases"),
+                },
+            }
+        }
+        if let Err(err) = store.release_leases(&replica.id).await {
+            tracing::warn!(error = %err, "cannot give leases back at shutdown; they will expire");
+        }
+    }
+
+    /// Follows every replica's changes: watched live lessons are read again for the hub (all
+    /// of them after a reconnect, when notifications may have been lost, followed by a
+    /// resync); a change that needs work is enqueued unless this replica is working on that
+    /// generation already or another replica holds its lease.
+    async fn follow_changes(&self, mut changes: Changes, shutdown: CancellationToken) {
+        loop {
+            let change = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                change = changes.next() => change,
+            };
+            match change {
+                Change::Changed {
+                    id,
+                    generation,
+                    needs_work,
+                } => {
+                    self.refresh_watchers(id).await;
+                    if needs_work && !self.working_on(id, generation) {
+                        self.inner.queue.add(id);
+                    }
+                }
+                Change::Gone(id) => self.inner.hub.gone(id),
+                Change::Missed => {
+                    for id in self.inner.hub.watched_ids() {
+                        self.refresh_watchers(id).await;
+                    }
+                    self.resync().await;
+                }
+            }
+        }
+    }
+
+    /// Whether a change of `id` at `generation` is work this replica need not take up: it
+    /// holds the lease and works on that generation, or another replica holds the lease (its
+    /// holder hears the same change).
+    fn working_on(&self, id: LiveLessonId, generation: u64) -> bool {
+        let Some(replica) = &self.inner.replica else {
+            return false;
+        };
+        let ours = replica.holds(id)
+            && lock(&self.inner.attempts)
+                .get(&id)
+                .is_some_and(|attempt| attempt.generation == generation);
+        ours || replica.held_elsewhere(id)
+    }
+
+    /// Reads a watched live lesson again and hands it to its watchers (or ends their streams
+    /// when it is gone).
+    async fn refresh_watchers(&self, id: LiveLessonId) {
+        let hub = &self.inner.hub;
+        if !hub.is_watched(id) {
+            return;
+        }
+        match self.inner.store.find_live_lesson(id).await {
+            Ok(Some(lesson)) => hub.refresh(&lesson),
+            Ok(None) => hub.gone(id),
+            Err(err) => {
+                tracing::warn!(live_lesson.id = %id, error = %err, "cannot read a changed live lesson")
+            }
+        }
     }
 
     /// Moves the live lessons of every lost agent elsewhere (DESIGN.md §3, placement): those
@@ -320,6 +500,27 @@ impl Reconciler {
                 _ = shutdown.cancelled() => return,
                 next = self.inner.queue.next() => next,
             };
+            if let Some(replica) = &self.inner.replica {
+                match replica.take_lesson(&self.inner.store, id).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Another replica works on it; it hears every change, and if it dies
+                        // the lease expires and a resync here takes the work over.
+                        tracing::debug!(live_lesson.id = %id, "leased by another replica");
+                        lock(&self.inner.attempts).remove(&id);
+                        lock(&self.inner.origins).remove(&id);
+                        self.inner.queue.done(id);
+                        continue;
+                    }
+                    Err(err) => {
+                        let delay = self.backoff(id, None);
+                        tracing::warn!(live_lesson.id = %id, error = %err, ?delay, "cannot take the lease; retrying");
+                        self.enqueue_after(id, delay, &shutdown);
+                        self.inner.queue.done(id);
+                        continue;
+                    }
+                }
+            }
             let span = tracing::info_span!("reconcile", live_lesson.id = %id);
             let origin = lock(&self.inner.origins).remove(&id);
             if let Some(origin) = &origin {
@@ -336,7 +537,13 @@ impl Reconciler {
                 lock(&self.inner.origins).entry(id).or_insert(origin);
             }
             match next {
-                Ok(Next::Done) => {}
+                Ok(Next::Done) => {
+                    // Done for now (settled, gone, or moved on): the lease goes back, so any
+                    // replica may take the next change up.
+                    if let Some(replica) = &self.inner.replica {
+                        replica.give_back(&self.inner.store, id).await;
+                    }
+                }
                 Ok(Next::After(delay)) => self.enqueue_after(id, delay, &shutdown),
                 Err(err) => {
                     let delay = self.backoff(id, None);
@@ -533,6 +740,7 @@ impl Reconciler {
     ) -> Result<Report, Error> {
         let desired = Desired {
             instance_id: &self.inner.instance_id,
+            cluster_id: &self.inner.cluster_id,
             live: current,
             lesson: definition,
             catalog: &self.inner.catalog,
@@ -818,6 +1026,16 @@ impl Reconciler {
         };
         backoff(&self.inner.config, id, failures)
     }
+}
+
+/// Who this scheduler is to agents and to other replicas.
+pub struct Identity {
+    /// The configured instance id (a label on every object).
+    pub instance_id: String,
+    /// The deployment's cluster id from the store (a label on every object).
+    pub cluster_id: String,
+    /// This process as a replica on PostgreSQL; `None` on SQLite.
+    pub replica: Option<Arc<Replica>>,
 }
 
 /// Where a live lesson runs, and why when placement chose just now.

@@ -24,7 +24,10 @@
 mod agents;
 mod audit;
 mod backend;
+mod changes;
+mod cluster;
 mod events;
+mod leases;
 mod live_lessons;
 mod placements;
 mod reaper;
@@ -210,6 +213,7 @@ const POSTGRES_CONNECTIONS: u32 = 16;
 const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub use audit::AuditEntry;
+pub use changes::{Change, Changes};
 pub use live_lessons::{LessonFilter, Observation, Requested};
 pub use sessions::network;
 
@@ -288,6 +292,12 @@ impl Store {
             reader: Pool::Postgres(pool),
             writer_done: Arc::new(tokio::sync::Mutex::new(None)),
         })
+    }
+
+    /// Whether the database answers a query (the health check's readiness).
+    pub async fn ping(&self) -> Result<()> {
+        self.reader.fetch_one(Statement::new("SELECT 1")).await?;
+        Ok(())
     }
 
     /// Which backend this store runs on (for logs): `sqlite` or `postgres`.

@@ -29,7 +29,7 @@ use scheduler_svc::agents::Fleet;
 use scheduler_svc::api::http::{self, ROUTES, Route, Surface};
 use scheduler_svc::api::{Api, Watches};
 use scheduler_svc::catalog::{Catalog, Tier};
-use scheduler_svc::drive::{Hub, Reconciler, Roster};
+use scheduler_svc::drive::{Hub, Identity, Reconciler, Roster};
 use scheduler_svc::metrics::Metrics;
 use scheduler_svc::settings::Config;
 use scheduler_svc::store::Store;
@@ -89,7 +89,12 @@ static SERVER: LazyLock<Server> = LazyLock::new(|| {
         roster,
         hub.clone(),
         config.reconciler.clone(),
-        config.instance_id.clone(),
+        Identity {
+            instance_id: config.instance_id.clone(),
+            cluster_id: "fuzz".into(),
+            replica: None,
+        },
+        config.replicas.clone(),
         metrics.clone(),
     );
     let api = Api {
@@ -103,6 +108,7 @@ static SERVER: LazyLock<Server> = LazyLock::new(|| {
         metrics,
         admin_auth: Arc::default(),
         watches: Watches::new(&config.limits),
+        entrypoint: Arc::default(),
     };
     let router = http::router(api, &config.http, Surface::All)
         .layer(MockConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40000))));

@@ -13,7 +13,8 @@
 //!
 //! Configurations are not run (the endpoints are listeners on this host, not machines); a
 //! configuration "runs" for `--configure-delay` and fails, `--config-tries` times, when its
-//! text contains `--fail-config`. The conformance suite's defaults are understood: an image slug
+//! text contains `--fail-config`. It claims the types of `--configuration-types` (shell unless
+//! told otherwise), so placement by configuration type can be tested. The conformance suite's defaults are understood: an image slug
 //! containing `--missing-image` (`ghost`) never starts, and a presentation on `--silent-port`
 //! (9) accepts connections and never answers, so its probe times out after `--probe-timeout`.
 //!
@@ -71,6 +72,10 @@ struct Args {
     /// Capabilities offered; default: all of them.
     #[arg(long, value_delimiter = ',')]
     capabilities: Option<Vec<String>>,
+    /// The configuration types it claims to run, offered as `configuration.<type>` (PROTOCOL.md
+    /// [V5]) unless `--capabilities` lists everything; it "runs" any of them alike.
+    #[arg(long, default_value = "shell", value_delimiter = ',')]
+    configuration_types: Vec<String>,
     /// Capacity offered in the handshake (0 = no limit).
     #[arg(long, default_value_t = 0)]
     max_live_lessons: u32,
@@ -375,10 +380,13 @@ impl Backend for Loopback {
             description.capabilities = offered.clone();
         }
         if self.args.capabilities.is_none() {
-            // The configuration types it "runs" (PROTOCOL.md [V5]): shell only.
-            description
-                .capabilities
-                .push("configuration.shell".to_owned());
+            // The configuration types it "runs" (PROTOCOL.md [V5]).
+            description.capabilities.extend(
+                self.args
+                    .configuration_types
+                    .iter()
+                    .map(|kind| format!("{}{kind}", capabilities::CONFIGURATION_PREFIX)),
+            );
         }
         description.majors = self.args.majors.clone();
         description.max_live_lessons = self.args.max_live_lessons;

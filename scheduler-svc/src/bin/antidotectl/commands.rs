@@ -14,8 +14,12 @@ use crate::render::{self, Printer};
 /// `validate DIR`: loads the catalog offline; the summary on stdout, or every problem on stderr.
 pub fn validate(dir: &Path, tier: Tier) -> ExitCode {
     match scheduler_svc::catalog::validate(dir, tier) {
-        Ok(summary) => {
-            println!("{summary}");
+        Ok(validation) => {
+            // Warnings on stderr, the summary last on stdout, so scripts can read either.
+            for warning in &validation.warnings {
+                eprintln!("warning: {warning}");
+            }
+            println!("{}", validation.summary);
             ExitCode::SUCCESS
         }
         Err(errors) => {

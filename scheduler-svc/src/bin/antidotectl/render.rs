@@ -194,7 +194,12 @@ pub fn live_lesson(live: &api::LiveLesson) -> String {
         live.lesson_slug,
         live.stage,
         status_name(live.status),
-        live.agent,
+        // Only operators' answers (the admin API) name the agent.
+        if live.agent.is_empty() {
+            "-"
+        } else {
+            &live.agent
+        },
         live.healthy,
         live.total
     );

@@ -170,6 +170,8 @@ impl Suite {
             ]
             .map(String::from)
             .to_vec(),
+            // The suite signs no entrypoint tokens.
+            entrypoint_keys: Vec::new(),
         }
     }
 
@@ -209,6 +211,7 @@ impl Suite {
             additional_ports: vec![],
             presentations: presentations.clone(),
             configuration: configuration.clone(),
+            jupyter_guide: None,
         };
         proto::LessonSpec {
             live_lesson_id: id.to_owned(),

@@ -1,0 +1,356 @@
+//! HTTP presentations through the entrypoint: one HTTP/1.1 connection to the backend per
+//! request (presentations are lesson servers on the same network; no pool to go stale), the
+//! path below the prefix forwarded, WebSocket (any) upgrades spliced, and the answer's
+//! `Location` and `Set-Cookie` kept within the prefix.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::{Activity, Body, COOKIE, Permit, Route, TOKEN_PARAM, reply};
+
+/// Headers that belong to one hop (RFC 9110 7.6.1), never forwarded as such.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        && headers.contains_key(header::UPGRADE)
+}
+
+/// Removes hop-by-hop headers, those named by `Connection` included; an upgrade keeps its
+/// `Connection: upgrade` and `Upgrade`.
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    let kept = upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    if let Some(kept) = kept {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, kept);
+    }
+}
+
+/// The path and query the backend sees: the rest of the path, without our token parameter.
+fn backend_target(route: &Route, query: Option<&str>) -> String {
+    let query: Vec<&str> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with(&format!("{TOKEN_PARAM}=")))
+        .collect();
+    if query.is_empty() {
+        route.rest.clone()
+    } else {
+        format!("{}?{}", route.rest, query.join("&"))
+    }
+}
+
+/// The request's cookies without ours; `None` when none is left.
+fn backend_cookies(headers: &HeaderMap) -> Option<String> {
+    let kept: Vec<&str> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty() && !pair.starts_with(&format!("{COOKIE}=")))
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("; "))
+}
+
+/// A `Location` the backend sent, as the learner must follow it: absolute paths and URLs of
+/// the backend itself go under the prefix; relative references and other sites stay.
+pub fn rewrite_location(location: &str, prefix: &str, backend: SocketAddr) -> String {
+    if location.starts_with('/') && !location.starts_with("//") {
+        return format!("{prefix}{location}");
+    }
+    for scheme in ["http://", "https://"] {
+        if let Some(rest) = location.strip_prefix(scheme) {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let ours = authority == backend.to_string()
+                || authority
+                    .rsplit_once(':')
+                    .is_some_and(|(_, port)| port == backend.port().to_string())
+                    && backend.ip().is_loopback();
+            if ours {
+                let path = if path.is_empty() { "/" } else { path };
+                return format!("{prefix}{path}");
+            }
+        }
+    }
+    location.to_owned()
+}
+
+/// A `Set-Cookie` kept within the prefix: its `Path` put under it (added when missing), its
+/// `Domain` dropped (the cookie belongs to the entrypoint's host).
+pub fn rewrite_set_cookie(value: &str, prefix: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut had_path = false;
+    for (i, part) in value.split(';').enumerate() {
+        let trimmed = part.trim();
+        if i == 0 {
+            parts.push(trimmed.to_owned());
+            continue;
+        }
+        let (name, attr) = trimmed.split_once('=').unwrap_or((trimmed, ""));
+        if name.eq_ignore_ascii_case("path") {
+            had_path = true;
+            let attr = if attr.starts_with('/') { attr } else { "/" };
+            parts.push(format!("Path={prefix}{attr}"));
+        } else if name.eq_ignore_ascii_case("domain") {
+            continue;
+        } else {
+            parts.push(trimmed.to_owned());
+        }
+    }
+    if !had_path {
+        parts.push(format!("Path={prefix}/"));
+    }
+    parts.join("; ")
+}
+
+/// Forwards one request to the presentation at `backend`.
+pub(super) async fn forward(
+    mut request: Request<Incoming>,
+    backend: SocketAddr,
+    route: &Route,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+    permit: Arc<Permit>,
+) -> Response<Body> {
+    let upgrade = is_upgrade(request.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    let prefix = route.prefix();
+    let (parts, body) = request.into_parts();
+    let mut headers = parts.headers.clone();
+    let original_host = headers.get(header::HOST).cloned();
+    strip_hop_by_hop(&mut headers, upgrade);
+    headers.remove(header::COOKIE);
+    if let Some(cookies) = backend_cookies(&parts.headers)
+        && let Ok(value) = HeaderValue::from_str(&cookies)
+    {
+        headers.insert(header::COOKIE, value);
+    }
+    // Our bearer token is for us, never for the lesson's server.
+    if headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer ey"))
+    {
+        headers.remove(header::AUTHORIZATION);
+    }
+    if let Ok(host) = HeaderValue::from_str(&backend.to_string()) {
+        headers.insert(header::HOST, host);
+    }
+    if let Some(host) = original_host {
+        headers.insert("x-forwarded-host", host);
+    }
+    if let Ok(value) = HeaderValue::from_str(&prefix) {
+        headers.insert("x-forwarded-prefix", value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&peer.ip().to_string()) {
+        headers.insert("x-forwarded-for", value);
+    }
+    let target = backend_target(route, parts.uri.query());
+    let mut outgoing = Request::builder()
+        .method(parts.method.clone())
+        .uri(&target)
+        .version(http::Version::HTTP_11)
+        .body(body)
+        .expect("a path from a parsed URI and a method from a parsed request build a request");
+    *outgoing.headers_mut() = headers;
+
+    let stream = match TcpStream::connect(backend).await {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::debug!(%backend, error = %err, "presentation unreachable");
+            return reply(
+                StatusCode::BAD_GATEWAY,
+                "the presentation does not answer (yet)",
+            );
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
+        Ok(pair) => pair,
+        Err(err) => {
+            tracing::debug!(%backend, error = %err, "presentation handshake failed");
+            return reply(StatusCode::BAD_GATEWAY, "the presentation does not answer");
+        }
+    };
+    tokio::spawn(async move {
+        if let Err(err) = conn.with_upgrades().await {
+            tracing::debug!(error = %err, "presentation connection ended");
+        }
+    });
+    let mut response = match sender.send_request(outgoing).await {
+        Ok(response) => response,
+        Err(err) => {
+            tracing::debug!(%backend, error = %err, "presentation request failed");
+            return reply(StatusCode::BAD_GATEWAY, "the presentation failed to answer");
+        }
+    };
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switching && let Some(client_upgrade) = client_upgrade {
+        let backend_upgrade = hyper::upgrade::on(&mut response);
+        let live_lesson = route.live_lesson.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let (client, server) = match tokio::join!(client_upgrade, backend_upgrade) {
+                (Ok(client), Ok(server)) => (client, server),
+                _ => return,
+            };
+            let (client_read, mut client_write) = tokio::io::split(TokioIo::new(client));
+            let (mut server_read, mut server_write) = tokio::io::split(TokioIo::new(server));
+            let mut client_read = Touching {
+                inner: client_read,
+                activity,
+                live_lesson,
+            };
+            let up = tokio::io::copy(&mut client_read, &mut server_write);
+            let down = tokio::io::copy(&mut server_read, &mut client_write);
+            // Either side ending ends the splice.
+            tokio::select! {
+                _ = up => {}
+                _ = down => {}
+            }
+        });
+    }
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, switching);
+    if let Some(location) = parts
+        .headers
+        .get(header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|l| rewrite_location(l, &prefix, backend))
+        && let Ok(value) = HeaderValue::from_str(&location)
+    {
+        parts.headers.insert(header::LOCATION, value);
+    }
+    let cookies: Vec<HeaderValue> = parts
+        .headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| HeaderValue::from_str(&rewrite_set_cookie(v, &prefix)).ok())
+        .collect();
+    parts.headers.remove(header::SET_COOKIE);
+    for cookie in cookies {
+        parts.headers.append(header::SET_COOKIE, cookie);
+    }
+    Response::from_parts(parts, body.boxed())
+}
+
+/// A reader that marks its live lesson active whenever learner bytes arrive.
+struct Touching<R> {
+    inner: R,
+    activity: Arc<Activity>,
+    live_lesson: String,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Touching<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch(&self.live_lesson);
+        }
+        polled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations() {
+        let backend: SocketAddr = "127.0.0.1:32768".parse().unwrap();
+        let check = |location: &str, want: &str| {
+            assert_eq!(rewrite_location(location, "/l/a/b/c", backend), want);
+        };
+        check("/login", "/l/a/b/c/login");
+        check("/", "/l/a/b/c/");
+        check("next", "next");
+        check("http://127.0.0.1:32768/x?y", "/l/a/b/c/x?y");
+        check("http://127.0.0.1:32768", "/l/a/b/c/");
+        check("http://localhost:32768/x", "/l/a/b/c/x");
+        check("https://example.org/x", "https://example.org/x");
+        check("//example.org/x", "//example.org/x");
+    }
+
+    #[test]
+    fn set_cookies() {
+        let check = |value: &str, want: &str| {
+            assert_eq!(rewrite_set_cookie(value, "/l/a/b/c"), want);
+        };
+        check("s=1; Path=/", "s=1; Path=/l/a/b/c/");
+        check(
+            "s=1; path=/app; HttpOnly",
+            "s=1; Path=/l/a/b/c/app; HttpOnly",
+        );
+        check("s=1", "s=1; Path=/l/a/b/c/");
+        check(
+            "s=1; Domain=example.org; Secure",
+            "s=1; Secure; Path=/l/a/b/c/",
+        );
+    }
+
+    #[test]
+    fn forwarded_parts() {
+        let route = Route::parse("/l/a/b/c/x").unwrap();
+        assert_eq!(
+            backend_target(&route, Some("antidote_token=ey.x.y&q=1")),
+            "/x?q=1"
+        );
+        assert_eq!(backend_target(&route, Some("antidote_token=t")), "/x");
+        assert_eq!(backend_target(&route, None), "/x");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("antidote_entrypoint=t; app=1"),
+        );
+        assert_eq!(backend_cookies(&headers).as_deref(), Some("app=1"));
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("antidote_entrypoint=t"),
+        );
+        assert_eq!(backend_cookies(&headers), None);
+    }
+}

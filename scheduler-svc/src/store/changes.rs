@@ -1,0 +1,188 @@
+//! Changes of live lessons made by any replica, through PostgreSQL's LISTEN/NOTIFY: the
+//! migration's trigger notifies `antidote_live_lessons` for every inserted, changed (beyond
+//! activity) or forgotten live lesson, at commit. Notifications are lost while the listening
+//! connection is down, so a reconnect is reported as [`Change::Missed`]: the listener re-reads
+//! whatever it follows.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+
+use super::{Store, Writer};
+use crate::model::LiveLessonId;
+
+/// The channel the trigger notifies.
+const CHANNEL: &str = "antidote_live_lessons";
+
+/// How long to wait before listening again after the connection failed.
+const RELISTEN: Duration = Duration::from_secs(1);
+
+/// One notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The live lesson was inserted or changed: its generation, and whether it needs work (not
+    /// settled at that generation, or being removed).
+    Changed {
+        /// Which.
+        id: LiveLessonId,
+        /// Its generation after the change.
+        generation: u64,
+        /// Whether a reconciler has work on it.
+        needs_work: bool,
+    },
+    /// The live lesson was forgotten.
+    Gone(LiveLessonId),
+    /// The listening connection was lost and is back: notifications may have been missed.
+    Missed,
+}
+
+/// A stream of [`Change`]s (PostgreSQL only).
+pub struct Changes {
+    /// The pool the listening connection is taken from (and given back to on failure).
+    pool: sqlx::PgPool,
+    /// The listening connection; `None` after a failure, until it listens again.
+    listener: Option<PgListener>,
+}
+
+impl Store {
+    /// Starts listening to every replica's changes; `None` on SQLite (one process per file: its
+    /// own changes are all there is).
+    pub async fn changes(&self) -> super::Result<Option<Changes>> {
+        let Writer::Postgres(pool) = &self.writer else {
+            return Ok(None);
+        };
+        let listener = listen(pool).await?;
+        Ok(Some(Changes {
+            pool: pool.clone(),
+            listener: Some(listener),
+        }))
+    }
+}
+
+async fn listen(pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
+impl Changes {
+    /// The next change. A lost connection is listened to again (retried every second until it
+    /// works), then reported as [`Change::Missed`].
+    pub async fn next(&mut self) -> Change {
+        loop {
+            let Some(listener) = &mut self.listener else {
+                match listen(&self.pool).await {
+                    Ok(listener) => {
+                        tracing::info!("listening to live-lesson changes again");
+                        self.listener = Some(listener);
+                        return Change::Missed;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot listen to live-lesson changes; retrying");
+                        tokio::time::sleep(RELISTEN).await;
+                        continue;
+                    }
+                }
+            };
+            match listener.try_recv().await {
+                Ok(Some(notification)) => match parse(notification.payload()) {
+                    Some(change) => return change,
+                    None => tracing::warn!(
+                        payload = notification.payload(),
+                        "unreadable live-lesson notification"
+                    ),
+                },
+                Ok(None) | Err(_) => {
+                    // `try_recv` reports a lost connection once (Ok(None)) and would reconnect by
+                    // itself on the next call; a fresh listener makes the reconnect explicit, so
+                    // that it is always followed by `Missed`.
+                    tracing::warn!("lost the live-lesson change listener");
+                    self.listener = None;
+                }
+            }
+        }
+    }
+}
+
+/// Reads the trigger's payload: `ID GENERATION NEEDS_WORK` or `ID gone`.
+fn parse(payload: &str) -> Option<Change> {
+    let mut words = payload.split(' ');
+    let id = LiveLessonId::from_str(words.next()?).ok()?;
+    match (words.next()?, words.next()) {
+        ("gone", None) => Some(Change::Gone(id)),
+        (generation, Some(needs_work)) => Some(Change::Changed {
+            id,
+            generation: generation.parse().ok()?,
+            needs_work: needs_work == "1",
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::super::testing::on_both;
+    use super::*;
+    use crate::model::{Millis, Status};
+    use crate::store::Observation;
+
+    async fn next(changes: &mut Changes) -> Change {
+        tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .expect("a change")
+    }
+
+    #[test]
+    fn payloads_are_read() {
+        let id = LiveLessonId::new();
+        assert_eq!(
+            parse(&format!("{id} 3 1")),
+            Some(Change::Changed {
+                id,
+                generation: 3,
+                needs_work: true
+            })
+        );
+        assert_eq!(parse(&format!("{id} gone")), Some(Change::Gone(id)));
+        assert_eq!(parse("nonsense"), None);
+        assert_eq!(parse(&format!("{id} x 1")), None);
+    }
+
+    on_both! {
+        // Another store on the same database (another replica) sees every change but activity.
+        async fn every_replica_hears_every_change(database, store) {
+            let Some(mut changes) = store.changes().await.unwrap() else {
+                return; // SQLite: nothing to hear.
+            };
+            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let other = Store::open(&database).await.unwrap();
+            let session = other.create_session(ip, [7; 32], 0, Millis(1)).await.unwrap();
+            let (lesson, _) = other
+                .request_live_lesson(session.id, "a", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            assert_eq!(
+                next(&mut changes).await,
+                Change::Changed { id: lesson.id, generation: 1, needs_work: true }
+            );
+            other.heartbeat(lesson.id, Millis(3)).await.unwrap();
+            let ready = Observation::status(Status::Ready, "ready");
+            other.observe(lesson.id, 1, ready, Millis(4)).await.unwrap().unwrap();
+            // The heartbeat notified nobody: the next change is READY.
+            assert_eq!(
+                next(&mut changes).await,
+                Change::Changed { id: lesson.id, generation: 1, needs_work: false }
+            );
+            other.mark_deleting(lesson.id, "deleted", Millis(5)).await.unwrap();
+            assert_eq!(
+                next(&mut changes).await,
+                Change::Changed { id: lesson.id, generation: 2, needs_work: true }
+            );
+            other.forget(lesson.id).await.unwrap();
+            assert_eq!(next(&mut changes).await, Change::Gone(lesson.id));
+        }
+    }
+}

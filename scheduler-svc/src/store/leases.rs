@@ -1,0 +1,167 @@
+//! Leases of scheduler replicas sharing one PostgreSQL database (DESIGN.md §3, replicas): a row
+//! per leased name (a live lesson's id for its reconcile work, or a duty such as `reaper`) with
+//! its holder (a replica id) and when it expires. A lease is taken by one statement that
+//! inserts it or takes it over when it is expired or already ours, renewed in one statement for
+//! everything a replica holds, and released when the work is done. Times are the replicas'
+//! clocks ([`Millis`]); a lease outlives clock differences smaller than its TTL's margin.
+//!
+//! The statements run on SQLite too (the store tests run on both), but only PostgreSQL replicas
+//! take leases: an SQLite file has one process.
+
+use super::backend::Statement;
+use super::{Result, Store, parse_lesson_id};
+use crate::model::{LiveLessonId, Millis};
+
+impl Store {
+    /// Takes (or keeps) lease `name` for `holder` until `until`, unless another holder has it
+    /// unexpired at `now`. True when `holder` holds it now.
+    pub async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: Millis,
+        until: Millis,
+    ) -> Result<bool> {
+        let row = self
+            .write_optional(
+                Statement::new(
+                    "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
+                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+                     expires_at = excluded.expires_at \
+                     WHERE leases.expires_at < $4 OR leases.holder = excluded.holder \
+                     RETURNING holder",
+                )
+                .bind(name)
+                .bind(holder)
+                .bind(until.0)
+                .bind(now.0),
+            )
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// Extends every lease `holder` still holds to `until`; returns their names. A lease taken
+    /// over by another replica (it expired meanwhile) is not among them.
+    pub async fn renew_leases(&self, holder: &str, until: Millis) -> Result<Vec<String>> {
+        let rows = self
+            .write_all(
+                Statement::new(
+                    "UPDATE leases SET expires_at = $1 WHERE holder = $2 RETURNING name",
+                )
+                .bind(until.0)
+                .bind(holder),
+            )
+            .await?;
+        rows.iter().map(|row| row.at(0)).collect()
+    }
+
+    /// Gives lease `name` up, if `holder` holds it.
+    pub async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+        self.write_execute(
+            Statement::new("DELETE FROM leases WHERE name = $1 AND holder = $2")
+                .bind(name)
+                .bind(holder),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Gives back every lease `holder` holds (it is shutting down).
+    pub async fn release_leases(&self, holder: &str) -> Result<()> {
+        self.write_execute(Statement::new("DELETE FROM leases WHERE holder = $1").bind(holder))
+            .await?;
+        Ok(())
+    }
+
+    /// Unsettled live lessons (as [`Store::unsettled`]) whose lease nobody holds unexpired at
+    /// `now`: work that no live replica is doing.
+    pub async fn unleased_unsettled(&self, now: Millis) -> Result<Vec<LiveLessonId>> {
+        let rows = self
+            .reader
+            .fetch_all(
+                Statement::new(
+                    "SELECT id FROM live_lessons WHERE (deleting = 1 \
+                     OR observed_generation != generation OR status NOT IN ('READY', 'FAILED')) \
+                     AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.name = live_lessons.id \
+                     AND leases.expires_at >= $1) ORDER BY created_at",
+                )
+                .bind(now.0),
+            )
+            .await?;
+        rows.iter()
+            .map(|row| parse_lesson_id(&row.at::<String>(0)?))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::super::testing::on_both;
+    use super::*;
+
+    on_both! {
+        async fn a_lease_is_held_renewed_and_taken_over_after_expiry(database, store) {
+            let lease = "lesson-1";
+            assert!(store.acquire_lease(lease, "a", Millis(100), Millis(200)).await.unwrap());
+            // Held by a: b cannot take it before it expires, a may take it again.
+            assert!(!store.acquire_lease(lease, "b", Millis(150), Millis(250)).await.unwrap());
+            assert!(store.acquire_lease(lease, "a", Millis(150), Millis(250)).await.unwrap());
+            // Renewal extends what a holds.
+            assert_eq!(store.renew_leases("a", Millis(400)).await.unwrap(), [lease]);
+            assert!(!store.acquire_lease(lease, "b", Millis(300), Millis(500)).await.unwrap());
+            // Expired: b takes it over; a's renewal no longer lists it and a cannot release it.
+            assert!(store.acquire_lease(lease, "b", Millis(401), Millis(600)).await.unwrap());
+            assert!(store.renew_leases("a", Millis(700)).await.unwrap().is_empty());
+            store.release_lease(lease, "a").await.unwrap();
+            assert!(!store.acquire_lease(lease, "a", Millis(500), Millis(700)).await.unwrap());
+            // Released by b: anyone's at once.
+            store.release_lease(lease, "b").await.unwrap();
+            assert!(store.acquire_lease(lease, "a", Millis(500), Millis(700)).await.unwrap());
+        }
+
+        async fn concurrent_takers_get_one_lease(database, store) {
+            let mut takers = tokio::task::JoinSet::new();
+            for i in 0..16 {
+                let store = store.clone();
+                takers.spawn(async move {
+                    store
+                        .acquire_lease("reaper", &format!("r{i}"), Millis(1), Millis(100))
+                        .await
+                        .unwrap()
+                });
+            }
+            let mut won = 0;
+            while let Some(taken) = takers.join_next().await {
+                won += usize::from(taken.unwrap());
+            }
+            assert_eq!(won, 1);
+        }
+
+        async fn unsettled_live_lessons_without_a_live_lease(database, store) {
+            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let session = store.create_session(ip, [42; 32], 0, Millis(1)).await.unwrap();
+            let (a, _) = store.request_live_lesson(session.id, "a", 0, 0, Millis(2)).await.unwrap();
+            let (b, _) = store.request_live_lesson(session.id, "b", 0, 0, Millis(3)).await.unwrap();
+            assert_eq!(store.unleased_unsettled(Millis(10)).await.unwrap(), [a.id, b.id]);
+            let id = a.id.to_string();
+            assert!(store.acquire_lease(&id, "r1", Millis(10), Millis(20)).await.unwrap());
+            assert_eq!(store.unleased_unsettled(Millis(15)).await.unwrap(), [b.id]);
+            // Its holder died: the lease expires and the live lesson is anyone's again.
+            assert_eq!(store.unleased_unsettled(Millis(21)).await.unwrap(), [a.id, b.id]);
+        }
+
+        async fn the_cluster_id_is_created_once(database, store) {
+            let first = store.cluster_id(Millis(1)).await.unwrap();
+            assert_eq!(store.cluster_id(Millis(2)).await.unwrap(), first);
+            uuid::Uuid::parse_str(&first).unwrap();
+            // Another replica on the same PostgreSQL database reads the same id (an SQLite file
+            // has one process).
+            if let crate::store::Database::Postgres(_) = &database {
+                let other = Store::open(&database).await.unwrap();
+                assert_eq!(other.cluster_id(Millis(3)).await.unwrap(), first);
+            }
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Active-active replicas on one PostgreSQL database (DESIGN.md §3, replicas): a Watch on one
+//! replica follows a live lesson another replica drives, and killing replicas (kill -9) in the
+//! middle of 200 live lessons loses none, creates none twice and leaves no orphan.
+//!
+//! The PostgreSQL server is the one `ANTIDOTE_TEST_POSTGRES` names, or the one
+//! `tests/postgres/pg.sh start` starts when that is unset (as `postgres.rs`: never skipped). Each
+//! test has a database of its own.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use antidote_proto::agent::v1 as agent;
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Clients, Scheduler, Tokens, example_curriculum, with_token};
+use tonic::transport::Channel;
+
+use crate::postgres::{TestDatabase, start_on};
+use crate::{PATIENCE, start_agent};
+
+/// Replicas' configuration: short leases and a quick resync, so a dead replica's work is taken
+/// over within about three seconds.
+fn config(agent: &str) -> String {
+    format!(
+        r#"instance_id = "e2e-replicas"
+curriculum = "{curriculum}"
+tier = "local"
+[limits]
+sessions_per_ip = 0
+live_lessons_per_session = 3
+watches_per_address = 1024
+[reaper]
+interval = "200ms"
+orphan_interval = "200ms"
+orphan_grace = "500ms"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "50ms"
+backoff_max = "1s"
+provision_timeout = "2m"
+[replicas]
+lease_ttl = "2s"
+resync_interval = "500ms"
+[[agents]]
+name = "loopback"
+address = "{agent}"
+"#,
+        curriculum = example_curriculum().display(),
+    )
+}
+
+/// `count` replicas on one database, their clients sharing one token book (a session made on
+/// one replica is used on the others).
+async fn replicas(
+    dir: &std::path::Path,
+    url: &str,
+    config: &str,
+    count: usize,
+) -> (Vec<Scheduler>, Tokens) {
+    let tokens = Tokens::default();
+    let mut started = Vec::new();
+    for _ in 0..count {
+        let mut replica = start_on(dir, url, config).await;
+        replica.clients.tokens = tokens.clone();
+        started.push(replica);
+    }
+    (started, tokens)
+}
+
+fn logs(replicas: &[Scheduler], agent: &antidote_tests::Process) -> String {
+    let mut text = String::new();
+    for (i, replica) in replicas.iter().enumerate() {
+        text.push_str(&format!(
+            "--- replica {i} log ---\n{}\n",
+            replica.process.log_text()
+        ));
+    }
+    text.push_str(&format!("--- agent log ---\n{}", agent.log_text()));
+    text
+}
+
+/// The statuses a WatchLiveLesson stream delivers until it ends (the live lesson is gone).
+async fn watch_to_the_end(
+    clients: Clients,
+    id: String,
+) -> anyhow::Result<Vec<api::LiveLessonStatus>> {
+    let mut stream = clients
+        .lessons
+        .clone()
+        .watch_live_lesson(with_token(
+            api::WatchLiveLessonRequest { id: id.clone() },
+            clients.tokens.of_lesson(&id),
+        ))
+        .await?
+        .into_inner();
+    let mut seen = Vec::new();
+    while let Some(lesson) = stream.message().await? {
+        let status = lesson.status();
+        if seen.last() != Some(&status) {
+            seen.push(status);
+        }
+    }
+    Ok(seen)
+}
+
+/// A Watch opened on each of two replicas follows a live lesson requested on the first to
+/// READY, and ends when the second deletes it (the stream ends when the live lesson is gone). Only one replica holds the live lesson's lease
+/// and drives it, so at least one of the two streams is fed by notifications alone.
+#[tokio::test]
+async fn a_watch_on_any_replica_follows_a_lesson_driven_by_another() {
+    let database = TestDatabase::create();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "1500ms"], &journal, None).await;
+    let config = config(&agent.url());
+    let (replicas, _) = replicas(dir.path(), &database.url, &config, 2).await;
+    let (a, b) = (&replicas[0].clients, &replicas[1].clients);
+    let session = a.session().await.unwrap();
+    let lesson = a.request(&session, "hello-web", 0).await.unwrap();
+    let watches = [a, b].map(|c| tokio::spawn(watch_to_the_end(c.clone(), lesson.id.clone())));
+    // READY as seen from B, then deleted through B.
+    b.ready(&lesson.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&replicas, &agent)));
+    b.lessons
+        .clone()
+        .delete_live_lesson(with_token(
+            api::DeleteLiveLessonRequest {
+                id: lesson.id.clone(),
+            },
+            b.tokens.of_lesson(&lesson.id),
+        ))
+        .await
+        .unwrap();
+    for (name, watch) in ["A", "B"].into_iter().zip(watches) {
+        let seen = tokio::time::timeout(PATIENCE, watch)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the watch on {name} never ended\n{}",
+                    logs(&replicas, &agent)
+                )
+            })
+            .unwrap()
+            .unwrap_or_else(|err| panic!("watch on {name}: {err:#}\n{}", logs(&replicas, &agent)));
+        let ready = seen.iter().position(|s| *s == api::LiveLessonStatus::Ready);
+        let booting = seen
+            .iter()
+            .position(|s| *s == api::LiveLessonStatus::Booting);
+        assert!(
+            matches!((booting, ready), (Some(b), Some(r)) if b < r),
+            "the watch on {name} saw {seen:?}\n{}",
+            logs(&replicas, &agent)
+        );
+    }
+}
+
+/// The live-lesson ids the agent created (its journal's `create` lines), with repeats.
+fn created(journal: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("create "))
+        .map(|rest| rest.split(' ').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Every live lesson of instance `e2e-replicas` the agent holds.
+async fn held(agent: &mut agent::backend_client::BackendClient<Channel>) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    let mut page_token = String::new();
+    loop {
+        let page = agent
+            .list(agent::ListRequest {
+                label_selector: HashMap::from([(
+                    "antidote.io/instance".to_owned(),
+                    "e2e-replicas".to_owned(),
+                )]),
+                page_size: 500,
+                page_token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        ids.extend(page.items.into_iter().map(|s| s.live_lesson_id));
+        if page.next_page_token.is_empty() {
+            return ids;
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Statuses of `ids` as `clients` reads them.
+async fn statuses(clients: &Clients, ids: &[String]) -> HashMap<api::LiveLessonStatus, usize> {
+    let mut counts = HashMap::new();
+    for id in ids {
+        let status = match clients
+            .lessons
+            .clone()
+            .get_live_lesson(with_token(
+                api::GetLiveLessonRequest { id: id.clone() },
+                clients.tokens.of_lesson(id),
+            ))
+            .await
+        {
+            Ok(lesson) => lesson.into_inner().status(),
+            Err(_) => api::LiveLessonStatus::Unspecified,
+        };
+        *counts.entry(status).or_default() += 1;
+    }
+    counts
+}
+
+/// Three replicas, clients spread over them, 200 live lessons in flight on a test agent that
+/// holds each in BOOTING for 3 s; one replica is killed (-9) right after the last request was
+/// acknowledged, another a second later. The survivor takes every live lesson over when the
+/// dead replicas' leases expire: all 200 READY, each created exactly once on the agent, and
+/// after deleting them all nothing is left there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_replicas_mid_load_loses_nothing_and_creates_nothing_twice() {
+    const LESSONS: usize = 200;
+    let slugs = ["hello-web", "routing-basics", "netcat-toolbox"];
+    let database = TestDatabase::create();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "3s"], &journal, None).await;
+    let config = config(&agent.url());
+    let (mut replicas, _) = replicas(dir.path(), &database.url, &config, 3).await;
+
+    let start = Instant::now();
+    let mut requests = tokio::task::JoinSet::new();
+    for s in 0..LESSONS.div_ceil(slugs.len()) {
+        let clients = replicas[s % replicas.len()].clients.clone();
+        let wanted: Vec<_> = slugs
+            .iter()
+            .take((LESSONS - s * slugs.len()).min(slugs.len()))
+            .map(|slug| slug.to_string())
+            .collect();
+        requests.spawn(async move {
+            let session = clients.session().await?;
+            let mut ids = Vec::new();
+            for slug in wanted {
+                ids.push(clients.request(&session, &slug, 0).await?.id);
+            }
+            anyhow::Ok(ids)
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(result) = requests.join_next().await {
+        ids.extend(
+            result
+                .unwrap()
+                .unwrap_or_else(|err| panic!("request: {err:#}")),
+        );
+    }
+    assert_eq!(ids.len(), LESSONS);
+    let acknowledged = start.elapsed();
+
+    replicas[0].process.kill9().await;
+    let survivor = replicas[2].clients.clone();
+    let before = statuses(&survivor, &ids).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    replicas[1].process.kill9().await;
+    let killed = Instant::now();
+
+    // Every live lesson READY, read through the survivor.
+    let ready = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let counts = statuses(&survivor, &ids).await;
+            if counts.get(&api::LiveLessonStatus::Ready) == Some(&LESSONS) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    if ready.is_err() {
+        let counts = statuses(&survivor, &ids).await;
+        panic!("not all READY: {counts:?}\n{}", logs(&replicas, &agent));
+    }
+    let settled = killed.elapsed();
+    // The survivor took over work the dead replicas held (their leases expired).
+    let survivor_log = replicas[2].process.log_text();
+    let taken_over = survivor_log
+        .matches("resync: unsettled and nobody works on it")
+        .count();
+    assert!(
+        taken_over > 0,
+        "the survivor took nothing over\n{}",
+        logs(&replicas, &agent)
+    );
+    println!(
+        "replicas: {LESSONS} requests acknowledged in {acknowledged:?}; statuses when the first \
+         replica died: {before:?}; all READY {settled:?} after the second died; the survivor \
+         took {taken_over} live lessons over"
+    );
+
+    // Each created exactly once.
+    let creations = created(&journal);
+    let distinct: BTreeSet<_> = creations.iter().cloned().collect();
+    let expected: BTreeSet<_> = ids.iter().cloned().collect();
+    assert_eq!(
+        creations.len(),
+        LESSONS,
+        "{} creations for {LESSONS} live lessons",
+        creations.len()
+    );
+    assert_eq!(
+        distinct, expected,
+        "the agent created exactly the requested live lessons"
+    );
+    let mut agent_client = agent::backend_client::BackendClient::connect(agent.url())
+        .await
+        .unwrap();
+    assert_eq!(
+        held(&mut agent_client).await,
+        expected,
+        "nothing else on the agent"
+    );
+
+    // Removal through the survivor leaves nothing behind.
+    let removal = Instant::now();
+    let mut deletes = tokio::task::JoinSet::new();
+    for id in ids.clone() {
+        let clients = survivor.clone();
+        deletes.spawn(async move { clients.delete(&id, PATIENCE).await });
+    }
+    while let Some(result) = deletes.join_next().await {
+        result
+            .unwrap()
+            .unwrap_or_else(|err| panic!("delete: {err:#}\n{}", logs(&replicas, &agent)));
+    }
+    let left = held(&mut agent_client).await;
+    assert!(left.is_empty(), "left on the agent: {left:?}");
+    println!("replicas: {LESSONS} deleted in {:?}", removal.elapsed());
+}
