@@ -36,7 +36,7 @@ use crate::api::auth::AdminAuth;
 use crate::api::http::Surface;
 use crate::api::{Api, Services, Watches};
 use crate::catalog::Catalog;
-use crate::drive::{Hub, Identity, Reaper, Reconciler, Replica, Roster};
+use crate::drive::{Hub, Identity, Pools, Reaper, Reconciler, Replica, Roster};
 use crate::metrics::Metrics;
 use crate::model::Millis;
 use crate::settings::Config;
@@ -158,6 +158,17 @@ pub async fn run(
     reconciler
         .start(&tracker, shutdown.clone(), fleet_rx)
         .await?;
+    // Warm pools: the configured ones written to the store, then kept at their targets.
+    let pools = Pools::new(
+        store.clone(),
+        catalog.clone(),
+        reconciler.clone(),
+        config.pools.clone(),
+        replica.clone(),
+        metrics.clone(),
+        None,
+    )?;
+    pools.start(&tracker, shutdown.clone()).await?;
     let reaper = Reaper {
         store: store.clone(),
         reconciler: reconciler.clone(),
@@ -183,6 +194,7 @@ pub async fn run(
         admin_auth: Arc::new(AdminAuth::new(&config.admin)),
         watches: Watches::new(&config.limits),
         entrypoint,
+        pools,
     };
     for (listener, surface) in [
         (listeners.http, Surface::Learners),

@@ -12,7 +12,12 @@
 //!   `reconciler.agent_grace`, its live lessons moved) and `drained` that holds, else 0; set by
 //!   the reconciler's look at the fleet;
 //! - `antidote_reaper_actions_total{action}`: live lessons expired (`expire_live_lesson`,
-//!   `expire_session`), orphans removed (`remove_orphan`), events pruned (`prune_events`).
+//!   `expire_session`), orphans removed (`remove_orphan`), events pruned (`prune_events`);
+//! - warm pools: `antidote_pool_target{lesson, stage}` (the target now, windows applied; set at
+//!   every look at the pools), `antidote_pool_members{lesson, stage, status}` (unclaimed
+//!   members, counted in the store at each scrape; `TERMINATING` for those being removed) and
+//!   `antidote_pool_claims_total{lesson, result}` (requests for a pooled lesson: `hit` claimed
+//!   a READY member, `miss` was provisioned; per process).
 
 use std::time::Duration;
 
@@ -64,6 +69,25 @@ struct AgentStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    lesson: String,
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolMemberLabels {
+    lesson: String,
+    stage: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    lesson: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
     action: &'static str,
 }
@@ -103,6 +127,12 @@ pub struct Metrics {
     agent_ready: Family<AgentLabels, Gauge>,
     reaper: Family<ActionLabels, Counter>,
     agent_state: Family<AgentStateLabels, Gauge>,
+    pool_target: Family<PoolLabels, Gauge>,
+    pool_members: Family<PoolMemberLabels, Gauge>,
+    pool_claims: Family<ClaimLabels, Counter>,
+    /// Every (lesson, stage) whose members were ever counted, so a status whose count fell to
+    /// zero shows 0 rather than its last value.
+    pools_seen: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -125,6 +155,24 @@ impl Default for Metrics {
         let agent_ready = Family::<AgentLabels, Gauge>::default();
         let reaper = Family::<ActionLabels, Counter>::default();
         let agent_state = Family::<AgentStateLabels, Gauge>::default();
+        let pool_target = Family::<PoolLabels, Gauge>::default();
+        let pool_members = Family::<PoolMemberLabels, Gauge>::default();
+        let pool_claims = Family::<ClaimLabels, Counter>::default();
+        registry.register(
+            "pool_target",
+            "Warm pools: the target now (time windows applied)",
+            pool_target.clone(),
+        );
+        registry.register(
+            "pool_members",
+            "Warm pools: unclaimed members by status",
+            pool_members.clone(),
+        );
+        registry.register(
+            "pool_claims",
+            "Requests for a pooled lesson: hit (a READY member claimed) or miss (provisioned)",
+            pool_claims.clone(),
+        );
         registry.register(
             "agent_state",
             "1 for each state of the agent that holds (ready, lost, drained), else 0",
@@ -168,6 +216,10 @@ impl Default for Metrics {
             reaper.clone(),
         );
         Metrics {
+            pool_target,
+            pool_members,
+            pool_claims,
+            pools_seen: Default::default(),
             registry,
             live_lessons,
             sessions,
@@ -206,6 +258,26 @@ impl Metrics {
         if code != tonic::Code::Ok {
             self.agent_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Sets a warm pool's target now.
+    pub fn pool_target(&self, lesson: &str, stage: u32, target: u32) {
+        self.pool_target
+            .get_or_create(&PoolLabels {
+                lesson: lesson.to_owned(),
+                stage: stage.to_string(),
+            })
+            .set(i64::from(target));
+    }
+
+    /// Counts a request for a pooled lesson: `hit` when it claimed a member.
+    pub fn pool_claim(&self, lesson: &str, hit: bool) {
+        self.pool_claims
+            .get_or_create(&ClaimLabels {
+                lesson: lesson.to_owned(),
+                result: if hit { "hit" } else { "miss" },
+            })
+            .inc();
     }
 
     /// Counts reaper actions.
@@ -254,6 +326,33 @@ impl Metrics {
         self.sessions
             .get_or_create(&KindLabels { kind: "ephemeral" })
             .set(counts.sessions - counts.persistent_sessions);
+        let mut seen = self
+            .pools_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.extend(
+            counts
+                .pools
+                .iter()
+                .map(|p| (p.lesson_slug.clone(), p.stage)),
+        );
+        for (lesson, stage) in seen.iter() {
+            for status in Status::ALL.iter().map(|s| s.as_str()) {
+                let count = counts
+                    .pools
+                    .iter()
+                    .find(|p| &p.lesson_slug == lesson && p.stage == *stage && p.status == status)
+                    .map_or(0, |p| p.count);
+                self.pool_members
+                    .get_or_create(&PoolMemberLabels {
+                        lesson: lesson.clone(),
+                        stage: stage.to_string(),
+                        status: status.to_owned(),
+                    })
+                    .set(count);
+            }
+        }
+        drop(seen);
         for (agent, ready) in agents {
             self.agent_ready
                 .get_or_create(&AgentLabels {

@@ -269,9 +269,18 @@ pub struct LiveLesson {
     pub created_at: Millis,
     /// When it was last used; its TTL counts from here.
     pub last_active: Millis,
+    /// The pool session it was created in, when it was born a warm-pool member: its specs carry
+    /// that session for life (agents never relabel objects), whoever owns it now
+    /// (`session_id`). Unclaimed while the two are equal. `None` for a learner's own request.
+    pub pool_session: Option<SessionId>,
 }
 
 impl LiveLesson {
+    /// Whether it is a warm-pool member nobody has claimed yet.
+    pub fn unclaimed(&self) -> bool {
+        self.pool_session == Some(self.session_id)
+    }
+
     /// Whether the reconciler has work to do on it.
     pub fn needs_work(&self) -> bool {
         self.deleting || self.observed_generation != self.generation || !self.status.is_settled()
@@ -346,9 +355,105 @@ pub struct PlacementRecord {
     pub moved_from: Option<String>,
 }
 
+/// A daily time window of a warm pool: from `from` to `to` (minutes after midnight in the
+/// pools' time zone; `to` before `from` runs past midnight) the pool's target is `size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolWindow {
+    /// Start, `HH:MM`.
+    #[serde(with = "clock_time")]
+    pub from: u16,
+    /// End (exclusive), `HH:MM`.
+    #[serde(with = "clock_time")]
+    pub to: u16,
+    /// The target while it holds.
+    pub size: u32,
+}
+
+impl PoolWindow {
+    /// Whether `minute` (after midnight) falls in the window.
+    pub fn holds(&self, minute: u16) -> bool {
+        if self.from <= self.to {
+            (self.from..self.to).contains(&minute)
+        } else {
+            minute >= self.from || minute < self.to
+        }
+    }
+}
+
+/// A pool's target at `minute` of the day: the largest size among the windows holding then,
+/// else `size`.
+pub fn pool_target(size: u32, windows: &[PoolWindow], minute: u16) -> u32 {
+    windows
+        .iter()
+        .filter(|w| w.holds(minute))
+        .map(|w| w.size)
+        .max()
+        .unwrap_or(size)
+}
+
+/// `HH:MM` ↔ minutes after midnight.
+pub mod clock_time {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Minutes after midnight of `HH:MM` (00:00 to 24:00).
+    pub fn parse(text: &str) -> Result<u16, String> {
+        let bad = || format!("`{text}` is not a time of day (HH:MM, 00:00 to 24:00)");
+        let (h, m) = text.split_once(':').ok_or_else(bad)?;
+        if h.len() != 2 || m.len() != 2 {
+            return Err(bad());
+        }
+        let (h, m): (u16, u16) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+        if m >= 60 || h > 24 || (h == 24 && m > 0) {
+            return Err(bad());
+        }
+        Ok(h * 60 + m)
+    }
+
+    /// `HH:MM` of minutes after midnight.
+    pub fn show(minute: u16) -> String {
+        format!("{:02}:{:02}", minute / 60, minute % 60)
+    }
+
+    pub(crate) fn serialize<S: Serializer>(minute: &u16, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&show(*minute))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+        parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_windows_pick_the_target() {
+        let window = |from: &str, to: &str, size| PoolWindow {
+            from: clock_time::parse(from).unwrap(),
+            to: clock_time::parse(to).unwrap(),
+            size,
+        };
+        let at = |t: &str| clock_time::parse(t).unwrap();
+        let class = [window("08:45", "10:00", 30), window("09:30", "09:45", 40)];
+        assert_eq!(pool_target(3, &class, at("08:44")), 3);
+        assert_eq!(pool_target(3, &class, at("08:45")), 30);
+        assert_eq!(pool_target(3, &class, at("09:40")), 40, "the larger of two");
+        assert_eq!(
+            pool_target(3, &class, at("10:00")),
+            3,
+            "the end is exclusive"
+        );
+        let night = [window("22:00", "02:00", 0)];
+        assert_eq!(pool_target(5, &night, at("23:59")), 0);
+        assert_eq!(pool_target(5, &night, at("01:00")), 0);
+        assert_eq!(pool_target(5, &night, at("12:00")), 5);
+        assert_eq!(at("24:00"), 1440);
+        for bad in ["9:00", "25:00", "12:60", "noon", "24:01"] {
+            assert!(clock_time::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(clock_time::show(at("08:05")), "08:05");
+    }
 
     #[test]
     fn the_clock_moves_with_the_monotonic_clock_only() {

@@ -77,6 +77,8 @@ pub struct Config {
     /// Tokens for agents' entrypoints (learners' way in): signing keys, their lifetime, and
     /// agents' entrypoint URLs when their handshake does not say.
     pub entrypoint: EntrypointConfig,
+    /// Warm pools: lessons kept READY for learners to claim (`[pools]`, `[[pools.lessons]]`).
+    pub pools: PoolsConfig,
 }
 
 /// Entrypoint tokens (PROTOCOL.md, "Entrypoint"). No keys: no token is signed and learners'
@@ -140,8 +142,115 @@ impl Default for Config {
             admin: AdminConfig::default(),
             telemetry: TelemetryConfig::default(),
             entrypoint: EntrypointConfig::default(),
+            pools: PoolsConfig::default(),
         }
     }
+}
+
+/// Warm pools (DESIGN.md §3): per lesson and stage, how many members to keep READY. Written to
+/// the store at start (`source` `config`); a pool an operator set (AdminService.SetPool) keeps
+/// the operator's values.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolsConfig {
+    /// The IANA time zone windows are read in (`Europe/Paris`); `UTC` by default.
+    pub time_zone: String,
+    /// How often every pool is brought to its target (also right after each claim).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Members created per pool per look, at most: a large target fills over several looks
+    /// rather than asking agents for everything at once.
+    pub batch: u32,
+    /// The pools.
+    pub lessons: Vec<PoolConfig>,
+}
+
+impl Default for PoolsConfig {
+    fn default() -> Self {
+        Self {
+            time_zone: "UTC".into(),
+            interval: Duration::from_secs(1),
+            batch: 8,
+            lessons: Vec::new(),
+        }
+    }
+}
+
+/// Largest pool target, so one typo cannot ask agents for a million lessons.
+pub const MAX_POOL_SIZE: u32 = 1000;
+/// Most windows per pool.
+pub const MAX_POOL_WINDOWS: usize = 24;
+
+/// One pool: `[[pools.lessons]] lesson = "routing-basics"`, `size = 3`, optional `stage`
+/// (0) and `windows = [{ from = "08:45", to = "10:00", size = 30 }]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The lesson's slug.
+    pub lesson: String,
+    /// The stage members are kept at.
+    #[serde(default)]
+    pub stage: u32,
+    /// The target outside every window.
+    #[serde(default)]
+    pub size: u32,
+    /// Daily windows with their own target (the largest of those holding wins).
+    #[serde(default)]
+    pub windows: Vec<crate::model::PoolWindow>,
+}
+
+impl PoolsConfig {
+    fn validate(&self) -> Result<(), SettingsError> {
+        let invalid = |key: String, reason: String| Err(SettingsError::Invalid { key, reason });
+        if let Err(err) = jiff::tz::TimeZone::get(&self.time_zone) {
+            return invalid(
+                "pools.time_zone".into(),
+                format!("`{}` is not a known time zone: {err}", self.time_zone),
+            );
+        }
+        if self.interval.is_zero() {
+            return invalid("pools.interval".into(), "must be longer than zero".into());
+        }
+        if self.batch == 0 {
+            return invalid("pools.batch".into(), "must be at least 1".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, pool) in self.lessons.iter().enumerate() {
+            if let Err(reason) = check_pool(pool.size, &pool.windows) {
+                return invalid(format!("pools.lessons[{i}]"), reason);
+            }
+            if !seen.insert((pool.lesson.as_str(), pool.stage)) {
+                return invalid(
+                    format!("pools.lessons[{i}]"),
+                    format!(
+                        "a second pool for lesson `{}` stage {}",
+                        pool.lesson, pool.stage
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bounds of a pool's sizes and windows (the configuration's and the admin API's).
+pub fn check_pool(size: u32, windows: &[crate::model::PoolWindow]) -> Result<(), String> {
+    if windows.len() > MAX_POOL_WINDOWS {
+        return Err(format!("at most {MAX_POOL_WINDOWS} windows"));
+    }
+    for size in std::iter::once(size).chain(windows.iter().map(|w| w.size)) {
+        if size > MAX_POOL_SIZE {
+            return Err(format!("size {size} is over the limit of {MAX_POOL_SIZE}"));
+        }
+    }
+    if let Some(w) = windows.iter().find(|w| w.from == w.to || w.from >= 1440) {
+        return Err(format!(
+            "window {}-{} is empty or starts at 24:00",
+            crate::model::clock_time::show(w.from),
+            crate::model::clock_time::show(w.to)
+        ));
+    }
+    Ok(())
 }
 
 /// The admin API: never on the learners' listeners, and every call needs a bearer token.
@@ -777,6 +886,7 @@ impl Config {
                 return invalid(key, "must be longer than zero");
             }
         }
+        self.pools.validate()?;
         if self.reconciler.workers == 0 {
             return invalid("reconciler.workers", "must be at least 1");
         }

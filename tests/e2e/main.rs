@@ -21,6 +21,7 @@ mod mtls;
 mod negotiation;
 mod oidc;
 mod operability;
+mod pools;
 mod postgres;
 mod reaping;
 mod replicas;

@@ -58,6 +58,11 @@ pub mod labels {
     /// replicas). Not in [`REQUIRED`]: schedulers before it did not send it, and objects
     /// without it are never reaped (PROTOCOL.md, "Labels").
     pub const CLUSTER: &str = "antidote.io/cluster";
+    /// `true` on the objects of a live lesson created as a warm-pool member. Its
+    /// [`SESSION`] is the pool session it was created in, for life, even after a learner's
+    /// session claimed it: objects are never relabelled, the scheduler keeps the owner
+    /// (PROTOCOL.md, "Labels"). Not in [`REQUIRED`].
+    pub const POOL: &str = "antidote.io/pool";
     /// Every label a spec must carry.
     pub const REQUIRED: [&str; 5] = [INSTANCE, LIVE_LESSON, SESSION, GENERATION, LESSON];
 }

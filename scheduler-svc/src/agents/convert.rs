@@ -95,9 +95,22 @@ pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
         })
         .chain(lesson.has_jupyter_guide().then(|| jupyter_guide(stage)))
         .collect();
+    // A pool member's specs carry its pool session for life (crate::drive::pools).
+    let session = live.pool_session.unwrap_or(live.session_id).to_string();
+    let mut labels = HashMap::from([
+        (labels::INSTANCE.to_owned(), instance_id.to_owned()),
+        (labels::CLUSTER.to_owned(), cluster_id.to_owned()),
+        (labels::LIVE_LESSON.to_owned(), live.id.to_string()),
+        (labels::SESSION.to_owned(), session.clone()),
+        (labels::GENERATION.to_owned(), live.generation.to_string()),
+        (labels::LESSON.to_owned(), live.lesson_slug.clone()),
+    ]);
+    if live.pool_session.is_some() {
+        labels.insert(labels::POOL.to_owned(), "true".to_owned());
+    }
     agent::LessonSpec {
         live_lesson_id: live.id.to_string(),
-        session_id: live.session_id.to_string(),
+        session_id: session,
         lesson_slug: live.lesson_slug.clone(),
         generation: live.generation,
         stage: live.stage,
@@ -112,14 +125,7 @@ pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
             })
             .collect(),
         ready_delay: Some(duration(lesson.ready_delay)),
-        labels: HashMap::from([
-            (labels::INSTANCE.to_owned(), instance_id.to_owned()),
-            (labels::CLUSTER.to_owned(), cluster_id.to_owned()),
-            (labels::LIVE_LESSON.to_owned(), live.id.to_string()),
-            (labels::SESSION.to_owned(), live.session_id.to_string()),
-            (labels::GENERATION.to_owned(), live.generation.to_string()),
-            (labels::LESSON.to_owned(), live.lesson_slug.clone()),
-        ]),
+        labels,
     }
 }
 

@@ -57,6 +57,8 @@ pub struct Api {
     pub watches: Watches,
     /// Entrypoint tokens: learners' answers carry a URL per presentation.
     pub entrypoint: Arc<crate::entrypoint::Tokens>,
+    /// Warm pools: requests for a pooled lesson claim a READY member first.
+    pub pools: crate::drive::Pools,
 }
 
 /// Open Watch streams (gRPC and server-sent events alike), bounded per session and per client
@@ -143,7 +145,7 @@ impl Api {
 
     /// Admits an admin call whose token has `scope`, and audits it (refusals too) as `action`
     /// on `target`. Returns the caller's identity.
-    async fn admin<T>(
+    pub(super) async fn admin<T>(
         &self,
         request: &Request<T>,
         scope: Scope,
@@ -473,6 +475,14 @@ impl LiveLessonService for Api {
             self.reconciler.check_possible(definition, &wishes)?;
         }
         tracing::Span::current().record("lesson", lesson_slug.as_str());
+        // A pooled lesson: a READY member claimed at once, if there is one (drive::pools).
+        if let Some(definition) = self.catalog.lesson(&lesson_slug) {
+            let limit = self.config.limits.live_lessons_per_session;
+            let claimed = self.pools.claim(session, definition, stage, &wishes, limit);
+            if let Some((lesson, _)) = claimed.await? {
+                return Ok(Response::new(self.api_lesson(&lesson)));
+            }
+        }
         let (lesson, outcome) = self
             .store
             .request_live_lesson(
@@ -804,6 +814,7 @@ impl AdminService for Api {
             persistent: false,
             created_at: Millis::now(),
             last_active: Millis::now(),
+            pool_session: None,
         };
         let plan = agent
             .plan(&Desired {
@@ -923,6 +934,17 @@ impl AdminService for Api {
             })
             .collect();
         Ok(Response::new(api::ListAuditResponse { entries }))
+    }
+
+    async fn list_pools(
+        &self,
+        request: Request<api::ListPoolsRequest>,
+    ) -> Result<api::ListPoolsResponse> {
+        super::pools::list_pools(self, request).await
+    }
+
+    async fn set_pool(&self, request: Request<api::SetPoolRequest>) -> Result<api::Pool> {
+        super::pools::set_pool(self, request).await
     }
 }
 

@@ -8,6 +8,7 @@ mod convert;
 mod grpc;
 pub mod http;
 pub mod limits;
+mod pools;
 
 use std::time::Duration;
 

@@ -1,12 +1,13 @@
 //! The drive layer: what moves live lessons toward their desired state. [`Reconciler`] (the
 //! work queue and its workers, moving live lessons off lost agents), [`placement`] (which agent
 //! takes a lesson, and why), the [`roster`] (drained and lost agents, operators' labels), the
-//! [`reaper`] (TTL expiry and orphans) and the [`hub`] (changes fanned out to API watchers). It calls agents
+//! [`reaper`] (TTL expiry and orphans), [`pools`] (warm pools) and the [`hub`] (changes fanned out to API watchers). It calls agents
 //! through [`crate::agents`] and records what it observes in [`crate::store`]; it never sees an
 //! agent.v1 message.
 
 pub mod hub;
 pub mod placement;
+pub mod pools;
 mod queue;
 pub mod reaper;
 mod reconcile;
@@ -14,6 +15,7 @@ pub mod replicas;
 pub mod roster;
 
 pub use hub::Hub;
+pub use pools::Pools;
 pub use reaper::Reaper;
 pub use reconcile::{Identity, Reconciler};
 pub use replicas::Replica;

@@ -668,13 +668,22 @@ impl Reconciler {
                 lesson.lesson_slug
             )))
         })?;
-        let decision = placement::choose(&candidates, &needs).map_err(|excluded| {
-            Unplaced::Yet(moved(format!(
-                "no agent can take lesson `{}` now: {}",
-                lesson.lesson_slug,
-                placement::explain(&excluded)
-            )))
-        })?;
+        let decision = match placement::choose(&candidates, &needs) {
+            Ok(decision) => decision,
+            Err(excluded) => {
+                // Full agents that fit: an unclaimed warm-pool member makes room.
+                match super::pools::give_way(&inner.store, &candidates, &needs, lesson).await {
+                    Ok(Some(member)) => self.changed(&member),
+                    Ok(None) => {}
+                    Err(err) => tracing::warn!(error = %err, "cannot make a pool member give way"),
+                }
+                return Err(Unplaced::Yet(moved(format!(
+                    "no agent can take lesson `{}` now: {}",
+                    lesson.lesson_slug,
+                    placement::explain(&excluded)
+                ))));
+            }
+        };
         // `choose` picks from the fleet's own snapshot, so the name is known.
         let agent = inner.fleet.get(&decision.agent).ok_or_else(|| {
             Unplaced::Yet(format!(

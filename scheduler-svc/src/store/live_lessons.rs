@@ -293,13 +293,15 @@ impl Store {
         let row = self
             .reader
             .fetch_one(Statement::new(
-                "SELECT COUNT(*), COALESCE(SUM(persistent), 0) FROM sessions WHERE expired = 0",
+                "SELECT COUNT(*), COALESCE(SUM(persistent), 0) FROM sessions \
+                 WHERE expired = 0 AND source_net <> 'pool'",
             ))
             .await?;
         Ok(Counts {
             statuses,
             sessions: row.at(0)?,
             persistent_sessions: row.at(1)?,
+            pools: self.pool_counts().await?,
         })
     }
 

@@ -30,6 +30,7 @@ mod events;
 mod leases;
 mod live_lessons;
 mod placements;
+mod pools;
 mod reaper;
 mod sessions;
 
@@ -61,7 +62,7 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 
 const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \
      observed_generation, status, reason, deleting, agent, handle, endpoints, persistent, \
-     created_at, last_active";
+     created_at, last_active, pool_session";
 
 /// The one statement that marks live lessons for removal: desired state absent, a new
 /// generation, TERMINATING with `$1` as the reason at time `$2`. `condition` says which live
@@ -160,6 +161,8 @@ pub struct Counts {
     pub sessions: i64,
     /// Of which persistent.
     pub persistent_sessions: i64,
+    /// Warm pools: unclaimed members by pool and status, and each pool's base size.
+    pub pools: Vec<PoolCount>,
 }
 
 /// Handle to the database; cheap to clone.
@@ -215,6 +218,7 @@ const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 pub use audit::AuditEntry;
 pub use changes::{Change, Changes};
 pub use live_lessons::{LessonFilter, Observation, Requested};
+pub use pools::{PoolCount, WarmPool};
 pub use sessions::network;
 
 impl Store {
@@ -547,6 +551,10 @@ fn lesson_from_row(row: &Row) -> Result<LiveLesson> {
         persistent: row.flag("persistent")?,
         created_at: Millis(row.int("created_at")?),
         last_active: Millis(row.int("last_active")?),
+        pool_session: row
+            .get::<Option<String>>("pool_session")?
+            .map(|s| SessionId::from_str(&s).map_err(|err| Error::Corrupt(err.to_string())))
+            .transpose()?,
     })
 }
 

@@ -93,7 +93,8 @@ impl Store {
         let rows = self
             .reader
             .fetch_all(Statement::new(format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions WHERE expired = 0 ORDER BY created_at, id"
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE expired = 0 \
+                 AND source_net <> 'pool' ORDER BY created_at, id"
             )))
             .await?;
         rows.iter().map(session_from_row).collect()

@@ -97,7 +97,18 @@ static SERVER: LazyLock<Server> = LazyLock::new(|| {
         config.replicas.clone(),
         metrics.clone(),
     );
+    let pools = scheduler_svc::drive::Pools::new(
+        store.clone(),
+        catalog.clone(),
+        reconciler.clone(),
+        config.pools.clone(),
+        None,
+        metrics.clone(),
+        None,
+    )
+    .expect("the default pools configuration");
     let api = Api {
+        pools,
         store,
         catalog,
         reconciler,

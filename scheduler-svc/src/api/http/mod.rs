@@ -345,6 +345,22 @@ pub const ROUTES: &[Route] = &[
         "ListAuditResponse",
         |api, call| unary(api, call, |api, request| api.list_audit(request)),
     ),
+    route(
+        "GET",
+        "/v1/admin/pools",
+        "AdminService.ListPools",
+        "ListPoolsRequest",
+        "ListPoolsResponse",
+        |api, call| unary(api, call, |api, request| api.list_pools(request)),
+    ),
+    route(
+        "PUT",
+        "/v1/admin/pools/{lesson_slug}/{stage}",
+        "AdminService.SetPool",
+        "SetPoolRequest",
+        "Pool",
+        |api, call| unary(api, call, |api, request| api.set_pool(request)),
+    ),
 ];
 
 /// The descriptor of a message of `antidote.api.v1` by its short name.

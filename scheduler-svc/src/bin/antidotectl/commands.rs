@@ -313,6 +313,64 @@ pub async fn admin_drain(c: &Clients, out: &Printer, name: String, drain: bool) 
     Ok(())
 }
 
+pub async fn admin_pool_list(c: &Clients, out: &Printer) -> Result<()> {
+    let answer = c
+        .admin
+        .clone()
+        .list_pools(c.operator(api::ListPoolsRequest {}))
+        .await?
+        .into_inner();
+    out.print(&answer, "ListPoolsResponse", || {
+        render::pools_table(&answer.pools)
+    });
+    Ok(())
+}
+
+pub async fn admin_pool_set(
+    c: &Clients,
+    out: &Printer,
+    lesson_slug: String,
+    stage: u32,
+    size: u32,
+    windows: Vec<String>,
+) -> Result<()> {
+    let windows = windows
+        .iter()
+        .map(|text| window(text))
+        .collect::<Result<Vec<_>>>()?;
+    let pool = c
+        .admin
+        .clone()
+        .set_pool(c.operator(api::SetPoolRequest {
+            lesson_slug,
+            stage,
+            size,
+            windows,
+        }))
+        .await?
+        .into_inner();
+    out.print(&pool, "Pool", || {
+        render::pools_table(std::slice::from_ref(&pool))
+    });
+    Ok(())
+}
+
+/// `HH:MM-HH:MM=SIZE` as a window (the scheduler checks the times).
+fn window(text: &str) -> Result<api::PoolWindow> {
+    let usage = || {
+        Failure(format!(
+            "--window `{text}` should be FROM-TO=SIZE, e.g. 08:45-10:00=30"
+        ))
+    };
+    let (span, size) = text.split_once('=').ok_or_else(usage)?;
+    let (from, to) = span.split_once('-').ok_or_else(usage)?;
+    Ok(api::PoolWindow {
+        from: from.trim().to_owned(),
+        to: to.trim().to_owned(),
+        size: size.trim().parse().map_err(|_| usage())?,
+    })
+}
+
 pub async fn agents_list(c: &Clients, out: &Printer) -> Result<()> {
     let answer = c
         .admin

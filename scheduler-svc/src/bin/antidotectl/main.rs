@@ -235,6 +235,30 @@ enum Admin {
         /// The agent's name.
         agent: String,
     },
+    /// Warm pools: lessons kept READY for learners to claim.
+    #[command(subcommand)]
+    Pool(Pool),
+}
+
+#[derive(Subcommand)]
+enum Pool {
+    /// Every pool with its target now and its unclaimed members.
+    List,
+    /// Set a lesson's pool at a stage: its size, and daily windows with their own size.
+    Set {
+        /// The lesson's slug.
+        lesson: String,
+        /// The stage members are kept at.
+        #[arg(long, default_value_t = 0)]
+        stage: u32,
+        /// The target outside every window (0 empties the pool).
+        #[arg(long)]
+        size: u32,
+        /// A daily window `HH:MM-HH:MM=SIZE` (the scheduler's `pools.time_zone`); repeat for
+        /// more. Replaces the pool's windows.
+        #[arg(long = "window", value_name = "FROM-TO=SIZE")]
+        windows: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -331,6 +355,13 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Admin(Admin::Resume { agent }) => {
             commands::admin_drain(&c, &out, agent, false).await
         }
+        Command::Admin(Admin::Pool(Pool::List)) => commands::admin_pool_list(&c, &out).await,
+        Command::Admin(Admin::Pool(Pool::Set {
+            lesson,
+            stage,
+            size,
+            windows,
+        })) => commands::admin_pool_set(&c, &out, lesson, stage, size, windows).await,
         Command::Agents(Agents::List) => commands::agents_list(&c, &out).await,
     }
 }

@@ -398,6 +398,35 @@ pub fn agents_table(agents: &[api::Agent]) -> String {
     )
 }
 
+pub fn pools_table(pools: &[api::Pool]) -> String {
+    table(
+        [
+            "LESSON", "STAGE", "TARGET", "READY", "STARTING", "REMOVING", "FAILED", "SIZE",
+            "WINDOWS", "HITS", "MISSES", "SET BY",
+        ],
+        pools.iter().map(|p| {
+            vec![
+                p.lesson_slug.clone(),
+                p.stage.to_string(),
+                p.target.to_string(),
+                p.ready.to_string(),
+                p.starting.to_string(),
+                p.removing.to_string(),
+                p.failed.to_string(),
+                p.size.to_string(),
+                join(
+                    p.windows
+                        .iter()
+                        .map(|w| format!("{}-{}={}", w.from, w.to, w.size)),
+                ),
+                p.hits.to_string(),
+                p.misses.to_string(),
+                format!("{} ({})", p.updated_by, p.source),
+            ]
+        }),
+    )
+}
+
 /// The agent's mTLS certificate: the start of its SHA-256 and its expiry (empty: plaintext).
 fn peer_cert(a: &api::Agent) -> String {
     if a.tls_peer_sha256.is_empty() {
