@@ -35,10 +35,12 @@ async fn pool(env: &Env, lesson: &str, stage: u32) -> Option<api::Pool> {
 }
 
 /// Unclaimed members of a lesson: live lessons the admin API lists that no test session owns.
-async fn members(env: &Env, lesson: &str, owned: &HashSet<String>) -> Vec<api::LiveLesson> {
-    env.scheduler
-        .clients
-        .admin
+async fn members(
+    c: &antidote_tests::Clients,
+    lesson: &str,
+    owned: &HashSet<String>,
+) -> Vec<api::LiveLesson> {
+    c.admin
         .clone()
         .list_live_lessons(api::AdminListLiveLessonsRequest {
             lesson_slug: lesson.into(),
@@ -132,11 +134,12 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
         (full.target, full.size, full.source.as_str()),
         (3, 3, "config")
     );
-    let waiting: HashSet<String> = members(&env, "routing-basics", &HashSet::new())
-        .await
-        .into_iter()
-        .map(|l| l.id)
-        .collect();
+    let waiting: HashSet<String> =
+        members(&env.scheduler.clients, "routing-basics", &HashSet::new())
+            .await
+            .into_iter()
+            .map(|l| l.id)
+            .collect();
     assert_eq!(
         waiting.len(),
         3,
@@ -212,7 +215,7 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
         p.ready == 3 && p.starting == 0
     })
     .await;
-    let refilled: HashSet<String> = members(&env, "routing-basics", &ids)
+    let refilled: HashSet<String> = members(&env.scheduler.clients, "routing-basics", &ids)
         .await
         .into_iter()
         .map(|l| l.id)
@@ -235,7 +238,7 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
     let after = pool(&env, "routing-basics", 0).await.unwrap();
     assert_eq!((after.ready, after.removing), (3, 0));
     assert_eq!(
-        members(&env, "routing-basics", &ids)
+        members(&env.scheduler.clients, "routing-basics", &ids)
             .await
             .into_iter()
             .map(|l| l.id)
@@ -280,14 +283,17 @@ async fn failed_members_are_replaced_and_shrinking_removes_unclaimed_only() {
     // A member that FAILs is removed and another takes its place (and fails too, here).
     let no_one = HashSet::new();
     let first = loop {
-        if let Some(member) = members(&env, "hello-web", &no_one).await.pop() {
+        if let Some(member) = members(&env.scheduler.clients, "hello-web", &no_one)
+            .await
+            .pop()
+        {
             break member.id;
         }
         tokio::time::sleep(POLL).await;
     };
     let start = tokio::time::Instant::now();
     loop {
-        let now = members(&env, "hello-web", &no_one).await;
+        let now = members(&env.scheduler.clients, "hello-web", &no_one).await;
         if now.iter().all(|l| l.id != first) && !now.is_empty() {
             break;
         }
@@ -328,7 +334,11 @@ async fn failed_members_are_replaced_and_shrinking_removes_unclaimed_only() {
     assert_eq!((shrunk.size, shrunk.source.as_str()), (1, "admin"));
     let mine_only = HashSet::from([mine.id.clone()]);
     let start = tokio::time::Instant::now();
-    while members(&env, "routing-basics", &mine_only).await.len() != 1 {
+    while members(&env.scheduler.clients, "routing-basics", &mine_only)
+        .await
+        .len()
+        != 1
+    {
         assert!(
             start.elapsed() < PATIENCE,
             "the pool never shrank\n{}",
@@ -396,13 +406,13 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
         &["--boot-delay", "2s", "--configure-delay", "300ms"],
         Knobs {
             extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n",
+                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n",
             ),
             ..Knobs::default()
         },
     )
     .await;
-    until_pool(&env, "routing-basics", 0, "had 2 READY", |p| p.ready == 2).await;
+    until_pool(&env, "routing-basics", 0, "had 3 READY", |p| p.ready == 3).await;
     let c = env.scheduler.clients.clone();
     // One claimed, one READY waiting, new ones booting, one being removed.
     let session = c.session().await.unwrap();
@@ -413,7 +423,7 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
         .set_pool(api::SetPoolRequest {
             lesson_slug: "routing-basics".into(),
             stage: 0,
-            size: 4,
+            size: 5,
             windows: Vec::new(),
         })
         .await
@@ -421,12 +431,12 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
     let owned = HashSet::from([mine.id.clone()]);
     let start = tokio::time::Instant::now();
     let before = loop {
-        let now = members(&env, "routing-basics", &owned).await;
+        let now = members(&env.scheduler.clients, "routing-basics", &owned).await;
         let booting = now
             .iter()
             .filter(|l| matches!(l.status(), S::Pending | S::Booting))
             .count();
-        if now.len() == 4 && booting >= 2 {
+        if now.len() == 5 && booting >= 2 {
             break now;
         }
         assert!(start.elapsed() < PATIENCE, "no members booting: {now:?}");
@@ -440,26 +450,34 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
         })
         .await
         .unwrap();
-    let statuses: Vec<_> = members(&env, "routing-basics", &owned)
+    let statuses: Vec<_> = members(&env.scheduler.clients, "routing-basics", &owned)
         .await
         .iter()
         .map(|l| l.status())
         .collect();
+    assert!(statuses.contains(&S::Ready), "{statuses:?}");
+    assert!(statuses.contains(&S::Terminating), "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .any(|s| matches!(s, S::Pending | S::Booting)),
+        "{statuses:?}"
+    );
     env.scheduler.process.kill9().await;
 
     env.scheduler = Scheduler::start(env.dir.path(), &env.config).await.unwrap();
     let c = env.scheduler.clients.clone();
-    let settled = until_pool(&env, "routing-basics", 0, "came back to 4 READY", |p| {
-        p.ready == 4 && p.starting == 0 && p.removing == 0
+    let settled = until_pool(&env, "routing-basics", 0, "came back to 5 READY", |p| {
+        p.ready == 5 && p.starting == 0 && p.removing == 0
     })
     .await;
-    assert_eq!(settled.target, 4);
-    let after: HashSet<String> = members(&env, "routing-basics", &owned)
+    assert_eq!(settled.target, 5);
+    let after: HashSet<String> = members(&env.scheduler.clients, "routing-basics", &owned)
         .await
         .into_iter()
         .map(|l| l.id)
         .collect();
-    assert_eq!(after.len(), 4, "{statuses:?} before the kill");
+    assert_eq!(after.len(), 5, "{statuses:?} before the kill");
     // Every member alive before the kill is still one (none lost) and only the killed one
     // was replaced (none doubled).
     for member in before.iter().filter(|l| l.id != ready.id) {
@@ -610,4 +628,322 @@ async fn time_windows_set_targets_and_antidotectl_sizes_pools() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+}
+
+#[tokio::test]
+async fn an_unclaimed_member_gives_way_to_a_learner_when_agents_are_full() {
+    // The agent takes two live lessons; the pool fills both.
+    let env = Env::start(
+        &["--max-live-lessons", "2"],
+        Knobs {
+            extra_config: pools_config(
+                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n",
+            ),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    until_pool(&env, "routing-basics", 0, "had 2 READY", |p| p.ready == 2).await;
+    let before: HashSet<String> =
+        members(&env.scheduler.clients, "routing-basics", &HashSet::new())
+            .await
+            .into_iter()
+            .map(|l| l.id)
+            .collect();
+
+    // A learner asks for another lesson: a member makes room for it.
+    let session = c.session().await.unwrap();
+    let asked = c.request(&session, "hello-web", 0).await.unwrap();
+    let ready = c
+        .ready(&asked.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    let owned = HashSet::from([ready.id.clone()]);
+    let left: HashSet<String> = members(&env.scheduler.clients, "routing-basics", &owned)
+        .await
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    assert_eq!(left.len(), 1, "one member gave way: {left:?}");
+    let gone = before
+        .difference(&left)
+        .next()
+        .expect("a member went")
+        .clone();
+    let events = events(&env, &gone).await;
+    let gave_way = format!("gave way to live lesson {}", ready.id);
+    assert!(events.contains(&gave_way), "{events:?}");
+    // The pool does not take the room back while the learner holds it.
+    let pool = pool(&env, "routing-basics", 0).await.unwrap();
+    assert_eq!(
+        (pool.target, pool.ready, pool.starting),
+        (2, 1, 0),
+        "{pool:?}"
+    );
+
+    // Once the learner is done, the pool refills.
+    c.delete(&ready.id, PATIENCE).await.unwrap();
+    until_pool(&env, "routing-basics", 0, "refilled", |p| p.ready == 2).await;
+}
+
+#[tokio::test]
+async fn replicas_on_postgresql_keep_one_pool_not_one_each() {
+    let database = crate::postgres::TestDatabase::create();
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    let agent = crate::start_agent(&dir, &["--boot-delay", "300ms"], &journal, None).await;
+    let config = format!(
+        "instance_id = \"e2e-pools\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [replicas]\nlease_ttl = \"2s\"\nresync_interval = \"500ms\"\n\
+         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
+         [[agents]]\nname = \"loopback\"\naddress = \"{}\"\n{}",
+        antidote_tests::example_curriculum().display(),
+        agent.url(),
+        pools_config("[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n"),
+    );
+    let a = crate::postgres::start_on(dir.path(), &database.url, &config).await;
+    let b = crate::postgres::start_on(dir.path(), &database.url, &config).await;
+    let all = |c: &antidote_tests::Clients| {
+        let c = c.clone();
+        async move {
+            c.admin
+                .clone()
+                .list_pools(api::ListPoolsRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .pools
+        }
+    };
+    let start = tokio::time::Instant::now();
+    loop {
+        let pools = all(&a.clients).await;
+        if pools
+            .first()
+            .is_some_and(|p| p.ready == 3 && p.starting == 0)
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{pools:?}\n{}",
+            a.process.log_text()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    // Both replicas see the same pool, and exactly three members were ever made.
+    let seen_by_b = all(&b.clients).await;
+    assert_eq!(
+        (seen_by_b[0].ready, seen_by_b[0].target),
+        (3, 3),
+        "{seen_by_b:?}"
+    );
+    let created = std::fs::read_to_string(&journal).unwrap_or_default();
+    let ids: HashSet<&str> = created
+        .lines()
+        .filter_map(|l| l.strip_prefix("create "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert_eq!(ids.len(), 3, "{created}");
+
+    // A learner on replica B claims one; the pool refills to three, not more.
+    let session = b.clients.session().await.unwrap();
+    let mine = b
+        .clients
+        .request(&session, "routing-basics", 0)
+        .await
+        .unwrap();
+    assert_eq!(mine.status(), S::Ready);
+    let start = tokio::time::Instant::now();
+    loop {
+        let pools = all(&b.clients).await;
+        if pools
+            .first()
+            .is_some_and(|p| p.ready == 3 && p.starting == 0)
+        {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "{pools:?}");
+        tokio::time::sleep(POLL).await;
+    }
+    let created = std::fs::read_to_string(&journal).unwrap_or_default();
+    let ids: HashSet<&str> = created
+        .lines()
+        .filter_map(|l| l.strip_prefix("create "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert_eq!(ids.len(), 4, "three members and one refill: {created}");
+}
+
+/// The docker CLI against the tests' engine.
+fn docker(args: &[&str]) -> String {
+    let host = std::env::var("DOCKER_HOST").expect(
+        "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
+    );
+    let output = std::process::Command::new("docker")
+        .args(args)
+        .env("DOCKER_HOST", host)
+        .output()
+        .expect("the docker CLI runs");
+    assert!(output.status.success(), "docker {args:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Labels of the containers of live lesson `id`, one map per container.
+fn container_labels(instance: &str, id: &str) -> Vec<HashMap<String, String>> {
+    let names = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("label=antidote.io/instance={instance}"),
+        "--filter",
+        &format!("label=antidote.io/live-lesson={id}"),
+        "--format",
+        "{{.Names}}",
+    ]);
+    names
+        .lines()
+        .filter(|n| !n.is_empty())
+        .map(|name| {
+            let json = docker(&["inspect", "-f", "{{json .Config.Labels}}", name]);
+            serde_json::from_str(json.trim()).expect("labels are JSON")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn agent_docker_pool_members_are_claimed_at_their_stage_or_moved_on() {
+    let instance = "e2e-pools-docker";
+    let dir = tempfile::tempdir().unwrap();
+    let agent = antidote_tests::Process::spawn(
+        &workspace_bin("agent-docker"),
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--probe-timeout".into(),
+            "30s".into(),
+        ],
+        dir.path().join("agent-docker.log"),
+    )
+    .await
+    .expect("agent-docker starts");
+    let config = format!(
+        "instance_id = \"{instance}\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [limits]\nsessions_per_ip = 0\n\
+         [reconciler]\nbackoff_initial = \"100ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"3m\"\n\
+         [[agents]]\nname = \"docker\"\naddress = \"{}\"\n{}",
+        antidote_tests::example_curriculum().display(),
+        agent.url(),
+        pools_config("[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n"),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let c = &scheduler.clients;
+    let logs = || {
+        format!(
+            "--- scheduler ---\n{}\n--- agent-docker ---\n{}",
+            scheduler.process.log_text(),
+            agent.log_text()
+        )
+    };
+    let pools = || async {
+        c.admin
+            .clone()
+            .list_pools(api::ListPoolsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .pools
+            .pop()
+            .unwrap()
+    };
+    let start = tokio::time::Instant::now();
+    while pools().await.ready != 2 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{:?}\n{}",
+            pools().await,
+            logs()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+
+    // Stage 0: READY at once, answering on its presentations.
+    let (one, two) = (c.session().await.unwrap(), c.session().await.unwrap());
+    let mine = c.request(&one, "routing-basics", 0).await.unwrap();
+    assert_eq!(mine.status(), S::Ready, "{mine:?}");
+    let page = fetch(presentation(&mine, "server", "web")).await;
+    assert!(page.starts_with("HTTP/1."), "{page}");
+    // Its containers are never relabelled: they carry the pool's mark and the pool session;
+    // the scheduler records the learner's session.
+    let labels = container_labels(instance, &mine.id);
+    assert!(!labels.is_empty());
+    for container in &labels {
+        assert_eq!(
+            container.get("antidote.io/pool").map(String::as_str),
+            Some("true")
+        );
+        assert_ne!(container["antidote.io/session"], one, "{container:?}");
+    }
+    let owner = c
+        .admin
+        .clone()
+        .get_live_lesson(api::AdminGetLiveLessonRequest {
+            id: mine.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .live_lesson
+        .unwrap();
+    assert_eq!(owner.session_id, one);
+
+    // Stage 1 has no pool: a stage-0 member is claimed, then configured for stage 1.
+    let theirs = c.request(&two, "routing-basics", 1).await.unwrap();
+    assert_eq!(
+        (theirs.status(), theirs.stage),
+        (S::Configuring, 1),
+        "{theirs:?}"
+    );
+    let (_, staged) = c
+        .follow(&theirs.id, PATIENCE, |l| {
+            l.stage == 1 && matches!(l.status(), S::Ready | S::Failed)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        staged.status(),
+        S::Ready,
+        "{}\n{}",
+        staged.failure_reason,
+        logs()
+    );
+
+    // Deleting a claimed lesson removes its containers and nothing of the pool's.
+    let start = tokio::time::Instant::now();
+    while pools().await.ready != 2 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the pool never refilled\n{}",
+            logs()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let claimed = HashSet::from([mine.id.clone(), theirs.id.clone()]);
+    let waiting: Vec<String> = members(c, "routing-basics", &claimed)
+        .await
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    assert_eq!(waiting.len(), 2);
+    c.delete(&mine.id, PATIENCE).await.unwrap();
+    assert!(container_labels(instance, &mine.id).is_empty());
+    for member in &waiting {
+        assert!(
+            !container_labels(instance, member).is_empty(),
+            "{member} was touched"
+        );
+    }
+    assert_eq!(pools().await.ready, 2);
+    c.delete(&theirs.id, PATIENCE).await.unwrap();
 }
