@@ -202,11 +202,8 @@ pub struct PoolConfig {
 impl PoolsConfig {
     fn validate(&self) -> Result<(), SettingsError> {
         let invalid = |key: String, reason: String| Err(SettingsError::Invalid { key, reason });
-        if let Err(err) = jiff::tz::TimeZone::get(&self.time_zone) {
-            return invalid(
-                "pools.time_zone".into(),
-                format!("`{}` is not a known time zone: {err}", self.time_zone),
-            );
+        if let Err(reason) = time_zone(&self.time_zone) {
+            return invalid("pools.time_zone".into(), reason);
         }
         if self.interval.is_zero() {
             return invalid("pools.interval".into(), "must be longer than zero".into());
@@ -231,6 +228,15 @@ impl PoolsConfig {
         }
         Ok(())
     }
+}
+
+/// The time zone named `name` (IANA, from the system's tzdb; `UTC` needs none).
+pub fn time_zone(name: &str) -> Result<jiff::tz::TimeZone, String> {
+    if name.eq_ignore_ascii_case("UTC") {
+        return Ok(jiff::tz::TimeZone::UTC);
+    }
+    jiff::tz::TimeZone::get(name)
+        .map_err(|err| format!("`{name}` is not a known time zone: {err}"))
 }
 
 /// The bounds of a pool's sizes and windows (the configuration's and the admin API's).
@@ -1175,6 +1181,46 @@ mod tests {
         assert!(err.to_string().contains("agents[0].labels"), "{err}");
         let err = load_toml("[reconciler]\nagent_grace = \"0s\"\n").unwrap_err();
         assert!(err.to_string().contains("reconciler.agent_grace"), "{err}");
+    }
+
+    #[test]
+    fn pools_are_bounded_and_name_what_is_wrong() {
+        let config = load_toml(
+            "[pools]\ntime_zone = \"Europe/Paris\"\n[[pools.lessons]]\nlesson = \"a\"\nsize = 3\n\
+             windows = [{ from = \"08:45\", to = \"10:00\", size = 30 }]\n",
+        )
+        .unwrap();
+        let pool = &config.pools.lessons[0];
+        assert_eq!((pool.stage, pool.size, pool.windows[0].size), (0, 3, 30));
+        assert_eq!(pool.windows[0].from, 8 * 60 + 45);
+        assert_eq!(load_toml("").unwrap().pools.time_zone, "UTC");
+        for (text, key, detail) in [
+            ("[pools]\ntime_zone = \"Mars/Olympus\"\n", "pools.time_zone", "Mars/Olympus"),
+            (
+                "[[pools.lessons]]\nlesson = \"a\"\nsize = 1001\n",
+                "pools.lessons[0]",
+                "1001",
+            ),
+            (
+                "[[pools.lessons]]\nlesson = \"a\"\n[[pools.lessons]]\nlesson = \"a\"\n",
+                "pools.lessons[1]",
+                "a second pool",
+            ),
+            (
+                "[[pools.lessons]]\nlesson = \"a\"\nwindows = [{ from = \"10:00\", to = \"10:00\", size = 1 }]\n",
+                "pools.lessons[0]",
+                "empty",
+            ),
+            ("[pools]\nbatch = 0\n", "pools.batch", "at least 1"),
+        ] {
+            let err = load_toml(text).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(detail), "{text}: {err}");
+        }
+        let err = load_toml(
+            "[[pools.lessons]]\nlesson = \"a\"\nwindows = [{ from = \"9:00\", to = \"10:00\", size = 1 }]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("9:00"), "{err}");
     }
 
     #[test]

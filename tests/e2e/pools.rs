@@ -947,3 +947,106 @@ async fn agent_docker_pool_members_are_claimed_at_their_stage_or_moved_on() {
     assert_eq!(pools().await.ready, 2);
     c.delete(&theirs.id, PATIENCE).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let curriculum = dir.path().join("curriculum");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(antidote_tests::example_curriculum())
+        .arg(&curriculum)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let journal = dir.path().join("journal");
+    let agent = crate::start_agent(&dir, &[], &journal, None).await;
+    let config = format!(
+        "instance_id = \"e2e-pools-change\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
+         [[agents]]\nname = \"loopback\"\naddress = \"{}\"\n{}",
+        curriculum.display(),
+        agent.url(),
+        pools_config("[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n"),
+    );
+    let mut scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let ready_members = |scheduler: &Scheduler, owned: HashSet<String>| {
+        let c = scheduler.clients.clone();
+        async move {
+            let start = tokio::time::Instant::now();
+            loop {
+                let now = members(&c, "hello-web", &owned).await;
+                if now.len() == 2 && now.iter().all(|l| l.status() == S::Ready) {
+                    return now.into_iter().map(|l| l.id).collect::<HashSet<_>>();
+                }
+                assert!(start.elapsed() < PATIENCE, "{now:?}");
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    };
+    ready_members(&scheduler, HashSet::new()).await;
+    let c = scheduler.clients.clone();
+    let session = c.session().await.unwrap();
+    let mine = c.request(&session, "hello-web", 0).await.unwrap();
+    assert_eq!(mine.status(), S::Ready);
+    let owned = HashSet::from([mine.id.clone()]);
+    let before = ready_members(&scheduler, owned.clone()).await;
+
+    // The lesson changes while the scheduler is down.
+    scheduler.process.terminate().await.unwrap();
+    let meta = curriculum.join("lessons/hello-web/lesson.meta.yaml");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    let edited = text.replace(
+        "shortDescription: One endpoint, one web page",
+        "shortDescription: One endpoint, one web page, edited",
+    );
+    assert_ne!(text, edited);
+    std::fs::write(&meta, edited).unwrap();
+    scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let start = tokio::time::Instant::now();
+    let after = loop {
+        let after = ready_members(&scheduler, owned.clone()).await;
+        if after.is_disjoint(&before) {
+            break after;
+        }
+        assert!(start.elapsed() < PATIENCE, "members never replaced");
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(after.len(), 2);
+    let old = before.iter().next().unwrap();
+    let events: Vec<String> = scheduler
+        .clients
+        .admin
+        .clone()
+        .list_events(api::ListEventsRequest {
+            live_lesson_id: old.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events
+        .into_iter()
+        .map(|e| e.detail)
+        .collect();
+    assert!(
+        events.iter().any(|e| e.contains("definition changed")),
+        "{events:?}"
+    );
+    // The learner's lesson is the learner's: not replaced.
+    let theirs = scheduler
+        .clients
+        .admin
+        .clone()
+        .get_live_lesson(api::AdminGetLiveLessonRequest {
+            id: mine.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .live_lesson
+        .unwrap();
+    assert_eq!(
+        (theirs.status(), theirs.session_id.as_str()),
+        (S::Ready, session.as_str())
+    );
+}

@@ -124,11 +124,12 @@ impl Pools {
         metrics: Arc<Metrics>,
         clock: Option<Clock>,
     ) -> Result<Pools, Error> {
-        let time_zone =
-            jiff::tz::TimeZone::get(&config.time_zone).map_err(|err| Error::InvalidArgument {
+        let time_zone = crate::settings::time_zone(&config.time_zone).map_err(|reason| {
+            Error::InvalidArgument {
                 field: "pools.time_zone",
-                reason: format!("`{}`: {err}", config.time_zone),
-            })?;
+                reason,
+            }
+        })?;
         Ok(Pools {
             inner: Arc::new(Inner {
                 store,
