@@ -213,7 +213,7 @@ impl PoolsConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for (i, pool) in self.lessons.iter().enumerate() {
-            if let Err(reason) = check_pool(pool.size, &pool.windows) {
+            if let Err((_, reason)) = check_pool(pool.size, &pool.windows) {
                 return invalid(format!("pools.lessons[{i}]"), reason);
             }
             if !seen.insert((pool.lesson.as_str(), pool.stage)) {
@@ -239,22 +239,30 @@ pub fn time_zone(name: &str) -> Result<jiff::tz::TimeZone, String> {
         .map_err(|err| format!("`{name}` is not a known time zone: {err}"))
 }
 
-/// The bounds of a pool's sizes and windows (the configuration's and the admin API's).
-pub fn check_pool(size: u32, windows: &[crate::model::PoolWindow]) -> Result<(), String> {
+/// The bounds of a pool's sizes and windows (the configuration's and the admin API's): what is
+/// wrong, as (`size` or `windows`, why).
+pub fn check_pool(
+    size: u32,
+    windows: &[crate::model::PoolWindow],
+) -> Result<(), (&'static str, String)> {
     if windows.len() > MAX_POOL_WINDOWS {
-        return Err(format!("at most {MAX_POOL_WINDOWS} windows"));
+        return Err(("windows", format!("at most {MAX_POOL_WINDOWS} windows")));
     }
-    for size in std::iter::once(size).chain(windows.iter().map(|w| w.size)) {
-        if size > MAX_POOL_SIZE {
-            return Err(format!("size {size} is over the limit of {MAX_POOL_SIZE}"));
-        }
+    if size > MAX_POOL_SIZE {
+        return Err(("size", format!("size {size} is over the limit of {MAX_POOL_SIZE}")));
+    }
+    if let Some(w) = windows.iter().find(|w| w.size > MAX_POOL_SIZE) {
+        return Err((
+            "windows",
+            format!("size {} is over the limit of {MAX_POOL_SIZE}", w.size),
+        ));
     }
     if let Some(w) = windows.iter().find(|w| w.from == w.to || w.from >= 1440) {
-        return Err(format!(
+        return Err(("windows", format!(
             "window {}-{} is empty or starts at 24:00",
             crate::model::clock_time::show(w.from),
             crate::model::clock_time::show(w.to)
-        ));
+        )));
     }
     Ok(())
 }

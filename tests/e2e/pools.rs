@@ -1050,3 +1050,64 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
         (S::Ready, session.as_str())
     );
 }
+
+#[tokio::test]
+async fn a_claim_honours_the_request_s_placement_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let eu = crate::start_agent(
+        &dir,
+        &["--label", "region=eu"],
+        &dir.path().join("eu"),
+        None,
+    )
+    .await;
+    let us = crate::start_agent(
+        &dir,
+        &["--label", "region=us"],
+        &dir.path().join("us"),
+        None,
+    )
+    .await;
+    let config = format!(
+        "instance_id = \"e2e-pools-labels\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+         [limits]\nsessions_per_ip = 0\n\
+         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
+         [[agents]]\nname = \"eu\"\naddress = \"{}\"\n\
+         [[agents]]\nname = \"us\"\naddress = \"{}\"\n{}",
+        antidote_tests::example_curriculum().display(),
+        eu.url(),
+        us.url(),
+        pools_config("[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 4\n"),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let c = &scheduler.clients;
+    // Members are spread over the agents that fit, by load.
+    let start = tokio::time::Instant::now();
+    loop {
+        let now = members(c, "routing-basics", &HashSet::new()).await;
+        let ready: Vec<&str> = now
+            .iter()
+            .filter(|l| l.status() == S::Ready)
+            .map(|l| l.agent.as_str())
+            .collect();
+        if ready.len() == 4 {
+            assert_eq!(ready.iter().filter(|a| **a == "eu").count(), 2, "{ready:?}");
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "{now:?}");
+        tokio::time::sleep(POLL).await;
+    }
+    for region in ["eu", "us", "eu"] {
+        let session = c.session().await.unwrap();
+        let placement = api::PlacementPreference {
+            requires: HashMap::from([("region".to_owned(), region.to_owned())]),
+            ..Default::default()
+        };
+        let claimed = c
+            .request_placed(&session, "routing-basics", 0, Some(placement))
+            .await
+            .unwrap();
+        assert_eq!(claimed.status(), S::Ready, "{claimed:?}");
+        assert_eq!(c.agent_of(&claimed.id).await.unwrap(), region);
+    }
+}

@@ -109,6 +109,8 @@ struct Inner {
     failures: Mutex<HashMap<(String, u32), (u32, Instant)>>,
     /// Per lesson: claims that found a member (hits) and those that did not (misses).
     claims: Mutex<HashMap<String, (u64, u64)>>,
+    /// When empty pool sessions were last swept (once per [`SWEEP_AFTER`]).
+    swept: Mutex<Option<Instant>>,
 }
 
 impl Pools {
@@ -144,6 +146,7 @@ impl Pools {
                 pooled: RwLock::new(HashSet::new()),
                 failures: Mutex::new(HashMap::new()),
                 claims: Mutex::new(HashMap::new()),
+                swept: Mutex::new(None),
             }),
         })
     }
@@ -226,13 +229,16 @@ impl Pools {
         let inner = &self.inner;
         let (pools, keys) = self.refresh().await?;
         let minute = self.minute_now();
-        let now = Millis::now();
-        if let Err(err) = inner
-            .store
-            .sweep_pool_sessions(now.minus(SWEEP_AFTER))
-            .await
-        {
-            tracing::warn!(error = %err, "pools: cannot sweep empty pool sessions");
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let swept = *lock(&inner.swept);
+        if swept.is_none_or(|at| at.elapsed() >= SWEEP_AFTER) {
+            let cutoff = Millis::now().minus(SWEEP_AFTER);
+            match inner.store.sweep_pool_sessions(cutoff).await {
+                Ok(_) => *lock(&inner.swept) = Some(Instant::now()),
+                Err(err) => tracing::warn!(error = %err, "pools: cannot sweep empty pool sessions"),
+            }
         }
         let waiting = inner.store.waiting_for_room().await?;
         for (lesson, stage) in keys {
@@ -503,10 +509,8 @@ impl Pools {
                 },
             }
         })?;
-        crate::settings::check_pool(size, windows).map_err(|reason| Error::InvalidArgument {
-            field: "size",
-            reason,
-        })?;
+        crate::settings::check_pool(size, windows)
+            .map_err(|(field, reason)| Error::InvalidArgument { field, reason })?;
         let pool = self
             .inner
             .store
