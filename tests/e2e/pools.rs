@@ -222,6 +222,9 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
         .collect();
     assert_eq!(refilled.len(), 3);
     assert!(refilled.is_disjoint(&ids), "no member was given twice");
+    // Asking again returns the same live lesson, neither a hit nor a miss.
+    let again = c.request(&sessions[0], "routing-basics", 0).await.unwrap();
+    assert_eq!(again.id, answers[0].id);
     let counted = pool(&env, "routing-basics", 0).await.unwrap();
     assert_eq!((counted.hits, counted.misses), (3, 7));
     // Nothing was created twice on the agent.

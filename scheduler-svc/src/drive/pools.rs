@@ -405,6 +405,11 @@ impl Pools {
         let Ok(needs) = Needs::of(lesson, wishes) else {
             return Ok(None);
         };
+        // Asking again for a lesson the session has is neither a hit nor a miss, and needs no
+        // write: the request only touches it.
+        if inner.store.has_live_lesson(session, &lesson.slug).await? {
+            return Ok(None);
+        }
         let agents = accepting(&inner.reconciler.roster().candidates(), &needs);
         let now = Millis::now();
         let claimed = inner

@@ -363,6 +363,21 @@ impl Store {
         row.map(|row| lesson_from_row(&row)).transpose()
     }
 
+    /// Whether `session` has a live lesson of `lesson`.
+    pub async fn has_live_lesson(&self, session: SessionId, lesson: &str) -> Result<bool> {
+        let row = self
+            .reader
+            .fetch_optional(
+                Statement::new(
+                    "SELECT 1 FROM live_lessons WHERE session_id = $1 AND lesson_slug = $2",
+                )
+                .bind(session.to_string())
+                .bind(lesson),
+            )
+            .await?;
+        Ok(row.is_some())
+    }
+
     /// Unclaimed members per pool and status (members being removed as `TERMINATING`).
     pub async fn pool_counts(&self) -> Result<Vec<PoolCount>> {
         let rows = self
