@@ -1114,3 +1114,55 @@ async fn a_claim_honours_the_request_s_placement_labels() {
         assert_eq!(c.agent_of(&claimed.id).await.unwrap(), region);
     }
 }
+
+#[tokio::test]
+async fn unclaimed_members_outlive_the_ttl_and_a_claimed_one_lives_by_it() {
+    let env = Env::start(
+        &[],
+        Knobs {
+            lesson_ttl: "2s",
+            extra_config: pools_config(
+                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n",
+            ),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    until_pool(&env, "routing-basics", 0, "had 2 READY", |p| p.ready == 2).await;
+    let first: HashSet<String> = members(c, "routing-basics", &HashSet::new())
+        .await
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    let session = c.session().await.unwrap();
+    let mine = c.request(&session, "routing-basics", 0).await.unwrap();
+    assert_eq!(mine.status(), S::Ready);
+    let expires = mine.expires_at.expect("a learner's lesson expires");
+    assert!(
+        expires.seconds
+            <= std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64
+                + 3,
+        "the TTL counts from the claim: {expires:?}"
+    );
+    // The claimed lesson, idle, is reaped by its TTL; the other member, idle since before
+    // the claim, is not.
+    c.gone(&mine.id, PATIENCE)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    let left: HashSet<String> = members(c, "routing-basics", &HashSet::new())
+        .await
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    let other = first.iter().find(|id| **id != mine.id).unwrap();
+    assert!(left.contains(other), "{left:?}");
+    let events = events(&env, &mine.id).await;
+    assert!(
+        events.iter().any(|e| e.starts_with("expired")),
+        "{events:?}"
+    );
+}
