@@ -25,7 +25,6 @@ pub mod settings;
 pub mod store;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -41,9 +40,6 @@ use crate::metrics::Metrics;
 use crate::model::Millis;
 use crate::settings::Config;
 use crate::store::Store;
-
-/// How long in-flight work gets to finish after shutdown is asked for.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The bound listeners.
 pub struct Listeners {
@@ -223,11 +219,14 @@ pub async fn run(
     tracing::info!("API stopped; waiting for background work");
     shutdown.cancel();
     tracker.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("background work did not stop within {SHUTDOWN_GRACE:?}");
+    // The API servers drained (or cut what was left) within the grace; background work gets
+    // one more.
+    let grace = config.shutdown_grace;
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "background work did not stop within the shutdown grace"
+        );
     }
     store.close().await;
     Ok(())

@@ -11,6 +11,10 @@
 //! - `antidote_agent_state{agent, state}`: 1 for each of `ready`, `lost` (unreachable past
 //!   `reconciler.agent_grace`, its live lessons moved) and `drained` that holds, else 0; set by
 //!   the reconciler's look at the fleet;
+//! - `antidote_agent_watch_streams_total{agent}`: Watch streams opened to the agent (one per
+//!   connection: a count that climbs means streams keep breaking);
+//! - `antidote_agent_watch_snapshot_states{agent}` and `antidote_agent_watch_snapshot_pages{agent}`:
+//!   the live lessons and pages (PROTOCOL.md [W8]) of the agent's last complete snapshot;
 //! - `antidote_reaper_actions_total{action}`: live lessons expired (`expire_live_lesson`,
 //!   `expire_session`), orphans removed (`remove_orphan`), events pruned (`prune_events`);
 //! - warm pools: `antidote_pool_target{lesson, stage}` (the target now, windows applied; set at
@@ -133,6 +137,9 @@ pub struct Metrics {
     /// Every (lesson, stage) whose members were ever counted, so a status whose count fell to
     /// zero shows 0 rather than its last value.
     pools_seen: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>>,
+    watch_streams: Family<AgentLabels, Counter>,
+    snapshot_states: Family<AgentLabels, Gauge>,
+    snapshot_pages: Family<AgentLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -215,11 +222,32 @@ impl Default for Metrics {
             "What the reaper did: expired live lessons, removed orphans, pruned events",
             reaper.clone(),
         );
+        let watch_streams = Family::<AgentLabels, Counter>::default();
+        let snapshot_states = Family::<AgentLabels, Gauge>::default();
+        let snapshot_pages = Family::<AgentLabels, Gauge>::default();
+        registry.register(
+            "agent_watch_streams",
+            "Watch streams opened to the agent",
+            watch_streams.clone(),
+        );
+        registry.register(
+            "agent_watch_snapshot_states",
+            "Live lessons in the agent's last complete Watch snapshot",
+            snapshot_states.clone(),
+        );
+        registry.register(
+            "agent_watch_snapshot_pages",
+            "Pages of the agent's last complete Watch snapshot",
+            snapshot_pages.clone(),
+        );
         Metrics {
             pool_target,
             pool_members,
             pool_claims,
             pools_seen: Default::default(),
+            watch_streams,
+            snapshot_states,
+            snapshot_pages,
             registry,
             live_lessons,
             sessions,
@@ -258,6 +286,26 @@ impl Metrics {
         if code != tonic::Code::Ok {
             self.agent_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Counts a Watch stream opened to an agent.
+    pub fn watch_opened(&self, agent: &str) {
+        self.watch_streams
+            .get_or_create(&AgentLabels {
+                agent: agent.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records an agent's complete Watch snapshot: how many live lessons, in how many pages.
+    pub fn watch_snapshot(&self, agent: &str, states: usize, pages: usize) {
+        let labels = AgentLabels {
+            agent: agent.to_owned(),
+        };
+        self.snapshot_states
+            .get_or_create(&labels)
+            .set(states as i64);
+        self.snapshot_pages.get_or_create(&labels).set(pages as i64);
     }
 
     /// Sets a warm pool's target now.

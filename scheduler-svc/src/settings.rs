@@ -79,6 +79,11 @@ pub struct Config {
     pub entrypoint: EntrypointConfig,
     /// Warm pools: lessons kept READY for learners to claim (`[pools]`, `[[pools.lessons]]`).
     pub pools: PoolsConfig,
+    /// How long, once shutdown begins (SIGTERM), calls and streams still open (API and health
+    /// Watch streams, reflection, SSE) may go on before their connections are cut, and
+    /// background work may take to stop: the process exits within about twice this.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
 }
 
 /// Entrypoint tokens (PROTOCOL.md, "Entrypoint"). No keys: no token is signed and learners'
@@ -143,6 +148,7 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             entrypoint: EntrypointConfig::default(),
             pools: PoolsConfig::default(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }

@@ -21,11 +21,14 @@ mod mtls;
 mod negotiation;
 mod oidc;
 mod operability;
+mod paging;
 mod pools;
 mod postgres;
 mod reaping;
 mod replicas;
 mod restart;
+mod shutdown;
+mod starvation;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1113,6 +1113,30 @@ async fn a_claim_honours_the_request_s_placement_labels() {
         assert_eq!(claimed.status(), S::Ready, "{claimed:?}");
         assert_eq!(c.agent_of(&claimed.id).await.unwrap(), region);
     }
+
+    // Draining an agent moves its unclaimed members to the others; claimed lessons stay.
+    c.admin
+        .clone()
+        .drain_agent(api::DrainAgentRequest { name: "eu".into() })
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    loop {
+        let now = members(c, "routing-basics", &HashSet::new()).await;
+        let unclaimed: Vec<&api::LiveLesson> = now
+            .iter()
+            .filter(|l| c.tokens.of_lesson(&l.id).is_none())
+            .collect();
+        if unclaimed.len() == 4
+            && unclaimed
+                .iter()
+                .all(|l| l.agent == "us" && l.status() == S::Ready)
+        {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "{now:?}");
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 #[tokio::test]

@@ -182,7 +182,7 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
     let mut events = agent_client
         .watch(agent::WatchRequest {
             label_selector: HashMap::new(),
-            heartbeat_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -340,7 +340,7 @@ async fn two_deployments_with_one_instance_id_never_reap_each_other() {
     let mut events = agent_client
         .watch(agent::WatchRequest {
             label_selector: HashMap::new(),
-            heartbeat_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -618,7 +618,7 @@ impl<B: Backend> BackendRpc for AgentService<B> {
                     agent_name: d.name.clone(),
                     build_version: d.version.clone(),
                     instance_id: agent.instance_id.clone(),
-                    capabilities: d.capabilities.clone(),
+                    capabilities: offered(&d.capabilities),
                     capacity: Some(proto::Capacity {
                         max_live_lessons: d.max_live_lessons,
                         live_lessons: agent.work().len() as u32,
@@ -749,4 +749,18 @@ impl<B: Backend> BackendRpc for AgentService<B> {
             })
             .await
     }
+}
+
+/// The capabilities a handshake offers: the backend's, plus `watch.pages` with `watch` (the
+/// [`StateBook`] pages snapshots for every agent, PROTOCOL.md [W8]).
+fn offered(capabilities: &[String]) -> Vec<String> {
+    let mut offered = capabilities.to_vec();
+    if offered.iter().any(|c| c == super::capabilities::WATCH)
+        && !offered
+            .iter()
+            .any(|c| c == super::capabilities::WATCH_PAGES)
+    {
+        offered.push(super::capabilities::WATCH_PAGES.to_owned());
+    }
+    offered
 }

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_core::Stream;
+use prost::Message as _;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -202,19 +203,51 @@ impl StateBook {
         }
     }
 
-    fn snapshot(&self, selector: &HashMap<String, String>) -> WatchEvent {
+    /// A snapshot of every state matching `selector` at the current revision: one message when
+    /// `page_bytes` is 0, else pages of at most `page_bytes` encoded bytes each (PROTOCOL.md
+    /// [W8]): a state larger than that goes alone, every page but the last has `more`, an
+    /// empty snapshot is one empty page.
+    fn snapshot(&self, selector: &HashMap<String, String>, page_bytes: usize) -> Vec<WatchEvent> {
         let book = self.lock();
-        WatchEvent {
-            revision: book.revision,
-            event: Some(Event::Snapshot(Snapshot {
-                items: book
-                    .states
-                    .values()
-                    .filter(|s| matches(&s.labels, selector))
-                    .cloned()
-                    .collect(),
-            })),
+        let revision = book.revision;
+        let states = book
+            .states
+            .values()
+            .filter(|s| matches(&s.labels, selector));
+        let page = |items: Vec<LiveLessonState>| WatchEvent {
+            revision,
+            event: Some(Event::Snapshot(Snapshot { items, more: true })),
+        };
+        let mut pages = Vec::new();
+        if page_bytes == 0 {
+            pages.push(page(states.cloned().collect()));
+        } else {
+            // The page's size without items: a `more` page, at this revision, plus the 4 bytes
+            // its snapshot's length prefix may grow by as items join it.
+            let empty = page(Vec::new()).encoded_len() + 4;
+            let mut items = Vec::new();
+            let mut size = empty;
+            for state in states {
+                // An item costs its tag, its length and itself.
+                let len = state.encoded_len();
+                let cost = 1 + prost::length_delimiter_len(len) + len;
+                if !items.is_empty() && size + cost > page_bytes {
+                    pages.push(page(std::mem::take(&mut items)));
+                    size = empty;
+                }
+                size += cost;
+                items.push(state.clone());
+            }
+            pages.push(page(items));
         }
+        if let Some(WatchEvent {
+            event: Some(Event::Snapshot(last)),
+            ..
+        }) = pages.last_mut()
+        {
+            last.more = false;
+        }
+        pages
     }
 
     /// Answers `Watch` (PROTOCOL.md "Watch"): a snapshot at the current revision, then every
@@ -223,18 +256,21 @@ impl StateBook {
     /// falling behind a resync (at that revision) followed by a fresh snapshot.
     pub fn watch(self: &std::sync::Arc<Self>, request: WatchRequest) -> WatchStream {
         let heartbeat = heartbeat_interval(request.heartbeat_interval);
+        let page_bytes = request.snapshot_page_bytes as usize;
         let selector = request.label_selector;
         let book = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         tokio::spawn(async move {
             // Subscribe before the snapshot so that nothing falls between them.
             let mut events = book.events.subscribe();
-            let snapshot = book.snapshot(&selector);
+            let snapshot = book.snapshot(&selector, page_bytes);
             // The newest revision this watcher has been told about: changes already in a
             // snapshot are not sent again, and revisions never go back.
-            let mut told = snapshot.revision;
-            if tx.send(Ok(snapshot)).await.is_err() {
-                return;
+            let mut told = snapshot.first().map_or(0, |page| page.revision);
+            for page in snapshot {
+                if tx.send(Ok(page)).await.is_err() {
+                    return;
+                }
             }
             let mut ticker = tokio::time::interval(heartbeat);
             ticker.reset();
@@ -265,7 +301,15 @@ impl StateBook {
                             if tx.send(Ok(resync)).await.is_err() {
                                 return;
                             }
-                            book.snapshot(&selector)
+                            let mut pages = book.snapshot(&selector, page_bytes);
+                            // The last page is sent below, with the revision it carries.
+                            let Some(last) = pages.pop() else { continue };
+                            for page in pages {
+                                if tx.send(Ok(page)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            last
                         }
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
@@ -329,7 +373,7 @@ mod tests {
         book.put(state("b", "two"));
         let mut stream = book.watch(WatchRequest {
             label_selector: selector("one"),
-            heartbeat_interval: None,
+            ..Default::default()
         });
         let first = next(&mut stream).await;
         let Some(Event::Snapshot(snapshot)) = first.event else {
@@ -359,6 +403,7 @@ mod tests {
                 seconds: 0,
                 nanos: 50_000_000,
             }),
+            ..Default::default()
         });
         next(&mut stream).await;
         let heartbeat = next(&mut stream).await;
@@ -390,6 +435,7 @@ mod tests {
                 seconds: 0,
                 nanos: 100_000_000,
             }),
+            ..Default::default()
         });
         let first = next(&mut stream).await;
         assert!(matches!(first.event, Some(Event::Snapshot(_))));
@@ -427,6 +473,83 @@ mod tests {
         };
         assert_eq!(snapshot_items.items.len(), 3);
         assert_eq!(snapshot.revision, (CHANNEL + 500) as u64);
+    }
+
+    #[tokio::test]
+    async fn snapshots_come_in_pages_of_bounded_size_when_asked() {
+        let book = Arc::new(StateBook::default());
+        for n in 0..1000 {
+            let mut s = state(&format!("l{n:04}"), "one");
+            s.reason = "x".repeat(n % 300);
+            book.put(s);
+        }
+        // One state far larger than a page goes alone.
+        let mut big = state("l9999", "one");
+        big.reason = "y".repeat(20_000);
+        book.put(big);
+        let limit = 16 * 1024;
+        let mut stream = book.watch(WatchRequest {
+            snapshot_page_bytes: limit as u32,
+            ..Default::default()
+        });
+        let mut ids = Vec::new();
+        let mut pages = 0;
+        loop {
+            let event = next(&mut stream).await;
+            assert_eq!(
+                event.revision, 1001,
+                "every page at the snapshot's revision"
+            );
+            let size = event.encoded_len();
+            let Some(Event::Snapshot(page)) = event.event else {
+                panic!("a page of the snapshot expected, got {event:?}");
+            };
+            assert!(!page.items.is_empty());
+            assert!(
+                size <= limit || page.items.len() == 1,
+                "a page of {} states is {size} bytes",
+                page.items.len()
+            );
+            pages += 1;
+            ids.extend(page.items.into_iter().map(|s| s.live_lesson_id));
+            if !page.more {
+                break;
+            }
+        }
+        assert!(pages > 10, "{pages} pages");
+        assert_eq!(ids.len(), 1001);
+        ids.dedup();
+        assert_eq!(ids.len(), 1001, "no state twice");
+        // Changes follow the last page.
+        book.remove("l0000");
+        let deleted = next(&mut stream).await;
+        assert!(
+            matches!(deleted.event, Some(Event::Deleted(_))),
+            "{deleted:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_snapshot_is_one_empty_last_page_and_no_paging_is_one_message() {
+        let book = Arc::new(StateBook::default());
+        let mut stream = book.watch(WatchRequest {
+            snapshot_page_bytes: 1,
+            ..Default::default()
+        });
+        let first = next(&mut stream).await;
+        assert!(
+            matches!(&first.event, Some(Event::Snapshot(s)) if s.items.is_empty() && !s.more),
+            "{first:?}"
+        );
+        for n in 0..10 {
+            book.put(state(&format!("l{n}"), "one"));
+        }
+        let mut stream = book.watch(WatchRequest::default());
+        let first = next(&mut stream).await;
+        assert!(
+            matches!(&first.event, Some(Event::Snapshot(s)) if s.items.len() == 10 && !s.more),
+            "{first:?}"
+        );
     }
 
     #[test]

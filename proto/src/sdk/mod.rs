@@ -40,7 +40,10 @@ pub mod trace;
 
 pub use agent::{Agent, AgentService, Backend, Description, Report, Start};
 pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
-pub use server::{Listener, Transport, run, serve, shutdown_signal};
+pub use server::{
+    Cuttable, GRACE, Listener, Transport, run, run_with_grace, serve, serve_with_grace,
+    shutdown_signal,
+};
 
 /// Label names the scheduler puts in `LessonSpec.labels` (see PROTOCOL.md, "Labels").
 pub mod labels {
@@ -81,6 +84,9 @@ pub mod capabilities {
     pub const PLAN: &str = "plan";
     /// `Watch` is implemented.
     pub const WATCH: &str = "watch";
+    /// `Watch` sends snapshots in pages when asked (`WatchRequest.snapshot_page_bytes`,
+    /// PROTOCOL.md [W8]). The SDK offers it with `watch`.
+    pub const WATCH_PAGES: &str = "watch.pages";
     /// `Recover` is implemented.
     pub const RECOVER: &str = "recover";
     /// What the capabilities of configuration types start with (`configuration.shell`, ...):

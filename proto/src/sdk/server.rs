@@ -19,10 +19,12 @@ use crate::agent::v1::backend_server::BackendServer;
 use super::agent::{Agent, AgentService, Backend};
 use super::tls::ServerTls;
 
-/// How long in-flight calls may take to finish after shutdown begins.
+/// How long in-flight calls and open streams may go on after shutdown begins, by default.
 pub const GRACE: Duration = Duration::from_secs(10);
 
-/// Serves `agent` on `listener` until `shutdown` completes, then drains for at most [`GRACE`].
+/// Serves `agent` on `listener` until `shutdown` completes, then drains for at most [`GRACE`]:
+/// calls and streams still open then (a health Watch, a reflection stream) are cut with their
+/// connections.
 ///
 /// Besides `antidote.agent.v1.Backend` it serves `grpc.health.v1` (SERVING, NOT_SERVING once
 /// shutdown begins) and server reflection (v1 and v1alpha). Every accepted connection gets TCP_NODELAY: the
@@ -38,10 +40,21 @@ pub async fn serve<B: Backend>(
     listener: impl Into<Listener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    serve_with_grace(agent, listener, shutdown, GRACE).await
+}
+
+/// [`serve`] with its own grace: how long calls and streams may go on once shutdown began
+/// before their connections are cut.
+pub async fn serve_with_grace<B: Backend>(
+    agent: Arc<Agent<B>>,
+    listener: impl Into<Listener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let stop_accepting = CancellationToken::new();
     let _stop_accepting = stop_accepting.clone().drop_guard();
     let incoming = listener.into().incoming(stop_accepting);
-    serve_incoming(agent, incoming, shutdown).await
+    serve_incoming(agent, incoming, shutdown, grace).await
 }
 
 /// [`serve`] on any stream of connections: a listener's, or the connections an agent dialled
@@ -50,6 +63,7 @@ pub(super) async fn serve_incoming<B, IO>(
     agent: Arc<Agent<B>>,
     incoming: impl Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where
     B: Backend,
@@ -79,6 +93,12 @@ where
             stopping.cancel();
         }
     };
+    // Cancelled after the grace: every connection still open is cut.
+    let cut = CancellationToken::new();
+    let incoming = {
+        let cut = cut.clone();
+        incoming.map(move |io| io.map(|io| Cuttable::new(io, &cut)))
+    };
     let server = tonic::transport::Server::builder()
         // Pings find a dead caller; a dialled-in agent needs them to notice a scheduler gone
         // without a FIN and dial again.
@@ -95,14 +115,98 @@ where
         .add_service(reflection_v1alpha)
         .add_service(BackendServer::new(agent.service()))
         .serve_with_incoming_shutdown(incoming, on_shutdown);
+    tokio::pin!(server);
     tokio::select! {
-        result = server => result?,
+        result = &mut server => result?,
         () = async {
             stopping.cancelled().await;
-            tokio::time::sleep(GRACE).await;
-        } => tracing::warn!(grace = ?GRACE, "calls still running after the grace period; stopping anyway"),
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(?grace, "calls still running after the grace period; cutting their connections");
+            cut.cancel();
+            // Every connection ends now, so the server finishes draining at once; it is not
+            // waited for beyond a moment.
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut server).await;
+        }
     }
     Ok(())
+}
+
+/// A connection that can be cut: once its token is cancelled, reads end (EOF) and writes fail,
+/// so the HTTP/2 server drops it with every call and stream on it. Servers wrap each accepted
+/// connection in one to bound their shutdown (a health Watch or a reflection stream never ends
+/// by itself).
+pub struct Cuttable<IO> {
+    io: IO,
+    cut: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<IO> Cuttable<IO> {
+    /// Wraps `io`, cut when `cut` is cancelled.
+    pub fn new(io: IO, cut: &CancellationToken) -> Cuttable<IO> {
+        Cuttable {
+            io,
+            cut: Box::pin(cut.clone().cancelled_owned()),
+        }
+    }
+
+    /// Whether the connection is cut; registers the task to be woken when it is.
+    fn is_cut(&mut self, cx: &mut Context<'_>) -> bool {
+        self.cut.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn cut_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "connection cut at the end of the shutdown grace",
+    )
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Cuttable<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.is_cut(cx) {
+            // End of stream.
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Cuttable<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.is_cut(cx) {
+            return Poll::Ready(Err(cut_error()));
+        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.is_cut(cx) {
+            return Poll::Ready(Err(cut_error()));
+        }
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<IO: Connected> Connected for Cuttable<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
 }
 
 /// How an agent is reached: on its own listener (the scheduler dials it), or over the
@@ -149,8 +253,8 @@ impl From<super::dial::DialIn> for Transport {
 
 /// What an agent binary does once its backend is built: serves `/metrics` on `metrics` (when
 /// given, see [`super::metrics::bind`]), serves the agent on `transport` (a listener, or the
-/// connections it dials in) until `shutdown`, then flushes the spans still queued in
-/// `telemetry`.
+/// connections it dials in) until `shutdown` and at most [`GRACE`] after it, then flushes the
+/// spans still queued in `telemetry`.
 pub async fn run<B: Backend>(
     agent: Arc<Agent<B>>,
     transport: impl Into<Transport>,
@@ -158,12 +262,25 @@ pub async fn run<B: Backend>(
     telemetry: super::trace::Telemetry,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    run_with_grace(agent, transport, metrics, telemetry, shutdown, GRACE).await
+}
+
+/// [`run`] with its own shutdown grace: how long calls and streams may go on once shutdown
+/// began before their connections are cut.
+pub async fn run_with_grace<B: Backend>(
+    agent: Arc<Agent<B>>,
+    transport: impl Into<Transport>,
+    metrics: Option<TcpListener>,
+    telemetry: super::trace::Telemetry,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let stop_metrics = CancellationToken::new();
     if let Some(metrics) = metrics {
         super::metrics::spawn(&agent, metrics, stop_metrics.clone());
     }
     let result = match transport.into() {
-        Transport::Listen(listener) => serve(agent, listener, shutdown).await,
+        Transport::Listen(listener) => serve_with_grace(agent, listener, shutdown, grace).await,
         Transport::DialIn(dial) => {
             // Dialling stops when shutdown begins: no new connection while the server drains.
             let stop_dialling = CancellationToken::new();
@@ -172,7 +289,7 @@ pub async fn run<B: Backend>(
                 shutdown.await;
                 stop_dialling.cancel();
             };
-            serve_incoming(agent, links, shutdown).await
+            serve_incoming(agent, links, shutdown, grace).await
         }
     };
     stop_metrics.cancel();

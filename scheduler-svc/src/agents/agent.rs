@@ -244,7 +244,7 @@ impl Agent {
     /// Starts following a live lesson's state from the Watch stream. Call before the RPC whose
     /// effects you wait for, so no event is missed; the returned guard stops following when it
     /// is dropped.
-    pub fn observe(&self, id: LiveLessonId) -> Observer<'_> {
+    pub fn observe(self: &Arc<Self>, id: LiveLessonId) -> Observer {
         let mut observers = lock(&self.observers);
         let receiver = match observers.get(&id) {
             Some(tx) => tx.subscribe(),
@@ -255,7 +255,7 @@ impl Agent {
             }
         };
         Observer {
-            agent: self,
+            agent: self.clone(),
             id,
             receiver,
         }
@@ -452,6 +452,16 @@ impl Agent {
         }
     }
 
+    /// Counts a Watch stream opened.
+    pub(super) fn watch_opened(&self) {
+        self.metrics.watch_opened(&self.name);
+    }
+
+    /// Records a complete Watch snapshot: how many live lessons, in how many pages.
+    pub(super) fn watch_snapshot(&self, states: usize, pages: usize) {
+        self.metrics.watch_snapshot(&self.name, states, pages);
+    }
+
     /// Marks the agent reachable with what its handshake established.
     pub(super) fn connected(&self, handshake: Handshake) {
         self.set_status(|s| {
@@ -464,14 +474,20 @@ impl Agent {
 }
 
 /// A worker's view of one live lesson on the agent's Watch stream; dropping it stops following
-/// (however the worker's run ends).
-pub struct Observer<'a> {
-    agent: &'a Agent,
+/// (however the worker's run ends). It owns its agent, so a worker can hand it to the task that
+/// waits for the live lesson to settle (`drive::reconcile`) and go back to the pool.
+pub struct Observer {
+    agent: Arc<Agent>,
     id: LiveLessonId,
     receiver: watch::Receiver<Observed>,
 }
 
-impl Observer<'_> {
+impl Observer {
+    /// The agent observed.
+    pub fn agent(&self) -> &Arc<Agent> {
+        &self.agent
+    }
+
     /// The next observation, once it differs from the last one seen; `None` if the stream of
     /// observations ended (it does not while the agent exists).
     pub async fn changed(&mut self) -> Option<Observed> {
@@ -480,7 +496,7 @@ impl Observer<'_> {
     }
 }
 
-impl Drop for Observer<'_> {
+impl Drop for Observer {
     fn drop(&mut self) {
         let mut observers = lock(&self.agent.observers);
         // Our own receiver still counts: remove the sender when nobody else follows.

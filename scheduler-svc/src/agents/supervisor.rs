@@ -27,6 +27,7 @@ pub const SCHEDULER_CAPABILITIES: &[&str] = &[
     capabilities::NETWORK_ISOLATION,
     capabilities::PLAN,
     capabilities::WATCH,
+    capabilities::WATCH_PAGES,
     capabilities::RECOVER,
 ];
 
@@ -35,6 +36,10 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// A Watch stream quiet for this long is taken as broken (four missed heartbeats).
 const QUIET_LIMIT: Duration = Duration::from_secs(20);
+
+/// The largest Watch snapshot page asked of agents (PROTOCOL.md [W8]): well below the 4 MiB
+/// a gRPC message may have by default, so a snapshot of any size arrives.
+pub const SNAPSHOT_PAGE_BYTES: u32 = 1024 * 1024;
 
 /// Without Watch, how long the supervisor waits before handshaking again to notice restarts
 /// (waiting workers poll with Get meanwhile).
@@ -194,6 +199,9 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
             seconds: HEARTBEAT.as_secs() as i64,
             nanos: 0,
         }),
+        // Agents offering `watch.pages` send snapshots in pages; others ignore it and send one
+        // message, which is taken as before.
+        snapshot_page_bytes: SNAPSHOT_PAGE_BYTES,
     };
     // No deadline on the stream itself: heartbeats prove it is alive.
     let mut stream = agent
@@ -207,6 +215,9 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
         .await
         .map_err(|status| Failure::Unavailable(format!("Watch failed: {status}")))?
         .into_inner();
+    agent.watch_opened();
+    // The snapshot being received: live lessons and pages so far (PROTOCOL.md [W8]).
+    let mut snapshot = (0, 0);
     loop {
         let next = tokio::time::timeout(QUIET_LIMIT, stream.next()).await;
         let event = match next {
@@ -223,9 +234,22 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
         };
         use proto::watch_event::Event;
         match event.event {
-            Some(Event::Snapshot(snapshot)) => {
-                for state in snapshot.items {
+            Some(Event::Snapshot(page)) => {
+                // Every page is routed as it comes: states are complete in themselves, and
+                // nothing here needs the whole view at once (a live lesson missing from it is
+                // found by Get or by the orphan reaper's List).
+                snapshot = (snapshot.0 + page.items.len(), snapshot.1 + 1);
+                for state in page.items {
                     route(agent, ctx, state);
+                }
+                if !page.more {
+                    tracing::debug!(
+                        count = snapshot.0,
+                        pages = snapshot.1,
+                        "Watch snapshot complete"
+                    );
+                    agent.watch_snapshot(snapshot.0, snapshot.1);
+                    snapshot = (0, 0);
                 }
             }
             Some(Event::Changed(state)) => route(agent, ctx, state),

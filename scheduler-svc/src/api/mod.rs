@@ -17,6 +17,7 @@ use antidote_proto::api::v1::admin_service_server::AdminServiceServer;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumServiceServer;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonServiceServer;
 use antidote_proto::api::v1::session_service_server::SessionServiceServer;
+use antidote_proto::sdk::Cuttable;
 use antidote_proto::sdk::errors::RequestTooLarge;
 pub use grpc::{Api, Watches};
 use tokio::net::TcpListener;
@@ -70,7 +71,15 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
             let mut tick = tokio::time::interval(DATABASE_CHECK);
             loop {
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => {
+                        // Health watchers learn at once that this process is going away.
+                        for service in names.iter().map(String::as_str).chain([""]) {
+                            health
+                                .set_service_status(service, tonic_health::ServingStatus::NotServing)
+                                .await;
+                        }
+                        return;
+                    }
                     _ = tick.tick() => {}
                 }
                 let answers = tokio::time::timeout(DATABASE_CHECK, store.ping())
@@ -108,6 +117,10 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     // Each client address holds at most `limits.connections_per_address` connections; more
     // are closed at once (and never reach the server).
     let quota = limits::Quota::new(api.config.limits.connections_per_address);
+    // Cancelled once the shutdown grace is over: connections still open (health and API
+    // Watch streams, reflection streams) are cut, so shutdown is bounded.
+    let cut = tokio_util::sync::CancellationToken::new();
+    let cut_connections = cut.clone();
     let incoming = TcpListenerStream::new(listener).filter_map(move |stream| {
         let stream = match stream {
             Ok(stream) => stream,
@@ -117,7 +130,10 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
             return Some(Err(err));
         }
         match limits::Limited::admit(stream, &quota) {
-            Some(limited) => Some(Ok::<_, std::io::Error>(limited)),
+            Some(limited) => Some(Ok::<_, std::io::Error>(Cuttable::new(
+                limited,
+                &cut_connections,
+            ))),
             None => {
                 tracing::debug!("connection refused: its address holds its share");
                 None
@@ -125,6 +141,7 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
         }
     });
     let shutdown = api.shutdown.clone();
+    let grace = api.config.shutdown_grace;
     let server = tonic::transport::Server::builder()
         // A span per call, child of the caller's W3C trace context.
         .trace_fn(antidote_proto::sdk::trace::span)
@@ -158,8 +175,19 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
         Services::Admin => server
             .add_service(AdminServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES)),
     };
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await?;
+    let serving = router.serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+    tokio::pin!(serving);
+    tokio::select! {
+        result = &mut serving => result?,
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(?services, ?grace, "calls and streams still open after the shutdown grace; cutting their connections");
+            cut.cancel();
+            // Every connection ends now; the server's drain is not waited for beyond a moment.
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut serving).await;
+        }
+    }
     Ok(())
 }

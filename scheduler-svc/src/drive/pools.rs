@@ -285,6 +285,15 @@ impl Pools {
         let inner = &self.inner;
         let fingerprint = definition.map(|d| fingerprint(&inner.catalog, d));
         let members = inner.store.pool_members(lesson, stage).await?;
+        // An operator drains an agent to empty it: its members go, and are made elsewhere.
+        let drained: HashSet<String> = inner
+            .reconciler
+            .roster()
+            .candidates()
+            .into_iter()
+            .filter(|c| c.drained)
+            .map(|c| c.name)
+            .collect();
         let mut kept: Vec<LiveLesson> = Vec::new();
         let mut failed = false;
         for (member, made_from) in members {
@@ -300,7 +309,11 @@ impl Pools {
             } else if made_from != fingerprint {
                 Some("the lesson's definition changed; warm pool member replaced".to_owned())
             } else {
-                None
+                member
+                    .agent
+                    .as_ref()
+                    .filter(|agent| drained.contains(*agent))
+                    .map(|agent| format!("agent `{agent}` drained; warm pool member replaced"))
             };
             match why {
                 Some(why) => self.remove(member, &why).await?,

@@ -1,9 +1,10 @@
 //! A de-duplicating work queue in the style of client-go's: an id is queued at most once, never
-//! processed by two workers at once, and re-queued when it was added during processing (its
-//! worker is told to stop waiting through the signal [`WorkQueue::next`] hands out).
+//! processed by two workers at once, and re-queued when it was added during processing. Runs
+//! are short (no worker waits for an agent to settle, see `reconcile`), so an id added during
+//! its run simply runs again right after.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
@@ -22,18 +23,17 @@ pub struct WorkQueue {
 struct QueueState {
     queue: VecDeque<LiveLessonId>,
     queued: HashSet<LiveLessonId>,
-    /// Ids being processed, with the signal that tells their worker to stop waiting.
-    processing: HashMap<LiveLessonId, Arc<Notify>>,
+    /// Ids being processed.
+    processing: HashSet<LiveLessonId>,
     /// Ids added while being processed.
     dirty: HashSet<LiveLessonId>,
 }
 
 impl WorkQueue {
-    /// Queues `id`, or marks it dirty (and tells its worker) while it is being processed.
+    /// Queues `id`, or marks it dirty while it is being processed.
     pub fn add(&self, id: LiveLessonId) {
         let mut state = lock(&self.state);
-        if let Some(cancel) = state.processing.get(&id) {
-            cancel.notify_one();
+        if state.processing.contains(&id) {
             state.dirty.insert(id);
             return;
         }
@@ -44,20 +44,19 @@ impl WorkQueue {
         }
     }
 
-    /// The next id to process, with the signal that tells its worker to stop waiting.
-    pub async fn next(&self) -> (LiveLessonId, Arc<Notify>) {
+    /// The next id to process.
+    pub async fn next(&self) -> LiveLessonId {
         loop {
             {
                 let mut state = lock(&self.state);
                 if let Some(id) = state.queue.pop_front() {
                     state.queued.remove(&id);
-                    let cancel = Arc::new(Notify::new());
-                    state.processing.insert(id, cancel.clone());
+                    state.processing.insert(id);
                     if !state.queue.is_empty() {
                         // Pass the wake-up on: more work is waiting.
                         self.available.notify_one();
                     }
-                    return (id, cancel);
+                    return id;
                 }
             }
             self.available.notified().await;
@@ -67,7 +66,7 @@ impl WorkQueue {
     /// Whether `id` is queued or being processed.
     pub fn contains(&self, id: LiveLessonId) -> bool {
         let state = lock(&self.state);
-        state.queued.contains(&id) || state.processing.contains_key(&id)
+        state.queued.contains(&id) || state.processing.contains(&id)
     }
 
     /// Ends processing of `id`; a dirty id is queued again.
@@ -103,17 +102,21 @@ mod tests {
         queue.add(a);
         queue.add(a);
         queue.add(b);
-        let (first, cancel) = queue.next().await;
+        let first = queue.next().await;
         assert_eq!(first, a);
-        // Added while processing: the worker is told, and `a` comes back after `done`.
+        // Added while processing: `a` is not handed to a second worker, and comes back after
+        // `done`.
         queue.add(a);
-        tokio::time::timeout(Duration::from_secs(1), cancel.notified())
-            .await
-            .expect("the worker is told to stop waiting");
-        let (second, _) = queue.next().await;
+        let second = queue.next().await;
         assert_eq!(second, b);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), queue.next())
+                .await
+                .is_err(),
+            "a dirty id waits for its run to end"
+        );
         queue.done(a);
-        let (third, _) = queue.next().await;
+        let third = queue.next().await;
         assert_eq!(third, a);
         queue.done(a);
         queue.done(b);

@@ -3,14 +3,18 @@
 //! Requests only write desired state and call [`Reconciler::changed`]. A bounded pool of
 //! workers takes live-lesson ids from a de-duplicating work queue ([`WorkQueue`]); one id is
 //! never processed by two workers at once, and an id enqueued while it is being processed is
-//! marked dirty, its worker is told to stop waiting, and the id runs again right after. Each run
-//! reads the live lesson from the store and does one of:
+//! marked dirty and runs again right after. Each run reads the live lesson from the store and
+//! does one of:
 //! - removal ([`Reconciler::terminate`]): Deprovision (retried), wait for the objects to go,
 //!   forget the live lesson;
 //! - provisioning ([`Reconciler::provision`]): place it on an agent, claim it there (placement
 //!   and BOOTING are one write), call Provision (idempotent on id + generation) or Recover, then
-//!   await READY or FAILED from the agent's Watch stream, asking Get as the truth when the
-//!   stream is quiet.
+//!   record what the agent reported. Waiting for READY or FAILED holds no worker: the run hands
+//!   the wait to a waiter task ([`Reconciler::wait_for`]) and returns its worker to the pool.
+//!   The waiter follows the agent's Watch reports, asks Get (the truth) every `poll_interval`,
+//!   and wakes the live lesson (enqueues it with what it saw) when its status changes, when the
+//!   agent lost it, and at the deadline; the next run records, settles, fails or waits again.
+//!   A few slow live lessons therefore never starve the pool.
 //!
 //! Every agent call has a deadline; retryable codes back off exponentially; every generation
 //! ends in READY or FAILED within `provision_timeout`. After a restart, `start` enqueues every
@@ -31,7 +35,7 @@ use std::time::Duration;
 
 use antidote_proto::sdk::{capabilities, errors};
 use opentelemetry::trace::TraceContextExt as _;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -92,6 +96,10 @@ struct Inner {
     origins: Mutex<HashMap<LiveLessonId, opentelemetry::Context>>,
     /// Where provisioning times are counted.
     metrics: Arc<Metrics>,
+    /// Live lessons whose wait for READY a waiter task follows (no worker held).
+    waiting: Mutex<HashMap<LiveLessonId, Waiting>>,
+    /// Cancelled at shutdown: every waiter stops.
+    stopping: CancellationToken,
 }
 
 #[derive(Clone, Copy)]
@@ -107,6 +115,50 @@ enum Next {
     Done,
     /// Run again after a delay (retry with backoff).
     After(Duration),
+    /// A waiter follows the agent until there is news, then enqueues the live lesson; the
+    /// lease is kept meanwhile (as across retries).
+    Wait,
+}
+
+/// A live lesson whose generation a waiter task follows until it settles.
+struct Waiting {
+    /// The generation waited for.
+    generation: u64,
+    /// What the waiter saw when it woke the live lesson; `None` while it still waits.
+    woken: Option<Woken>,
+    /// Stops the waiter (newer desired state, removal, lease lost, shutdown).
+    stop: CancellationToken,
+}
+
+/// What a waiter hands to the run it enqueued.
+struct Woken {
+    /// The live lesson's view of the agent's Watch stream, followed since before the call.
+    observer: Observer,
+    /// The agent's latest report.
+    report: Report,
+    /// Why it woke.
+    why: Wake,
+}
+
+/// Why a waiter woke its live lesson.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// A report for the generation with another status than the one recorded, or settled.
+    Report,
+    /// The agent does not hold the live lesson any more (Watch says deleted, Get NOT_FOUND).
+    Lost,
+    /// The deadline passed.
+    Deadline,
+}
+
+/// What a run finds of a wait for its generation.
+enum Resume {
+    /// None: call the agent.
+    Fresh,
+    /// A waiter still waits: nothing to do.
+    Waiting,
+    /// A waiter woke it with news.
+    Woken(Woken),
 }
 
 impl Reconciler {
@@ -146,6 +198,8 @@ impl Reconciler {
                 attempts: Mutex::new(HashMap::new()),
                 origins: Mutex::new(HashMap::new()),
                 metrics,
+                waiting: Mutex::new(HashMap::new()),
+                stopping: CancellationToken::new(),
             }),
         }
     }
@@ -211,6 +265,14 @@ impl Reconciler {
         }
         for id in unsettled {
             self.enqueue(id);
+        }
+        {
+            // Waiters are not tracked tasks: they only wait, and stop with this.
+            let (shutdown, stopping) = (shutdown.clone(), self.inner.stopping.clone());
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                stopping.cancel();
+            });
         }
         for _ in 0..self.inner.config.workers {
             let this = self.clone();
@@ -301,6 +363,7 @@ impl Reconciler {
         for id in ids {
             if inner.queue.contains(id)
                 || lock(&inner.retrying).contains(&id)
+                || lock(&inner.waiting).contains_key(&id)
                 || inner.replica.as_ref().is_some_and(|r| r.holds(id))
             {
                 continue;
@@ -496,7 +559,7 @@ impl Reconciler {
 
     async fn work(&self, shutdown: CancellationToken) {
         loop {
-            let (id, cancel) = tokio::select! {
+            let id = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 next = self.inner.queue.next() => next,
             };
@@ -507,6 +570,7 @@ impl Reconciler {
                         // Another replica works on it; it hears every change, and if it dies
                         // the lease expires and a resync here takes the work over.
                         tracing::debug!(live_lesson.id = %id, "leased by another replica");
+                        self.stop_waiting(id);
                         lock(&self.inner.attempts).remove(&id);
                         lock(&self.inner.origins).remove(&id);
                         self.inner.queue.done(id);
@@ -530,9 +594,9 @@ impl Reconciler {
                 // Work in flight is dropped at shutdown; the store still holds the desired state
                 // and the next process resumes it.
                 _ = shutdown.cancelled() => return,
-                next = self.run(id, &cancel).instrument(span) => next,
+                next = self.run(id).instrument(span) => next,
             };
-            if let (Some(origin), Ok(Next::After(_)) | Err(_)) = (origin, &next) {
+            if let (Some(origin), Ok(Next::After(_) | Next::Wait) | Err(_)) = (origin, &next) {
                 // A retry still belongs to the trace that asked, unless a newer request came.
                 lock(&self.inner.origins).entry(id).or_insert(origin);
             }
@@ -545,6 +609,8 @@ impl Reconciler {
                     }
                 }
                 Ok(Next::After(delay)) => self.enqueue_after(id, delay, &shutdown),
+                // Its waiter enqueues it when there is news; the lease is kept meanwhile.
+                Ok(Next::Wait) => {}
                 Err(err) => {
                     let delay = self.backoff(id, None);
                     tracing::error!(live_lesson.id = %id, error = %err, ?delay, "reconcile failed; retrying");
@@ -555,34 +621,43 @@ impl Reconciler {
         }
     }
 
-    async fn run(&self, id: LiveLessonId, cancel: &Notify) -> Result<Next, Error> {
+    async fn run(&self, id: LiveLessonId) -> Result<Next, Error> {
         let Some(lesson) = self.inner.store.find_live_lesson(id).await? else {
+            self.stop_waiting(id);
             self.inner.hub.gone(id);
             lock(&self.inner.attempts).remove(&id);
             return Ok(Next::Done);
         };
         if lesson.deleting {
+            self.stop_waiting(id);
             return self.terminate(lesson).await;
         }
         let recovering = lock(&self.inner.recover).remove(&id);
         if !lesson.needs_work() && !recovering {
+            self.stop_waiting(id);
             lock(&self.inner.attempts).remove(&id);
             return Ok(Next::Done);
         }
-        self.provision(lesson, recovering, cancel).await
+        self.provision(lesson, recovering).await
     }
 
     /// Takes the live lesson's current generation to READY or FAILED: place, claim, call,
-    /// await.
+    /// await (a waiter's news, when one woke it).
     #[tracing::instrument(skip_all, fields(generation = lesson.generation, stage = lesson.stage, lesson = %lesson.lesson_slug))]
-    async fn provision(
-        &self,
-        lesson: LiveLesson,
-        recovering: bool,
-        cancel: &Notify,
-    ) -> Result<Next, Error> {
+    async fn provision(&self, lesson: LiveLesson, recovering: bool) -> Result<Next, Error> {
         let inner = &self.inner;
         let deadline = self.attempt(&lesson).started + inner.config.provision_timeout;
+        // After an agent restart the live lesson is recovered afresh, whatever was awaited.
+        match if recovering {
+            self.stop_waiting(lesson.id);
+            Resume::Fresh
+        } else {
+            self.resume(&lesson)
+        } {
+            Resume::Fresh => {}
+            Resume::Waiting => return Ok(Next::Wait),
+            Resume::Woken(woken) => return self.woken(lesson, woken, deadline).await,
+        }
         let Some(definition) = inner.catalog.lesson(&lesson.lesson_slug) else {
             let reason = format!(
                 "lesson `{}` is no longer in the curriculum",
@@ -604,7 +679,7 @@ impl Reconciler {
             Ok(report) => report,
             Err(err) => return self.agent_error(&current, err, deadline).await,
         };
-        self.await_settled(&agent, current, report, observer, deadline, cancel)
+        self.await_settled(current, report, observer, deadline)
             .await
     }
 
@@ -766,66 +841,193 @@ impl Reconciler {
         }
     }
 
-    /// Follows the agent's reports until the generation settles, the deadline passes, or the
-    /// worker is told to stop (newer desired state).
+    /// Records what the agent reported for the generation, then settles it (READY or FAILED),
+    /// fails it past the deadline, or hands the wait to a waiter ([`Reconciler::wait_for`]) and
+    /// gives the worker back to the pool.
     async fn await_settled(
         &self,
-        agent: &Agent,
         mut current: LiveLesson,
-        mut report: Report,
-        mut observer: Observer<'_>,
+        report: Report,
+        observer: Observer,
         deadline: Instant,
-        cancel: &Notify,
     ) -> Result<Next, Error> {
+        if report.generation == current.generation
+            && let Some(status) = report.status
+        {
+            if status != current.status || status.is_settled() {
+                match self.record(&current, observation(&report, status)).await? {
+                    Some(updated) => current = updated,
+                    None => return Ok(Next::Done),
+                }
+            }
+            if status.is_settled() {
+                self.settled(&current, status == Status::Ready);
+                return Ok(Next::Done);
+            }
+        }
+        if Instant::now() >= deadline {
+            let reason = format!(
+                "not READY within {} (last status {}: {})",
+                humantime::format_duration(self.inner.config.provision_timeout),
+                current.status,
+                report.reason
+            );
+            return self.fail(&current, reason).await;
+        }
+        self.wait_for(&current, report, observer, deadline);
+        Ok(Next::Wait)
+    }
+
+    /// A waiter woke the live lesson with news: re-provision what the agent lost, else record,
+    /// settle, fail at the deadline or wait again.
+    async fn woken(
+        &self,
+        current: LiveLesson,
+        woken: Woken,
+        deadline: Instant,
+    ) -> Result<Next, Error> {
+        let Woken {
+            observer,
+            report,
+            why,
+        } = woken;
+        if why == Wake::Lost {
+            tracing::warn!(
+                "the agent does not hold the live lesson while provisioning; provisioning again"
+            );
+            return Ok(Next::After(Duration::ZERO));
+        }
+        self.await_settled(current, report, observer, deadline)
+            .await
+    }
+
+    /// Hands the wait for `current`'s generation to a waiter task, which holds no worker: it
+    /// follows the agent's Watch reports through `observer` (made before the agent was called,
+    /// so nothing is missed), asks Get every `poll_interval` (Watch is a speed-up, Get the
+    /// truth), and wakes the live lesson (keeps what it saw and enqueues it) on a report of the
+    /// generation with another status than the recorded one, when the agent lost the live
+    /// lesson, or at the deadline. It stops, waking nothing, when [`Reconciler::stop_waiting`]
+    /// or shutdown stops it.
+    fn wait_for(
+        &self,
+        current: &LiveLesson,
+        report: Report,
+        observer: Observer,
+        deadline: Instant,
+    ) {
+        let (id, generation, recorded) = (current.id, current.generation, current.status);
+        let stop = self.inner.stopping.child_token();
+        let waiting = Waiting {
+            generation,
+            woken: None,
+            stop: stop.clone(),
+        };
+        if let Some(previous) = lock(&self.inner.waiting).insert(id, waiting) {
+            previous.stop.cancel();
+        }
         let poll_interval = self.inner.config.poll_interval;
-        let mut last_poll = Instant::now();
-        loop {
-            if report.generation == current.generation
-                && let Some(status) = report.status
-            {
-                if status != current.status || status.is_settled() {
-                    match self.record(&current, observation(&report, status)).await? {
-                        Some(updated) => current = updated,
-                        None => return Ok(Next::Done),
-                    }
-                }
-                if status.is_settled() {
-                    self.settled(&current, status == Status::Ready);
-                    return Ok(Next::Done);
-                }
-            }
-            tokio::select! {
-                biased;
-                _ = cancel.notified() => return Ok(Next::Done),
-                _ = tokio::time::sleep_until(deadline) => {
-                    let reason = format!(
-                        "not READY within {} (last status {}: {})",
-                        humantime::format_duration(self.inner.config.provision_timeout),
-                        current.status,
-                        report.reason
-                    );
-                    return self.fail(&current, reason).await;
-                }
-                observed = observer.changed() => match observed {
-                    Some(Observed::Report(next)) => report = next,
-                    Some(Observed::Deleted) => {
-                        tracing::warn!("agent reports the live lesson deleted while provisioning; provisioning again");
-                        return Ok(Next::After(Duration::ZERO));
-                    }
-                    Some(Observed::Nothing) | None => {}
-                },
-                _ = tokio::time::sleep_until(last_poll + poll_interval) => {
-                    last_poll = Instant::now();
-                    match agent.get(current.id).await {
-                        Ok(next) => report = next,
-                        Err(err) if agents::lost_it(&err) => {
-                            tracing::warn!("agent does not know the live lesson; provisioning again");
-                            return Ok(Next::After(Duration::ZERO));
+        let this = self.clone();
+        let span = tracing::debug_span!("wait", live_lesson.id = %id, generation);
+        let waiter = async move {
+            let (mut observer, mut report) = (observer, report);
+            let agent = observer.agent().clone();
+            // Whether a report is news for the run: the generation's status changed or settled.
+            let news = |report: &Report| {
+                report.generation == generation
+                    && report
+                        .status
+                        .is_some_and(|status| status != recorded || status.is_settled())
+            };
+            let mut poll_at = Instant::now() + poll_interval;
+            let why = loop {
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep_until(deadline) => break Wake::Deadline,
+                    observed = observer.changed() => match observed {
+                        Some(Observed::Report(next)) => {
+                            report = next;
+                            if news(&report) {
+                                break Wake::Report;
+                            }
                         }
-                        Err(err) => tracing::warn!(error = %err, "Get failed; waiting on"),
+                        Some(Observed::Deleted) => break Wake::Lost,
+                        Some(Observed::Nothing) => {}
+                        // The agent's observations ended (they do not while it exists): Get
+                        // alone, at the poll interval.
+                        None => {
+                            tokio::select! {
+                                _ = stop.cancelled() => return,
+                                _ = tokio::time::sleep_until(poll_at.min(deadline)) => {}
+                            }
+                        }
+                    },
+                    _ = tokio::time::sleep_until(poll_at) => {
+                        poll_at = Instant::now() + poll_interval;
+                        let got = tokio::select! {
+                            _ = stop.cancelled() => return,
+                            got = agent.get(id) => got,
+                        };
+                        match got {
+                            Ok(next) => {
+                                report = next;
+                                if news(&report) {
+                                    break Wake::Report;
+                                }
+                            }
+                            Err(err) if agents::lost_it(&err) => break Wake::Lost,
+                            Err(err) => tracing::warn!(error = %err, "Get failed; waiting on"),
+                        }
                     }
                 }
+            };
+            let woke = match lock(&this.inner.waiting).get_mut(&id) {
+                Some(waiting) if waiting.generation == generation && !stop.is_cancelled() => {
+                    waiting.woken = Some(Woken {
+                        observer,
+                        report,
+                        why,
+                    });
+                    true
+                }
+                _ => false,
+            };
+            if woke {
+                this.inner.queue.add(id);
             }
+        };
+        tokio::spawn(waiter.instrument(span));
+    }
+
+    /// What became of a wait for `lesson`'s generation: a waiter still waits (nothing to do),
+    /// it woke the live lesson with news, or there is none to resume (another generation, or
+    /// another agent): any waiter left is stopped.
+    fn resume(&self, lesson: &LiveLesson) -> Resume {
+        let mut waiting = lock(&self.inner.waiting);
+        if let Some(entry) = waiting.get_mut(&lesson.id)
+            && entry.generation == lesson.generation
+        {
+            match entry.woken.take() {
+                None => return Resume::Waiting,
+                Some(woken)
+                    if lesson.agent.as_deref() == Some(woken.observer.agent().name.as_str()) =>
+                {
+                    waiting.remove(&lesson.id);
+                    return Resume::Woken(woken);
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(entry) = waiting.remove(&lesson.id) {
+            entry.stop.cancel();
+        }
+        Resume::Fresh
+    }
+
+    /// Stops the waiter of a live lesson, if it has one.
+    fn stop_waiting(&self, id: LiveLessonId) {
+        if let Some(entry) = lock(&self.inner.waiting).remove(&id) {
+            entry.stop.cancel();
         }
     }
 

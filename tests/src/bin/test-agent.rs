@@ -97,6 +97,9 @@ struct Args {
     /// How long a presentation may take to answer its probe before the live lesson FAILs.
     #[arg(long, default_value = "60s", value_parser = humantime_duration)]
     probe_timeout: Duration,
+    /// How long calls and streams may go on after SIGTERM before their connections are cut.
+    #[arg(long, default_value = "10s", value_parser = humantime_duration)]
+    shutdown_grace: Duration,
     /// A label offered in the handshake, `KEY=VALUE` (repeatable), for placement.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
     labels: Vec<(String, String)>,
@@ -472,20 +475,31 @@ impl Backend for Loopback {
         &self,
         selector: &HashMap<String, String>,
     ) -> Result<Vec<HashMap<String, String>>, Status> {
+        // Matched before anything is copied: with thousands of live lessons, copying all of
+        // them for every question would be quadratic.
         let mut found: HashMap<String, HashMap<String, String>> = self
             .records()
             .into_iter()
+            .filter(|r| sdk::matches(&r.labels, selector))
             .filter_map(|r| Some((r.labels.get(labels::LIVE_LESSON)?.clone(), r.labels)))
             .collect();
-        for entry in self.entries().values() {
+        let entries = self.entries();
+        // Provision asks about one id: look it up rather than match every live lesson held.
+        let held: Vec<&Entry> = match selector.get(labels::LIVE_LESSON) {
+            Some(id) => entries.get(id).into_iter().collect(),
+            None => entries.values().collect(),
+        };
+        for entry in held {
+            // A held live lesson's own labels win over its record's.
             if let Some(id) = entry.labels.get(labels::LIVE_LESSON) {
-                found.insert(id.clone(), entry.labels.clone());
+                if sdk::matches(&entry.labels, selector) {
+                    found.insert(id.clone(), entry.labels.clone());
+                } else {
+                    found.remove(id);
+                }
             }
         }
-        Ok(found
-            .into_values()
-            .filter(|labels| sdk::matches(labels, selector))
-            .collect())
+        Ok(found.into_values().collect())
     }
 
     async fn plan(&self, spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
@@ -565,13 +579,14 @@ async fn main() -> anyhow::Result<()> {
     if let Some(dir) = &args.state_dir {
         std::fs::create_dir_all(dir)?;
     }
+    let grace = args.shutdown_grace;
     let agent = Agent::new(Loopback {
         args,
         entries: Mutex::new(HashMap::new()),
     });
     let shutdown = sdk::shutdown_signal();
     println!("{}", transport.announce());
-    sdk::run(agent, transport, metrics, telemetry, shutdown)
+    sdk::run_with_grace(agent, transport, metrics, telemetry, shutdown, grace)
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }

@@ -385,7 +385,10 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let limits = api.config.limits.clone();
+    let grace = api.config.shutdown_grace;
     let app = router(api, config, surface);
+    // Cancelled once the grace is over: connections still open (SSE streams) are cut.
+    let cut = CancellationToken::new();
     let quota = super::limits::Quota::new(limits.connections_per_address);
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -421,7 +424,10 @@ pub async fn serve(
             },
         );
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(
+                TokioIo::new(antidote_proto::sdk::Cuttable::new(stream, &cut)),
+                service,
+            )
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -431,11 +437,15 @@ pub async fn serve(
         });
     }
     drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+    if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!("HTTP connections still open after 10 s; closing them");
+        tracing::warn!(
+            ?grace,
+            "HTTP connections still open after the shutdown grace; cutting them"
+        );
+        cut.cancel();
     }
     Ok(())
 }

@@ -323,6 +323,7 @@ impl Suite {
             .watch(proto::WatchRequest {
                 label_selector: selector,
                 heartbeat_interval: Some(heartbeat.try_into()?),
+                ..Default::default()
             })
             .await
             .map_err(|s| anyhow!("Watch: {}", describe(&s)))?

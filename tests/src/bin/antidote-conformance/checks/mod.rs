@@ -201,6 +201,12 @@ pub const CHECKS: &[Check] = &[
         run: |suite| Box::pin(watch::reconnect(suite)),
     },
     Check {
+        name: "watch-pages",
+        what: "asked for pages, a Watch snapshot comes in bounded pages at one revision",
+        needs: &[LIST_PAGES, WATCH, Need::Capability(capabilities::WATCH_PAGES)],
+        run: |suite| Box::pin(watch::pages(suite)),
+    },
+    Check {
         name: "plan-no-side-effects",
         what: "Plan has no side effects",
         needs: &[HANDSHAKE, PLAN],

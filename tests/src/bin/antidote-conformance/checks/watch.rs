@@ -41,6 +41,7 @@ pub async fn heartbeat(suite: &mut Suite) -> Verdict {
         .watch(proto::WatchRequest {
             label_selector: selector,
             heartbeat_interval: Some(interval.try_into()?),
+            ..Default::default()
         })
         .await
         .map_err(|s| anyhow!("Watch: {}", describe(&s)))?;
@@ -79,6 +80,73 @@ pub async fn heartbeat(suite: &mut Suite) -> Verdict {
         "3 heartbeats at revision {} after {}",
         first.revision,
         gaps.join(", ")
+    ))
+}
+
+/// `watch-pages`: a Watch asking for pages of 1 byte gets its snapshot as one state per page
+/// (no state fits in 1 byte, so none may share a page), all at one revision, `more` on every
+/// page but the last, together what List shows; the stream then goes on (PROTOCOL.md [W8]).
+pub async fn pages(suite: &mut Suite) -> Verdict {
+    let listed = suite.list_all(0).await?;
+    let want: BTreeSet<String> = listed.iter().map(|s| s.live_lesson_id.clone()).collect();
+    ensure!(
+        want.len() >= 2,
+        "list-pages left {} live lessons; paging needs two",
+        want.len()
+    );
+    let mut stream = suite
+        .client
+        .watch(proto::WatchRequest {
+            label_selector: suite.selector(),
+            heartbeat_interval: Some(Duration::from_secs(1).try_into()?),
+            snapshot_page_bytes: 1,
+        })
+        .await
+        .map_err(|s| anyhow!("Watch: {}", describe(&s)))?
+        .into_inner();
+    let mut got = BTreeSet::new();
+    let mut revision = None;
+    let mut pages = 0;
+    loop {
+        let (event, _) = timed(&mut stream).await?;
+        let Some(Event::Snapshot(page)) = &event.event else {
+            bail!("page {pages} of the snapshot is not a snapshot: {event:?}");
+        };
+        ensure!(
+            *revision.get_or_insert(event.revision) == event.revision,
+            "page {pages} is at revision {}, the first at {revision:?}",
+            event.revision
+        );
+        ensure!(
+            page.items.len() == 1,
+            "page {pages} holds {} states in pages of 1 byte (one state per page)",
+            page.items.len()
+        );
+        pages += 1;
+        for state in &page.items {
+            ensure!(
+                got.insert(state.live_lesson_id.clone()),
+                "{} is on two pages",
+                state.live_lesson_id
+            );
+        }
+        if !page.more {
+            break;
+        }
+        ensure!(pages <= want.len() + 100, "the snapshot never ends");
+    }
+    ensure!(
+        got == want,
+        "the pages hold {got:?}, List shows {want:?}"
+    );
+    let (after, _) = timed(&mut stream).await?;
+    ensure!(
+        !matches!(after.event, Some(Event::Snapshot(_))),
+        "a snapshot page after the last page: {after:?}"
+    );
+    pass(format!(
+        "{pages} pages of one state each at revision {}",
+        revision.unwrap_or_default()
     ))
 }
 
