@@ -361,7 +361,10 @@ impl Pools {
         {
             return Ok(());
         }
-        let room = room_for(&inner.reconciler.roster().candidates(), definition);
+        let room = match Needs::of(definition, &Wishes::default()) {
+            Ok(needs) => room_for(&inner.reconciler.roster().candidates(), &needs),
+            Err(_) => 0,
+        };
         let missing = (target - have).min(inner.config.batch).min(room);
         for _ in 0..missing {
             let member = inner
@@ -597,13 +600,10 @@ fn accepting(candidates: &[Candidate], needs: &Needs) -> Vec<String> {
 }
 
 /// How many more members of `lesson` agents have room for (agents without a limit: plenty).
-fn room_for(candidates: &[Candidate], lesson: &Lesson) -> u32 {
-    let Ok(needs) = Needs::of(lesson, &Wishes::default()) else {
-        return 0;
-    };
+fn room_for(candidates: &[Candidate], needs: &Needs) -> u32 {
     candidates
         .iter()
-        .filter(|c| placement::choose(std::slice::from_ref(*c), &needs).is_ok())
+        .filter(|c| placement::choose(std::slice::from_ref(*c), needs).is_ok())
         .map(|c| {
             if c.capacity == 0 {
                 u32::MAX / 2
@@ -665,7 +665,53 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::drive::placement::Availability;
+
+    fn agent(name: &str, region: &str, load: u32, capacity: u32) -> Candidate {
+        Candidate {
+            name: name.into(),
+            availability: Availability::Ready,
+            drained: false,
+            capabilities: None,
+            labels: BTreeMap::from([("region".to_owned(), region.to_owned())]),
+            load,
+            capacity,
+        }
+    }
+
+    #[test]
+    fn claims_look_past_load_and_growth_stays_within_room() {
+        let eu = |requires: &[(&str, &str)]| Needs {
+            capabilities: Vec::new(),
+            requires: requires
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            prefers: BTreeMap::new(),
+        };
+        let full = agent("a", "eu", 2, 2);
+        let roomy = agent("b", "us", 1, 4);
+        let drained = Candidate {
+            drained: true,
+            ..agent("c", "eu", 0, 4)
+        };
+        let down = Candidate {
+            availability: Availability::Down("unavailable".into()),
+            ..agent("d", "eu", 0, 4)
+        };
+        let all = [full.clone(), roomy.clone(), drained, down];
+        // A member on a full agent can still be claimed; not from a drained or down one.
+        assert_eq!(accepting(&all, &eu(&[])), ["a", "b"]);
+        assert_eq!(accepting(&all, &eu(&[("region", "eu")])), ["a"]);
+        // Growth: only the room agents that fit have.
+        assert_eq!(room_for(&all, &eu(&[])), 3);
+        assert_eq!(room_for(&all, &eu(&[("region", "eu")])), 0);
+        let unlimited = agent("e", "us", 50, 0);
+        assert!(room_for(&[unlimited], &eu(&[])) > 1000);
+    }
 
     #[test]
     fn the_time_of_day_is_the_zone_s() {
