@@ -5,8 +5,8 @@
 //! never processed by two workers at once, and an id enqueued while it is being processed is
 //! marked dirty and runs again right after. Each run reads the live lesson from the store and
 //! does one of:
-//! - removal ([`Reconciler::terminate`]): Deprovision (retried), wait for the objects to go,
-//!   forget the live lesson;
+//! - removal ([`Reconciler::terminate`]): Deprovision (retried), wait for the objects to go (a
+//!   waiter, as below, when the agent answers that removal goes on), forget the live lesson;
 //! - provisioning ([`Reconciler::provision`]): place it on an agent, claim it there (placement
 //!   and BOOTING are one write), call Provision (idempotent on id + generation) or Recover, then
 //!   record what the agent reported. Waiting for READY or FAILED holds no worker: the run hands
@@ -120,10 +120,12 @@ enum Next {
     Wait,
 }
 
-/// A live lesson whose generation a waiter task follows until it settles.
+/// A live lesson a waiter task follows until it settles or is gone.
 struct Waiting {
     /// The generation waited for.
     generation: u64,
+    /// What is waited for.
+    until: Until,
     /// What the waiter saw when it woke the live lesson; `None` while it still waits.
     woken: Option<Woken>,
     /// Stops the waiter (newer desired state, removal, lease lost, shutdown).
@@ -140,10 +142,20 @@ struct Woken {
     why: Wake,
 }
 
+/// What a waiter waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// The generation READY or FAILED (provisioning).
+    Settled,
+    /// The objects gone (removal).
+    Gone,
+}
+
 /// Why a waiter woke its live lesson.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wake {
-    /// A report for the generation with another status than the one recorded, or settled.
+    /// A report for the generation with another status than the one recorded, or settled
+    /// (only while provisioning).
     Report,
     /// The agent does not hold the live lesson any more (Watch says deleted, Get NOT_FOUND).
     Lost,
@@ -629,7 +641,7 @@ impl Reconciler {
             return Ok(Next::Done);
         };
         if lesson.deleting {
-            self.stop_waiting(id);
+            // A removal in progress is resumed by `terminate`; any other wait is stopped there.
             return self.terminate(lesson).await;
         }
         let recovering = lock(&self.inner.recover).remove(&id);
@@ -652,7 +664,7 @@ impl Reconciler {
             self.stop_waiting(lesson.id);
             Resume::Fresh
         } else {
-            self.resume(&lesson)
+            self.resume(&lesson, Until::Settled)
         } {
             Resume::Fresh => {}
             Resume::Waiting => return Ok(Next::Wait),
@@ -874,7 +886,7 @@ impl Reconciler {
             );
             return self.fail(&current, reason).await;
         }
-        self.wait_for(&current, report, observer, deadline);
+        self.wait_for(&current, Until::Settled, report, observer, deadline);
         Ok(Next::Wait)
     }
 
@@ -904,13 +916,15 @@ impl Reconciler {
     /// Hands the wait for `current`'s generation to a waiter task, which holds no worker: it
     /// follows the agent's Watch reports through `observer` (made before the agent was called,
     /// so nothing is missed), asks Get every `poll_interval` (Watch is a speed-up, Get the
-    /// truth), and wakes the live lesson (keeps what it saw and enqueues it) on a report of the
-    /// generation with another status than the recorded one, when the agent lost the live
-    /// lesson, or at the deadline. It stops, waking nothing, when [`Reconciler::stop_waiting`]
-    /// or shutdown stops it.
+    /// truth), and wakes the live lesson (keeps what it saw and enqueues it) when the agent
+    /// does not hold it any more (Watch says deleted, Get NOT_FOUND), at the deadline, and,
+    /// `until` it settles, on a report of the generation with another status than the
+    /// recorded one. It stops, waking nothing, when [`Reconciler::stop_waiting`] or shutdown
+    /// stops it.
     fn wait_for(
         &self,
         current: &LiveLesson,
+        until: Until,
         report: Report,
         observer: Observer,
         deadline: Instant,
@@ -919,6 +933,7 @@ impl Reconciler {
         let stop = self.inner.stopping.child_token();
         let waiting = Waiting {
             generation,
+            until,
             woken: None,
             stop: stop.clone(),
         };
@@ -933,7 +948,8 @@ impl Reconciler {
             let agent = observer.agent().clone();
             // Whether a report is news for the run: the generation's status changed or settled.
             let news = |report: &Report| {
-                report.generation == generation
+                until == Until::Settled
+                    && report.generation == generation
                     && report
                         .status
                         .is_some_and(|status| status != recorded || status.is_settled())
@@ -999,13 +1015,14 @@ impl Reconciler {
         tokio::spawn(waiter.instrument(span));
     }
 
-    /// What became of a wait for `lesson`'s generation: a waiter still waits (nothing to do),
-    /// it woke the live lesson with news, or there is none to resume (another generation, or
-    /// another agent): any waiter left is stopped.
-    fn resume(&self, lesson: &LiveLesson) -> Resume {
+    /// What became of a wait of `lesson`'s generation `until` something: a waiter still waits
+    /// (nothing to do), it woke the live lesson with news, or there is none to resume (another
+    /// generation, another agent, a wait for something else): any waiter left is stopped.
+    fn resume(&self, lesson: &LiveLesson, until: Until) -> Resume {
         let mut waiting = lock(&self.inner.waiting);
         if let Some(entry) = waiting.get_mut(&lesson.id)
             && entry.generation == lesson.generation
+            && entry.until == until
         {
             match entry.woken.take() {
                 None => return Resume::Waiting,
@@ -1031,7 +1048,9 @@ impl Reconciler {
         }
     }
 
-    /// Removes the live lesson's objects from its agent (if it has one), then forgets it.
+    /// Removes the live lesson's objects from its agent (if it has one), then forgets it. When
+    /// the agent answers that removal goes on, a waiter waits for the objects to go and the
+    /// next run (the waiter's news) forgets it.
     #[tracing::instrument(skip_all)]
     async fn terminate(&self, lesson: LiveLesson) -> Result<Next, Error> {
         let inner = &self.inner;
@@ -1045,41 +1064,48 @@ impl Reconciler {
         let lost = agent
             .as_ref()
             .is_some_and(|agent| inner.roster.is_lost(&agent.name));
-        if let Some(agent) = agent.as_ref().filter(|_| !lost) {
-            let mut observer = agent.observe(lesson.id);
-            match agent.deprovision(lesson.id, lesson.handle.clone()).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    // Wait for the objects to go: Watch says Deleted, or Get says NOT_FOUND.
-                    loop {
-                        let poll_at = Instant::now() + inner.config.poll_interval;
-                        tokio::select! {
-                            biased;
-                            _ = tokio::time::sleep_until(deadline) => {
-                                tracing::warn!("removal still unfinished; leaving the rest to the orphan reaper");
-                                break;
+        let resumed = if agent.is_some() && !lost {
+            self.resume(&lesson, Until::Gone)
+        } else {
+            self.stop_waiting(lesson.id);
+            Resume::Fresh
+        };
+        match resumed {
+            Resume::Waiting => return Ok(Next::Wait),
+            Resume::Woken(woken) => {
+                if woken.why == Wake::Deadline {
+                    tracing::warn!(
+                        "removal still unfinished; leaving the rest to the orphan reaper"
+                    );
+                }
+            }
+            Resume::Fresh => {
+                if let Some(agent) = agent.as_ref().filter(|_| !lost) {
+                    let observer = agent.observe(lesson.id);
+                    match agent.deprovision(lesson.id, lesson.handle.clone()).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // The objects go in the background: a waiter waits for Watch to say
+                            // deleted or Get NOT_FOUND (or the deadline), holding no worker.
+                            let nothing = Report {
+                                id: lesson.id,
+                                generation: lesson.generation,
+                                status: None,
+                                reason: String::new(),
+                                endpoints: Vec::new(),
+                                handle: Vec::new(),
+                            };
+                            self.wait_for(&lesson, Until::Gone, nothing, observer, deadline);
+                            return Ok(Next::Wait);
+                        }
+                        Err(err) => {
+                            if agents::retryable(&err) && Instant::now() < deadline {
+                                tracing::warn!(error = %err, "Deprovision failed; retrying");
+                                return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
                             }
-                            observed = observer.changed() => {
-                                if matches!(observed, Some(Observed::Deleted)) {
-                                    break;
-                                }
-                            }
-                            _ = tokio::time::sleep_until(poll_at) => {
-                                if let Err(err) = agent.get(lesson.id).await
-                                    && agents::lost_it(&err)
-                                {
-                                    break;
-                                }
-                            }
+                            tracing::error!(error = %err, "Deprovision failed; forgetting the live lesson, the orphan reaper will retry");
                         }
                     }
-                }
-                Err(err) => {
-                    if agents::retryable(&err) && Instant::now() < deadline {
-                        tracing::warn!(error = %err, "Deprovision failed; retrying");
-                        return Ok(Next::After(self.backoff(lesson.id, Some(&lesson))));
-                    }
-                    tracing::error!(error = %err, "Deprovision failed; forgetting the live lesson, the orphan reaper will retry");
                 }
             }
         }
