@@ -13,6 +13,7 @@ mod deploy_ha;
 mod dialin;
 mod docker;
 mod entrypoint;
+mod faults;
 mod fleet;
 mod k8s;
 mod lifecycle;

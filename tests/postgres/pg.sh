@@ -10,6 +10,12 @@
 #   pg.sh env     print the ANTIDOTE_TEST_POSTGRES=... line if the server answers (exit 1
 #                 otherwise).
 #   pg.sh purge   stop, then delete the state dir.
+#   pg.sh restart [fast|kill]
+#                 a fault for the fault tests (tests/e2e/faults.rs): `fast` (the default) is
+#                 `pg_ctl restart -m fast` (every session cut, the server back at once); `kill`
+#                 sends SIGKILL to the postmaster, waits for its backends to die, then starts
+#                 the server again (crash recovery). Run it on a private server (the variables
+#                 below), never the one other tests share.
 #
 # Tests create a database of their own on it (CREATE DATABASE with a unique name) and drop it.
 # Safe to call concurrently: starts are serialised by a lock file.
@@ -91,6 +97,47 @@ stop() {
   fi
 }
 
+# The postmaster's pid (first line of postmaster.pid), if it runs.
+postmaster() {
+  local pid
+  pid=$(head -n 1 "$DATA/postmaster.pid" 2>/dev/null) || return 1
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+restart() {
+  local how=${1:-fast}
+  [[ -s $DATA/PG_VERSION ]] || die "no cluster in $DATA: start it first"
+  case $how in
+    fast)
+      log "restarting PostgreSQL on 127.0.0.1:$PORT (pg_ctl restart -m fast)"
+      as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -m fast -w -t 60 \
+        -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" restart \
+        >&2 9>&- || die "pg_ctl restart failed; see $LOGFILE"
+      ;;
+    kill)
+      local pid
+      pid=$(postmaster) || die "PostgreSQL is not running in $DATA"
+      log "kill -9 of the postmaster (pid $pid) on 127.0.0.1:$PORT"
+      kill -KILL "$pid"
+      # Its backends notice the postmaster's death and exit; until they have, a new postmaster
+      # refuses to start (they still hold the old shared memory), so starting is retried.
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      local i
+      for i in $(seq 1 50); do
+        if as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 \
+          -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" start \
+          >&2 9>&-; then
+          break
+        fi
+        [[ $i == 50 ]] && die "PostgreSQL did not start again after kill -9; see $LOGFILE"
+        sleep 0.2
+      done
+      ;;
+    *) die "usage: pg.sh restart [fast|kill]" ;;
+  esac
+  answers || die "PostgreSQL restarted but does not answer on 127.0.0.1:$PORT"
+}
+
 cmd=${1:-}
 case $cmd in
   start)
@@ -105,9 +152,10 @@ case $cmd in
     answers || exit 1
     echo "ANTIDOTE_TEST_POSTGRES=$URL"
     ;;
+  restart) restart "${2:-fast}" ;;
   purge)
     stop
     rm -rf -- "$STATE"
     ;;
-  *) die "usage: pg.sh start|stop|env|purge" ;;
+  *) die "usage: pg.sh start|stop|env|restart [fast|kill]|purge" ;;
 esac

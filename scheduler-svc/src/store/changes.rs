@@ -18,6 +18,19 @@ const CHANNEL: &str = "antidote_live_lessons";
 /// How long to wait before listening again after the connection failed.
 const RELISTEN: Duration = Duration::from_secs(1);
 
+/// The longest listening may take (a connection from the pool, then LISTEN): a server that
+/// accepts the connection but does not answer must not keep the listener away for good.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// After this long without a notification the listening connection is checked with a query:
+/// a connection that died without a word (a server gone with its host, a network that drops
+/// packets) would otherwise wait for notifications forever, and every change of every other
+/// replica would be missed.
+const PROBE_AFTER: Duration = Duration::from_secs(10);
+
+/// How long that check may take before the connection is taken as lost.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
@@ -52,7 +65,9 @@ impl Store {
         let Writer::Postgres(pool) = &self.writer else {
             return Ok(None);
         };
-        let listener = listen(pool).await?;
+        let listener = listen(pool).await.map_err(|err| {
+            crate::error::Error::StoreOpen(format!("cannot listen to live-lesson changes: {err}"))
+        })?;
         Ok(Some(Changes {
             pool: pool.clone(),
             listener: Some(listener),
@@ -60,15 +75,26 @@ impl Store {
     }
 }
 
-async fn listen(pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(CHANNEL).await?;
-    Ok(listener)
+async fn listen(pool: &sqlx::PgPool) -> Result<PgListener, String> {
+    let listening = async {
+        let mut listener = PgListener::connect_with(pool).await?;
+        // A lost connection is reported at once (Ok(None) from `try_recv`), not after sqlx has
+        // waited for a new one from the pool: `next` listens again itself and says so.
+        listener.eager_reconnect(false);
+        listener.listen(CHANNEL).await?;
+        Ok::<_, sqlx::Error>(listener)
+    };
+    match tokio::time::timeout(LISTEN_TIMEOUT, listening).await {
+        Ok(Ok(listener)) => Ok(listener),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("no answer within {LISTEN_TIMEOUT:?}")),
+    }
 }
 
 impl Changes {
-    /// The next change. A lost connection is listened to again (retried every second until it
-    /// works), then reported as [`Change::Missed`].
+    /// The next change. A lost connection (an error, the server closing it, or no answer to
+    /// the check after [`PROBE_AFTER`] of silence) is listened to again (retried every second
+    /// until it works), then reported as [`Change::Missed`].
     pub async fn next(&mut self) -> Change {
         loop {
             let Some(listener) = &mut self.listener else {
@@ -85,22 +111,37 @@ impl Changes {
                     }
                 }
             };
-            match listener.try_recv().await {
-                Ok(Some(notification)) => match parse(notification.payload()) {
+            // `try_recv` is cancel-safe (sqlx documents that no notification is dropped), so
+            // the silence timer may interrupt it.
+            let received = tokio::time::timeout(PROBE_AFTER, listener.try_recv()).await;
+            let lost = match received {
+                Ok(Ok(Some(notification))) => match parse(notification.payload()) {
                     Some(change) => return change,
-                    None => tracing::warn!(
-                        payload = notification.payload(),
-                        "unreadable live-lesson notification"
-                    ),
+                    None => {
+                        tracing::warn!(
+                            payload = notification.payload(),
+                            "unreadable live-lesson notification"
+                        );
+                        continue;
+                    }
                 },
-                Ok(None) | Err(_) => {
-                    // `try_recv` reports a lost connection once (Ok(None)) and would reconnect by
-                    // itself on the next call; a fresh listener makes the reconnect explicit, so
-                    // that it is always followed by `Missed`.
-                    tracing::warn!("lost the live-lesson change listener");
-                    self.listener = None;
+                Ok(Ok(None)) => "the server closed the connection".to_owned(),
+                Ok(Err(err)) => err.to_string(),
+                Err(_) => {
+                    let probe = sqlx::query("SELECT 1").execute(&mut *listener);
+                    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(err)) => format!("the check after a quiet while failed: {err}"),
+                        Err(_) => format!(
+                            "no answer to the check after a quiet while within {PROBE_TIMEOUT:?}"
+                        ),
+                    }
                 }
-            }
+            };
+            // A fresh listener makes the reconnect explicit, so that it is always followed by
+            // `Missed`.
+            tracing::warn!(error = %lost, "lost the live-lesson change listener");
+            self.listener = None;
         }
     }
 }

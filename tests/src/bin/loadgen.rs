@@ -7,6 +7,10 @@
 //! concurrency. Rounds alternate baseline and scheduler; the ratio of the two is the scheduler's
 //! overhead over the bare RPC cost.
 //!
+//! `--store-compare` instead puts three setups side by side in one run, each with its own null
+//! agent: one scheduler on SQLite, one on PostgreSQL, and three replicas sharing one PostgreSQL
+//! database (clients spread across them); rounds rotate through the three.
+//!
 //! Build with `cargo build --release --workspace --bins`, then run `target/release/loadgen`.
 
 use std::collections::HashMap;
@@ -52,6 +56,16 @@ struct Args {
     /// (`--connect`) instead of being dialled; prints plaintext/dial-in throughput (goal ≤ 1.10).
     #[arg(long)]
     dial_in: bool,
+    /// Instead of the baseline, compare the stores in the same run: 1 scheduler on SQLite, 1 on
+    /// PostgreSQL and 3 replicas on one PostgreSQL database (clients spread across them),
+    /// rounds rotating; prints each one's lifecycles/s and p99 and the ratios.
+    #[arg(long, conflicts_with_all = ["mtls", "dial_in"])]
+    store_compare: bool,
+    /// The PostgreSQL server for `--store-compare` (a maintenance URL: a database of loadgen's
+    /// own is created on it for each setup, and dropped after); defaults to
+    /// `ANTIDOTE_TEST_POSTGRES` (`tests/postgres/pg.sh start` prints it).
+    #[arg(long, env = "ANTIDOTE_TEST_POSTGRES")]
+    postgres: Option<String>,
 }
 
 /// How the scheduler reaches its agent in a comparison run.
@@ -99,6 +113,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.dial_in {
         return compare(&args, Transport::DialIn).await;
+    }
+    if args.store_compare {
+        return store_compare(&args).await;
     }
     let dir = tempfile::tempdir()?;
     let agent_process = Process::spawn(
@@ -444,6 +461,206 @@ async fn compare(args: &Args, other: Transport) -> anyhow::Result<()> {
         "median: plaintext/{} throughput {:.3} (goal <= 1.10)",
         other.name(),
         ratios[ratios.len() / 2]
+    );
+    Ok(())
+}
+
+/// A database of loadgen's own on the PostgreSQL server `server` (a maintenance URL), dropped
+/// with the guard. Created and dropped with Debian's `psql`.
+struct Database {
+    server: String,
+    name: String,
+    url: String,
+}
+
+impl Database {
+    fn create(server: &str) -> anyhow::Result<Database> {
+        let name = format!("antidote_loadgen_{}", uuid::Uuid::new_v4().simple());
+        psql(server, &format!("CREATE DATABASE {name}"))?;
+        let root = server.rsplit_once('/').map_or(server, |(root, _)| root);
+        Ok(Database {
+            server: server.to_owned(),
+            url: format!("{root}/{name}"),
+            name,
+        })
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = psql(
+            &self.server,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+fn psql(server: &str, sql: &str) -> anyhow::Result<()> {
+    let psql = ["/usr/lib/postgresql/15/bin/psql", "psql"]
+        .into_iter()
+        .find(|p| !p.starts_with('/') || std::path::Path::new(p).exists())
+        .unwrap_or("psql");
+    let status = std::process::Command::new(psql)
+        .args([server, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
+        .status()?;
+    anyhow::ensure!(status.success(), "psql -c {sql:?}: {status}");
+    Ok(())
+}
+
+/// One setup of `--store-compare`: a null agent, its schedulers and their clients.
+struct Setup {
+    name: &'static str,
+    _agent: Process,
+    _schedulers: Vec<Scheduler>,
+    clients: Vec<Clients>,
+}
+
+/// `replicas` schedulers on `database` (an SQLite path or a PostgreSQL URL) sharing one null
+/// agent in `dir`; `args.connections` clients to each, warmed up by one lifecycle each.
+async fn store_setup(
+    args: &Args,
+    name: &'static str,
+    dir: &std::path::Path,
+    database: &str,
+    replicas: usize,
+) -> anyhow::Result<Setup> {
+    let agent = Process::spawn(
+        &workspace_bin("test-agent"),
+        &["--null".into()],
+        dir.join("agent.log"),
+    )
+    .await?;
+    let path = dir.join("antidote.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndatabase = \"{database}\"\n{}\
+             instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+             [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
+             [[agents]]\nname = \"null\"\naddress = \"{}\"\n",
+            antidote_tests::admin_config(),
+            example_curriculum().display(),
+            args.workers,
+            agent.url()
+        ),
+    )?;
+    let mut schedulers = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..replicas {
+        let process = Process::spawn(
+            &workspace_bin("scheduler-svc"),
+            &[
+                "serve".into(),
+                "--config".into(),
+                path.display().to_string(),
+            ],
+            dir.join(format!("scheduler-{i}.log")),
+        )
+        .await?;
+        let admin = process.extra["admin"];
+        for _ in 0..args.connections {
+            clients.push(Clients::connect(process.addr, admin).await?);
+        }
+        schedulers.push(Scheduler {
+            clients: Clients::connect(process.addr, admin).await?,
+            process,
+            dir: dir.to_path_buf(),
+        });
+    }
+    // Warm up every scheduler (and wait for its agent handshake).
+    for scheduler in &schedulers {
+        let warm = Instant::now();
+        loop {
+            match lifecycle(&scheduler.clients, &args.lesson).await {
+                Ok(_) => break,
+                Err(_) if warm.elapsed() < Duration::from_secs(30) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    // Lifecycle i goes to client i: consecutive ones to different replicas.
+    let per = args.connections;
+    let spread = (0..clients.len())
+        .map(|i| clients[(i % replicas) * per + (i / replicas) % per].clone())
+        .collect();
+    Ok(Setup {
+        name,
+        _agent: agent,
+        _schedulers: schedulers,
+        clients: spread,
+    })
+}
+
+/// `--store-compare`: SQLite, PostgreSQL, and 3 replicas on PostgreSQL, rounds rotating.
+async fn store_compare(args: &Args) -> anyhow::Result<()> {
+    let server = args.postgres.clone().ok_or_else(|| {
+        anyhow::anyhow!("--store-compare needs --postgres URL or ANTIDOTE_TEST_POSTGRES")
+    })?;
+    let (one, three) = (Database::create(&server)?, Database::create(&server)?);
+    let dirs = [
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    ];
+    let sqlite = dirs[0].path().join("antidote.db").display().to_string();
+    let setups = [
+        store_setup(args, "SQLite", dirs[0].path(), &sqlite, 1).await?,
+        store_setup(args, "PostgreSQL", dirs[1].path(), &one.url, 1).await?,
+        store_setup(args, "PostgreSQL x3", dirs[2].path(), &three.url, 3).await?,
+    ];
+    println!(
+        "loadgen --store-compare: {} lifecycles per round, concurrency {}, {} rounds, lesson {}, \
+         {} connections per scheduler",
+        args.lifecycles, args.concurrency, args.rounds, args.lesson, args.connections
+    );
+    let mut results: Vec<Vec<Stats>> = setups.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.rounds {
+        let mut line = format!("round {round}:");
+        for (setup, results) in setups.iter().zip(&mut results) {
+            let measured = run(args, |i| {
+                let clients = setup.clients[i % setup.clients.len()].clone();
+                let lesson = args.lesson.clone();
+                async move { lifecycle(&clients, &lesson).await }
+            })
+            .await?;
+            line.push_str(&format!(
+                " {} {:.0} lifecycles/s p99 {:.2} ms |",
+                setup.name,
+                measured.per_second,
+                ms(measured.p99)
+            ));
+            results.push(measured);
+        }
+        let rate = |s: usize| results[s].last().map_or(0.0, |m| m.per_second);
+        println!(
+            "{line} PostgreSQL/SQLite {:.3}, PostgreSQL x3/PostgreSQL {:.3}",
+            rate(1) / rate(0),
+            rate(2) / rate(1)
+        );
+    }
+    let median = |stats: &[Stats]| {
+        let mut rates: Vec<f64> = stats.iter().map(|s| s.per_second).collect();
+        let mut p99s: Vec<Duration> = stats.iter().map(|s| s.p99).collect();
+        rates.sort_by(f64::total_cmp);
+        p99s.sort();
+        (rates[rates.len() / 2], p99s[p99s.len() / 2])
+    };
+    let medians: Vec<_> = results.iter().map(|r| median(r)).collect();
+    for (setup, (rate, p99)) in setups.iter().zip(&medians) {
+        println!(
+            "median: {} {rate:.0} lifecycles/s, request→READY p99 {:.2} ms",
+            setup.name,
+            ms(*p99)
+        );
+    }
+    println!(
+        "median ratios: PostgreSQL/SQLite throughput {:.3}, PostgreSQL x3/PostgreSQL {:.3}, \
+         PostgreSQL x3/SQLite {:.3}",
+        medians[1].0 / medians[0].0,
+        medians[2].0 / medians[1].0,
+        medians[2].0 / medians[0].0
     );
     Ok(())
 }

@@ -1,0 +1,1014 @@
+//! The fault matrix (DESIGN.md §3, issue 17): real faults under load, and what each promises.
+//!
+//! - PostgreSQL crashes (kill -9 of the postmaster) and stops for a while under two replicas
+//!   taking requests: every acknowledged request is kept and settles READY, calls during the
+//!   outage are refused UNAVAILABLE (never another code, never a hang) and succeed when tried
+//!   again, and both replicas recover by themselves (pool and LISTEN connection).
+//! - The SQLite file's filesystem fills up (a small tmpfs): requests are refused naming the
+//!   store's disk, nothing acknowledged is lost, and the scheduler resumes once space returns.
+//! - An agent behind Shopify's toxiproxy: latency, then a black hole, then resets.
+//!
+//! The PostgreSQL faults hit a server of the test's own (`tests/postgres/pg.sh` with a private
+//! state directory and port), never the one other tests share.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Clients, Process, Scheduler, Tokens, example_curriculum, with_token};
+use tonic::Code;
+
+use crate::postgres::start_on;
+use crate::{PATIENCE, start_agent};
+
+/// The longest any one call may take before it counts as a hang (the store's own waits, such as
+/// a PostgreSQL connection's acquire timeout, are shorter).
+const CALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A PostgreSQL server of this test's own, for faults: `tests/postgres/pg.sh` with a private
+/// state directory and port. Stopped and deleted on drop.
+struct PrivatePostgres {
+    /// pg.sh's state directory (cluster, socket, log).
+    state: PathBuf,
+    /// Its TCP port on 127.0.0.1.
+    port: u16,
+    /// The maintenance database's URL, which the schedulers use too.
+    url: String,
+}
+
+impl PrivatePostgres {
+    async fn start() -> PrivatePostgres {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let server = PrivatePostgres {
+            state: PathBuf::from(format!(
+                "/tmp/antidote-pg-faults-{}",
+                uuid::Uuid::new_v4().simple()
+            )),
+            port,
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        };
+        server.pg(&["start"]).await;
+        server
+    }
+
+    /// Runs `pg.sh ARGS` on this server; panics if it fails.
+    async fn pg(&self, args: &[&str]) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
+        let output = tokio::process::Command::new(&script)
+            .args(args)
+            .env("ANTIDOTE_PG_STATE", &self.state)
+            .env("ANTIDOTE_PG_PORT", self.port.to_string())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+        assert!(
+            output.status.success(),
+            "pg.sh {args:?}: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
+        let _ = std::process::Command::new(script)
+            .arg("purge")
+            .env("ANTIDOTE_PG_STATE", &self.state)
+            .env("ANTIDOTE_PG_PORT", self.port.to_string())
+            .stdin(std::process::Stdio::null())
+            .output();
+    }
+}
+
+/// What the clients of a load saw.
+#[derive(Default)]
+struct Tally {
+    /// Acknowledged live lessons: (id, the replica that acknowledged it).
+    acknowledged: Vec<(String, usize)>,
+    /// UNAVAILABLE answers, per replica.
+    unavailable: HashMap<usize, usize>,
+    /// UNAVAILABLE answers per replica since `mark` was last set.
+    unavailable_since_mark: HashMap<usize, usize>,
+    /// The messages of UNAVAILABLE answers (a few, for the report).
+    messages: BTreeSet<String>,
+    /// Any other failure: a code other than UNAVAILABLE, or a call past [`CALL_DEADLINE`].
+    wrong: Vec<String>,
+}
+
+/// Runs `call` until it succeeds, retrying after UNAVAILABLE (recorded in `tally` for
+/// `replica`); any other failure, or a call taking longer than [`CALL_DEADLINE`], is recorded
+/// as wrong and ends the retries.
+async fn retried<T, F, Fut>(
+    tally: &Mutex<Tally>,
+    replica: usize,
+    what: &str,
+    mut call: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    for _ in 0..1000 {
+        let started = Instant::now();
+        match tokio::time::timeout(CALL_DEADLINE, call()).await {
+            Ok(Ok(value)) => return Some(value),
+            Ok(Err(status)) if status.code() == Code::Unavailable => {
+                let mut tally = tally.lock().unwrap();
+                *tally.unavailable.entry(replica).or_default() += 1;
+                *tally.unavailable_since_mark.entry(replica).or_default() += 1;
+                if tally.messages.len() < 8 {
+                    tally.messages.insert(status.message().to_owned());
+                }
+            }
+            Ok(Err(status)) => {
+                tally.lock().unwrap().wrong.push(format!(
+                    "{what} on replica {replica}: {:?} {} (after {:?})",
+                    status.code(),
+                    status.message(),
+                    started.elapsed()
+                ));
+                return None;
+            }
+            Err(_) => {
+                tally.lock().unwrap().wrong.push(format!(
+                    "{what} on replica {replica}: no answer within {CALL_DEADLINE:?}"
+                ));
+                return None;
+            }
+        }
+        // Pacing between tries of a refused call.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tally
+        .lock()
+        .unwrap()
+        .wrong
+        .push(format!("{what} on replica {replica}: refused 1000 times"));
+    None
+}
+
+/// One learner's requests: a session, then a live lesson, each retried after UNAVAILABLE.
+async fn one_learner(clients: &Clients, replica: usize, slug: &str, tally: &Mutex<Tally>) {
+    let Some(session) = retried(tally, replica, "CreateSession", || async {
+        clients
+            .session()
+            .await
+            .map_err(|err| match err.downcast::<tonic::Status>() {
+                Ok(status) => status,
+                Err(err) => tonic::Status::unknown(format!("{err:#}")),
+            })
+    })
+    .await
+    else {
+        return;
+    };
+    let Some(lesson) = retried(tally, replica, "RequestLiveLesson", || {
+        clients.request(&session, slug, 0)
+    })
+    .await
+    else {
+        return;
+    };
+    tally
+        .lock()
+        .unwrap()
+        .acknowledged
+        .push((lesson.id, replica));
+}
+
+/// Learners requesting live lessons from `replicas` (spread over them) until `stop`, each
+/// learner once; at most `limit` learners.
+fn load(
+    replicas: Vec<Clients>,
+    workers: usize,
+    limit: usize,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+) -> tokio::task::JoinSet<()> {
+    let slugs = ["hello-web", "routing-basics", "netcat-toolbox"];
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let (replicas, stop, tally, next) =
+            (replicas.clone(), stop.clone(), tally.clone(), next.clone());
+        set.spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                if n >= limit {
+                    return;
+                }
+                let replica = n % replicas.len();
+                one_learner(&replicas[replica], replica, slugs[n % slugs.len()], &tally).await;
+            }
+        });
+    }
+    set
+}
+
+/// Waits until `tally` satisfies `until` (checked as the load goes), or panics with `what`.
+async fn wait_for(tally: &Mutex<Tally>, what: &str, until: impl Fn(&Tally) -> bool) {
+    let waited = tokio::time::timeout(PATIENCE * 2, async {
+        loop {
+            if until(&tally.lock().unwrap()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        let tally = tally.lock().unwrap();
+        panic!(
+            "{what} did not happen: {} acknowledged, UNAVAILABLE {:?}, wrong {:?}",
+            tally.acknowledged.len(),
+            tally.unavailable,
+            tally.wrong
+        );
+    }
+}
+
+/// The live-lesson ids the agent created (its journal's `create` lines), with repeats.
+fn created(journal: &Path) -> Vec<String> {
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("create "))
+        .map(|rest| rest.split(' ').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn logs(schedulers: &[&Scheduler], agent: &Process) -> String {
+    let mut text = String::new();
+    for (i, scheduler) in schedulers.iter().enumerate() {
+        text.push_str(&format!(
+            "--- scheduler {i} log ---\n{}\n",
+            scheduler.process.log_text()
+        ));
+    }
+    text.push_str(&format!("--- agent log ---\n{}", agent.log_text()));
+    text
+}
+
+/// Replicas' configuration for the PostgreSQL faults: short leases and a quick resync.
+fn replica_config(agent: &str) -> String {
+    format!(
+        r#"instance_id = "e2e-faults"
+curriculum = "{curriculum}"
+tier = "local"
+[limits]
+sessions_per_ip = 0
+live_lessons_per_session = 3
+watches_per_address = 1024
+[reaper]
+interval = "200ms"
+orphan_interval = "200ms"
+orphan_grace = "500ms"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "50ms"
+backoff_max = "1s"
+provision_timeout = "2m"
+[replicas]
+lease_ttl = "2s"
+resync_interval = "500ms"
+[[agents]]
+name = "loopback"
+address = "{agent}"
+"#,
+        curriculum = example_curriculum().display(),
+    )
+}
+
+/// Two replicas on a private PostgreSQL server, learners requesting live lessons from both
+/// while the server is killed (-9) and restarted, then stopped long enough for every replica's
+/// calls to be refused, then started again. Every call is answered, OK or UNAVAILABLE, within
+/// its deadline; every refused call succeeds when tried again; every acknowledged live lesson
+/// reaches READY as seen from the *other* replica (its Watch is fed by LISTEN/NOTIFY, which must
+/// have been re-established, and by the resync after it) and was created once on the agent;
+/// neither replica was restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_load_loses_nothing_acknowledged() {
+    let postgres = PrivatePostgres::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "300ms"], &journal, None).await;
+    let config = replica_config(&agent.url());
+    let tokens = Tokens::default();
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let mut replica = start_on(dir.path(), &postgres.url, &config).await;
+        replica.clients.tokens = tokens.clone();
+        replicas.push(replica);
+    }
+    let clients: Vec<Clients> = replicas.iter().map(|r| r.clients.clone()).collect();
+    let all_logs = |replicas: &[Scheduler]| logs(&replicas.iter().collect::<Vec<_>>(), &agent);
+
+    // A Watch opened on B before the faults, of a live lesson requested on A: it must follow the
+    // live lesson to READY through them.
+    let session = clients[0].session().await.unwrap();
+    let early = clients[0].request(&session, "hello-web", 0).await.unwrap();
+    let early_watch = {
+        let b = clients[1].clone();
+        let id = early.id.clone();
+        tokio::spawn(async move { b.ready(&id).await })
+    };
+
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let mut workers = load(clients.clone(), 6, 400, stop.clone(), tally.clone());
+
+    // 1. A crash mid-load: kill -9 of the postmaster, started again at once (crash recovery).
+    wait_for(&tally, "20 acknowledged requests", |t| {
+        t.acknowledged.len() >= 20
+    })
+    .await;
+    postgres.pg(&["restart", "kill"]).await;
+    let crashed = tally.lock().unwrap().acknowledged.len();
+    // 2. An outage: stopped until both replicas have refused calls, then started.
+    wait_for(
+        &tally,
+        "20 more acknowledged requests after the crash",
+        |t| t.acknowledged.len() >= crashed + 20,
+    )
+    .await;
+    postgres.pg(&["stop"]).await;
+    let outage = Instant::now();
+    tally.lock().unwrap().unavailable_since_mark.clear();
+    wait_for(&tally, "UNAVAILABLE from both replicas", |t| {
+        (0..2).all(|r| t.unavailable_since_mark.get(&r).copied().unwrap_or(0) >= 1)
+    })
+    .await;
+    postgres.pg(&["start"]).await;
+    let outage = outage.elapsed();
+    let restarted = tally.lock().unwrap().acknowledged.len();
+    // 3. Both replicas take requests again, without a restart.
+    wait_for(
+        &tally,
+        "requests acknowledged by both replicas again",
+        |t| {
+            (0..2).all(|r| {
+                t.acknowledged[restarted..]
+                    .iter()
+                    .filter(|(_, by)| *by == r)
+                    .count()
+                    >= 5
+            })
+        },
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    while let Some(joined) = workers.join_next().await {
+        joined.unwrap();
+    }
+    let load_time = started.elapsed();
+
+    let tally = std::mem::take(&mut *tally.lock().unwrap());
+    assert!(
+        tally.wrong.is_empty(),
+        "calls answered other than OK or UNAVAILABLE: {:#?}\n{}",
+        tally.wrong,
+        all_logs(&replicas)
+    );
+    // Neither replica was restarted: the same processes answered before and after (the load
+    // above ended only once both had acknowledged requests again).
+
+    // Every acknowledged live lesson READY, followed on the replica that did not acknowledge it.
+    let mut ids: Vec<(String, usize)> = tally.acknowledged.clone();
+    ids.push((early.id.clone(), 0));
+    let settle = Instant::now();
+    let mut waits = tokio::task::JoinSet::new();
+    for (id, by) in ids.clone() {
+        let other = clients[1 - by].clone();
+        waits.spawn(async move { (other.ready(&id).await, id) });
+    }
+    while let Some(joined) = waits.join_next().await {
+        let (result, id) = joined.unwrap();
+        if let Err(err) = result {
+            panic!("{id}: {err:#}\n{}", all_logs(&replicas));
+        }
+    }
+    let settle = settle.elapsed();
+    let early_ready = tokio::time::timeout(PATIENCE, early_watch)
+        .await
+        .expect("the early watch ends")
+        .unwrap();
+    if let Err(err) = early_ready {
+        panic!(
+            "the Watch opened on B before the faults: {err:#}\n{}",
+            all_logs(&replicas)
+        );
+    }
+
+    // Created exactly once each on the agent.
+    let creations = created(&journal);
+    let distinct: BTreeSet<_> = creations.iter().cloned().collect();
+    let expected: BTreeSet<_> = ids.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(
+        distinct,
+        expected,
+        "the agent created exactly the acknowledged live lessons\n{}",
+        all_logs(&replicas)
+    );
+    assert_eq!(
+        creations.len(),
+        expected.len(),
+        "each created once\n{}",
+        all_logs(&replicas)
+    );
+    // The faults cut both replicas' LISTEN connections.
+    for (i, replica) in replicas.iter().enumerate() {
+        assert!(
+            replica
+                .process
+                .log_text()
+                .contains("lost the live-lesson change listener"),
+            "replica {i} never lost its listener\n{}",
+            all_logs(&replicas)
+        );
+    }
+    // Both listen again: a live lesson requested on A after the faults (A holds its lease and
+    // drives it) reaches READY as B's watchers see it, through B's new LISTEN connection.
+    let session = clients[0].session().await.unwrap();
+    let after = clients[0].request(&session, "hello-web", 0).await.unwrap();
+    if let Err(err) = clients[1].ready(&after.id).await {
+        panic!("after the faults: {err:#}\n{}", all_logs(&replicas));
+    }
+    println!(
+        "faults: PostgreSQL kill -9 and a {outage:?} outage under load: {} acknowledged in \
+         {load_time:?} ({} after the crash, {} before the outage), UNAVAILABLE answers {:?} \
+         ({:?}), all READY {settle:?} after the load",
+        expected.len(),
+        crashed,
+        restarted,
+        tally.unavailable,
+        tally.messages
+    );
+}
+
+/// A small tmpfs mounted on a directory of the test's own (we are root), unmounted and removed
+/// on drop: the filesystem a test fills up.
+struct Tmpfs {
+    /// The mount point.
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = PathBuf::from(format!(
+            "/tmp/antidote-full-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .status()
+            .expect("mount runs");
+        assert!(
+            status.success(),
+            "mount -t tmpfs on {}: {status}",
+            dir.display()
+        );
+        Tmpfs { dir }
+    }
+
+    /// Writes `filler` until the filesystem refuses (ENOSPC); returns the bytes written.
+    fn fill(&self, filler: &Path) -> u64 {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(filler).expect("filler file");
+        let chunk = vec![0xa5u8; 64 * 1024];
+        let mut written = 0u64;
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(err) if err.raw_os_error() == Some(28) => break, // ENOSPC
+                Err(err) => panic!("filling {}: {err}", filler.display()),
+            }
+        }
+        // What is still buffered fails the same way; the file keeps what fitted.
+        let _ = file.flush();
+        written
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A single scheduler's configuration on the test agent at `agent`, with `extra` appended.
+fn single_config(agent: &str, extra: &str) -> String {
+    format!(
+        r#"instance_id = "e2e-faults"
+curriculum = "{curriculum}"
+tier = "local"
+[limits]
+sessions_per_ip = 0
+live_lessons_per_session = 3
+watches_per_address = 1024
+[reaper]
+interval = "200ms"
+orphan_interval = "200ms"
+orphan_grace = "500ms"
+[[agents]]
+name = "loopback"
+address = "{agent}"
+{extra}
+"#,
+        curriculum = example_curriculum().display(),
+    )
+}
+
+/// The scheduler's SQLite file on a 16 MiB tmpfs that the test fills up while learners keep
+/// requesting live lessons: once the store cannot write, every call is refused UNAVAILABLE or
+/// RESOURCE_EXHAUSTED with a message naming the full disk, within its deadline; when the
+/// filler is deleted the same scheduler (not restarted) takes requests again and every
+/// acknowledged live lesson settles READY; after a restart every one of them is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
+    let tmpfs = Tmpfs::mount("16m");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "200ms"], &journal, None).await;
+    let config = single_config(
+        &agent.url(),
+        "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"2m\"\n",
+    );
+    let database = tmpfs.dir.join("antidote.db");
+    let database = database.to_str().expect("a UTF-8 path");
+    let mut scheduler = start_on(dir.path(), database, &config).await;
+    let clients = scheduler.clients.clone();
+    let all_logs = |s: &Scheduler| logs(&[s], &agent);
+
+    // Some live lessons before the disk fills.
+    let tally = Mutex::new(Tally::default());
+    for i in 0..5 {
+        one_learner(&clients, 0, ["hello-web", "routing-basics"][i % 2], &tally).await;
+    }
+    let filler = tmpfs.dir.join("filler");
+    let filled = tmpfs.fill(&filler);
+
+    // Learners keep asking until the store refuses (SQLite first reuses the space its files
+    // already have).
+    let mut refusal = None;
+    for i in 0..5000 {
+        let started = Instant::now();
+        let call = async {
+            let session = clients.session().await.map_err(|err| {
+                err.downcast::<tonic::Status>()
+                    .unwrap_or_else(|err| tonic::Status::unknown(format!("{err:#}")))
+            })?;
+            clients
+                .request(&session, ["hello-web", "routing-basics"][i % 2], 0)
+                .await
+        };
+        match tokio::time::timeout(CALL_DEADLINE, call).await {
+            Ok(Ok(lesson)) => tally.lock().unwrap().acknowledged.push((lesson.id, 0)),
+            Ok(Err(status)) => {
+                refusal = Some((status, started.elapsed()));
+                break;
+            }
+            Err(_) => panic!(
+                "a call on the full disk got no answer within {CALL_DEADLINE:?}\n{}",
+                all_logs(&scheduler)
+            ),
+        }
+    }
+    let (status, _) = refusal.unwrap_or_else(|| {
+        panic!(
+            "5000 learners fitted on a full disk\n{}",
+            all_logs(&scheduler)
+        )
+    });
+    let clear = |status: &tonic::Status| {
+        matches!(status.code(), Code::Unavailable | Code::ResourceExhausted)
+            && (status.message().contains("disk") || status.message().contains("full"))
+    };
+    assert!(
+        clear(&status),
+        "refused with {:?}: {}\n{}",
+        status.code(),
+        status.message(),
+        all_logs(&scheduler)
+    );
+    let acknowledged_full = tally.lock().unwrap().acknowledged.len();
+    // It stays refused, clearly and promptly, while the disk is full.
+    for _ in 0..5 {
+        let answer = tokio::time::timeout(CALL_DEADLINE, clients.session())
+            .await
+            .unwrap_or_else(|_| panic!("no answer on the full disk\n{}", all_logs(&scheduler)));
+        if let Err(err) = answer {
+            let status = err.downcast::<tonic::Status>().expect("a gRPC status");
+            assert!(clear(&status), "{:?}: {}", status.code(), status.message());
+        }
+    }
+
+    // Space returns: the same process takes requests again.
+    std::fs::remove_file(&filler).expect("filler removed");
+    for i in 0..5 {
+        one_learner(&clients, 0, ["hello-web", "routing-basics"][i % 2], &tally).await;
+    }
+    let tally = std::mem::take(&mut *tally.lock().unwrap());
+    assert!(
+        tally.wrong.is_empty(),
+        "{:#?}\n{}",
+        tally.wrong,
+        all_logs(&scheduler)
+    );
+    for (id, _) in &tally.acknowledged {
+        if let Err(err) = clients.ready(id).await {
+            panic!("{id}: {err:#}\n{}", all_logs(&scheduler));
+        }
+    }
+    // Durable: after a restart, every acknowledged live lesson is there and READY.
+    scheduler.process.terminate().await.unwrap();
+    scheduler = start_on(dir.path(), database, &config).await;
+    let mut again = scheduler.clients.clone();
+    again.tokens = clients.tokens.clone();
+    for (id, _) in &tally.acknowledged {
+        let lesson = again
+            .lessons
+            .clone()
+            .get_live_lesson(with_token(
+                api::GetLiveLessonRequest { id: id.clone() },
+                again.tokens.of_lesson(id),
+            ))
+            .await
+            .unwrap_or_else(|err| panic!("{id} after the restart: {err}\n{}", all_logs(&scheduler)))
+            .into_inner();
+        assert_eq!(lesson.status(), api::LiveLessonStatus::Ready, "{id}");
+    }
+    let created: BTreeSet<_> = created(&journal).into_iter().collect();
+    assert!(
+        tally
+            .acknowledged
+            .iter()
+            .all(|(id, _)| created.contains(id)),
+        "every acknowledged live lesson was created on the agent"
+    );
+    println!(
+        "faults: SQLite on a full tmpfs (filler {filled} bytes): {} acknowledged, {acknowledged_full} \
+         of them before the first refusal ({:?}: {}), all READY after space returned and after a restart",
+        tally.acknowledged.len(),
+        status.code(),
+        status.message()
+    );
+}
+
+/// toxiproxy's API URL: the server `ANTIDOTE_TOXIPROXY` names (`tests/run` starts one), or the
+/// one `tests/faults/toxiproxy.sh start` builds and starts when that is unset; never skipped.
+fn toxiproxy() -> &'static str {
+    static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SERVER.get_or_init(|| {
+        if let Ok(url) = std::env::var("ANTIDOTE_TOXIPROXY")
+            && !url.is_empty()
+        {
+            return url;
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("faults/toxiproxy.sh");
+        let output = std::process::Command::new(&script)
+            .arg("start")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        match stdout
+            .lines()
+            .last()
+            .and_then(|line| line.strip_prefix("ANTIDOTE_TOXIPROXY="))
+        {
+            Some(url) if output.status.success() => url.to_owned(),
+            _ => panic!("ANTIDOTE_TOXIPROXY is unset and toxiproxy.sh start failed: {stdout}"),
+        }
+    })
+}
+
+/// One toxiproxy proxy of this test's own, deleted on drop.
+struct Proxy {
+    /// The API's URL.
+    api: String,
+    /// The proxy's unique name.
+    name: String,
+    /// Where it listens (the address the scheduler dials).
+    listen: std::net::SocketAddr,
+    web: antidote_tests::web::Web,
+}
+
+impl Proxy {
+    /// A proxy on a free loopback port in front of `upstream`.
+    async fn create(upstream: std::net::SocketAddr) -> Proxy {
+        let api = toxiproxy().to_owned();
+        let name = format!("antidote-{}", uuid::Uuid::new_v4().simple());
+        let web = antidote_tests::web::Web::default();
+        let body = serde_json::json!({
+            "name": name, "listen": "127.0.0.1:0", "upstream": upstream.to_string(), "enabled": true,
+        });
+        let answer = web
+            .post(&format!("{api}/proxies"), &body.to_string())
+            .await
+            .expect("toxiproxy answers");
+        assert!(answer.status.is_success(), "POST /proxies: {answer:?}");
+        let listen = answer.json().unwrap()["listen"]
+            .as_str()
+            .expect("the proxy's listen address")
+            .parse()
+            .expect("an address");
+        Proxy {
+            api,
+            name,
+            listen,
+            web,
+        }
+    }
+
+    /// Adds toxic `name` of `kind` to the stream `stream` (`upstream`: towards the agent,
+    /// `downstream`: back) with `attributes`.
+    async fn add(&self, name: &str, kind: &str, stream: &str, attributes: serde_json::Value) {
+        let body = serde_json::json!({
+            "name": name, "type": kind, "stream": stream, "toxicity": 1.0, "attributes": attributes,
+        });
+        let answer = self
+            .web
+            .post(
+                &format!("{}/proxies/{}/toxics", self.api, self.name),
+                &body.to_string(),
+            )
+            .await
+            .expect("toxiproxy answers");
+        assert!(answer.status.is_success(), "add toxic {name}: {answer:?}");
+    }
+
+    /// Removes toxic `name`.
+    async fn remove(&self, name: &str) {
+        let answer = self
+            .web
+            .send(
+                hyper::Method::DELETE,
+                &format!("{}/proxies/{}/toxics/{name}", self.api, self.name),
+                &[],
+                None,
+            )
+            .await
+            .expect("toxiproxy answers");
+        assert!(
+            answer.status.is_success(),
+            "remove toxic {name}: {answer:?}"
+        );
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // A blocking HTTP/1.0 DELETE (drop cannot await): the proxy's listener goes with it.
+        use std::io::{Read as _, Write as _};
+        let Some(authority) = self.api.strip_prefix("http://") else {
+            return;
+        };
+        if let Ok(mut stream) = std::net::TcpStream::connect(authority) {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = write!(
+                stream,
+                "DELETE /proxies/{} HTTP/1.0\r\nHost: {authority}\r\n\r\n",
+                self.name
+            );
+            let _ = stream.read_to_end(&mut Vec::new());
+        }
+    }
+}
+
+/// The scheduler's view of agent `loopback`.
+async fn agent_view(clients: &Clients) -> api::Agent {
+    clients
+        .admin
+        .clone()
+        .list_agents(api::ListAgentsRequest {})
+        .await
+        .expect("ListAgents")
+        .into_inner()
+        .agents
+        .into_iter()
+        .find(|a| a.name == "loopback")
+        .expect("agent loopback is listed")
+}
+
+/// Waits until the scheduler's view of the agent satisfies `until`; returns that view.
+async fn until_agent(
+    clients: &Clients,
+    what: &str,
+    logs: impl Fn() -> String,
+    until: impl Fn(&api::Agent) -> bool,
+) -> api::Agent {
+    let found = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let view = agent_view(clients).await;
+            if until(&view) {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    match found {
+        Ok(view) => view,
+        Err(_) => panic!(
+            "the agent never became {what}: {:?}\n{}",
+            agent_view(clients).await,
+            logs()
+        ),
+    }
+}
+
+/// Follows a live lesson until it settles: READY, or FAILED with a reason (a FAILED live lesson
+/// without one is an error); within `limit` (its provision deadline and a margin).
+async fn settles(clients: &Clients, id: &str, limit: Duration) -> anyhow::Result<api::LiveLesson> {
+    let (_, lesson) = clients
+        .follow(id, limit, |l| {
+            matches!(
+                l.status(),
+                api::LiveLessonStatus::Ready | api::LiveLessonStatus::Failed
+            )
+        })
+        .await?;
+    if lesson.status() == api::LiveLessonStatus::Failed && lesson.failure_reason.is_empty() {
+        anyhow::bail!("{id} FAILED without a reason");
+    }
+    Ok(lesson)
+}
+
+/// A test agent behind toxiproxy: with 2 s of latency each way a live lesson still reaches
+/// READY and the agent stays READY; black-holed (the `timeout` toxic, both ways), the agent is
+/// marked unavailable and then LOST with a reason, and a live lesson requested meanwhile settles
+/// (READY once the agent is back, or FAILED with a reason) within its provision deadline;
+/// reset (`reset_peer`), the agent is unavailable with a reason; each time the toxic is
+/// removed, the agent comes back READY and takes live lessons again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_behind_latency_a_black_hole_and_resets() {
+    const PROVISION: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "200ms"], &journal, None).await;
+    let proxy = Proxy::create(agent.addr).await;
+    let config = single_config(
+        &format!("http://{}", proxy.listen),
+        &format!(
+            "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\n\
+             backoff_max = \"1s\"\ncall_timeout = \"10s\"\nprovision_timeout = \"{}s\"\n\
+             agent_grace = \"5s\"\n",
+            PROVISION.as_secs()
+        ),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config)
+        .await
+        .expect("the scheduler starts");
+    let clients = scheduler.clients.clone();
+    let all_logs = || logs(&[&scheduler], &agent);
+    let limit = PROVISION + Duration::from_secs(30);
+    until_agent(&clients, "READY", all_logs, |a| {
+        a.state() == api::AgentState::Ready
+    })
+    .await;
+
+    // 1. 2 s of latency each way: slow, but READY, and the agent stays READY.
+    proxy
+        .add(
+            "slow-up",
+            "latency",
+            "upstream",
+            serde_json::json!({"latency": 2000}),
+        )
+        .await;
+    proxy
+        .add(
+            "slow-down",
+            "latency",
+            "downstream",
+            serde_json::json!({"latency": 2000}),
+        )
+        .await;
+    let session = clients.session().await.unwrap();
+    let slow = clients.request(&session, "hello-web", 0).await.unwrap();
+    let started = Instant::now();
+    let lesson = settles(&clients, &slow.id, limit)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+    assert_eq!(
+        lesson.status(),
+        api::LiveLessonStatus::Ready,
+        "{}\n{}",
+        lesson.failure_reason,
+        all_logs()
+    );
+    let slow_ready = started.elapsed();
+    assert_eq!(agent_view(&clients).await.state(), api::AgentState::Ready);
+    proxy.remove("slow-up").await;
+    proxy.remove("slow-down").await;
+
+    // 2. Black-holed: nothing gets through either way, and no connection closes.
+    proxy
+        .add(
+            "hole-up",
+            "timeout",
+            "upstream",
+            serde_json::json!({"timeout": 0}),
+        )
+        .await;
+    proxy
+        .add(
+            "hole-down",
+            "timeout",
+            "downstream",
+            serde_json::json!({"timeout": 0}),
+        )
+        .await;
+    let holed = Instant::now();
+    let second = clients.session().await.unwrap();
+    let during = clients.request(&second, "routing-basics", 0).await.unwrap();
+    let lost = until_agent(&clients, "LOST with a reason", all_logs, |a| {
+        a.state() == api::AgentState::Lost && !a.last_error.is_empty()
+    })
+    .await;
+    let lost_after = holed.elapsed();
+    proxy.remove("hole-up").await;
+    proxy.remove("hole-down").await;
+    until_agent(
+        &clients,
+        "READY again after the black hole",
+        all_logs,
+        |a| a.state() == api::AgentState::Ready,
+    )
+    .await;
+    let back_after = holed.elapsed();
+    let settled = settles(&clients, &during.id, limit)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+    // The live lesson READY before the black hole was moved off the lost agent; it settles too.
+    let moved = settles(&clients, &slow.id, limit)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+
+    // 3. Resets: every connection is cut as soon as data flows.
+    proxy
+        .add(
+            "reset-up",
+            "reset_peer",
+            "upstream",
+            serde_json::json!({"timeout": 0}),
+        )
+        .await;
+    let reset = until_agent(&clients, "unavailable with a reason", all_logs, |a| {
+        a.state() != api::AgentState::Ready && !a.last_error.is_empty()
+    })
+    .await;
+    let third = clients.session().await.unwrap();
+    let after_reset = clients.request(&third, "netcat-toolbox", 0).await.unwrap();
+    proxy.remove("reset-up").await;
+    until_agent(&clients, "READY again after the resets", all_logs, |a| {
+        a.state() == api::AgentState::Ready
+    })
+    .await;
+    let last = settles(&clients, &after_reset.id, limit)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+    assert_eq!(
+        last.status(),
+        api::LiveLessonStatus::Ready,
+        "{}\n{}",
+        last.failure_reason,
+        all_logs()
+    );
+    println!(
+        "faults: agent behind toxiproxy: READY in {slow_ready:?} with 2 s latency each way; \
+         black hole: LOST after {lost_after:?} ({:?}), READY again {back_after:?} after it began, \
+         the lesson requested meanwhile {:?} {:?}, the one moved off the lost agent {:?}; \
+         reset_peer: {:?} ({:?}), then the next lesson {:?}",
+        lost.last_error,
+        settled.status(),
+        settled.failure_reason,
+        moved.status(),
+        reset.state(),
+        reset.last_error,
+        last.status()
+    );
+}
