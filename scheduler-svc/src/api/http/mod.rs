@@ -17,6 +17,7 @@
 //! in `http.cors_origins` (none by default).
 
 pub mod openapi;
+pub mod page;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -482,6 +483,9 @@ pub fn router(api: Api, config: &HttpConfig, surface: Surface) -> axum::Router {
     }
     if surface == Surface::Admin {
         router = router.route("/metrics", get(metrics));
+    }
+    if surface == Surface::Learners {
+        router = page::routes(router);
     }
     let document = Arc::new(openapi::document_of(surface).to_string());
     router = router

@@ -1,0 +1,776 @@
+//! The learner page (`/learn/` on the scheduler's HTTP listener) in a real browser: Debian's
+//! headless chromium driven over WebDriver by chromedriver (tests/browser/chromium.sh installs
+//! both; tests/run runs it), against the real scheduler and agent-docker with its entrypoint on
+//! the private Docker engine (DOCKER_HOST) and the SSH-capable image `antidote/sshd`
+//! (tests/docker/configurator.sh). The page lists lessons by collection, requests one, shows
+//! its progress to READY, types into a terminal tab and reads the output, shows the web tab's
+//! page, changes stage, deletes the lesson. Screenshots go to `target/screenshots/browser/`
+//! for a person to look at. Another test checks the page's headers (Content-Security-Policy
+//! and friends) and that a guide's `<script>` and `onerror=` never run.
+//!
+//! WebDriver is spoken as plain HTTP/JSON over hyper (already in the workspace), so no
+//! WebDriver crate (and its own HTTP and TLS stacks) joins the lock file.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use antidote_tests::{Process, Scheduler, workspace_bin};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::PATIENCE;
+
+/// The scheduler's entrypoint signing key (`openssl genpkey -algorithm ed25519`).
+const KEY: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIOJpnp+MXLCEBFZDaMoT0KXNBLMvX5FYtd/znqWpkio2
+-----END PRIVATE KEY-----
+";
+
+/// WebDriver's name for an element reference in JSON.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// WebDriver's Enter key.
+const ENTER: &str = "\u{E007}";
+
+fn curriculum() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/browser-curriculum")
+        .canonicalize()
+        .expect("tests/fixtures/browser-curriculum exists")
+}
+
+fn screenshots() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots/browser");
+    std::fs::create_dir_all(&dir).expect("target/ is writable");
+    dir
+}
+
+/// A scheduler serving the page (with entrypoint keys) and, when asked, agent-docker with its
+/// entrypoint on the private Docker engine.
+struct PageEnv {
+    _dir: TempDir,
+    agent: Option<Process>,
+    scheduler: Scheduler,
+}
+
+impl PageEnv {
+    async fn start(instance: &str, with_agent: bool) -> PageEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = if with_agent {
+            std::env::var("DOCKER_HOST").expect(
+                "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
+            );
+            let args: Vec<String> = [
+                "--listen",
+                "127.0.0.1:0",
+                "--probe-timeout",
+                "30s",
+                "--entrypoint-listen",
+                "127.0.0.1:0",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            Some(
+                Process::spawn(
+                    &workspace_bin("agent-docker"),
+                    &args,
+                    dir.path().join("agent-docker.log"),
+                )
+                .await
+                .expect("agent-docker starts"),
+            )
+        } else {
+            None
+        };
+        let key = dir.path().join("k1.pem");
+        std::fs::write(&key, KEY).unwrap();
+        let agents = match &agent {
+            Some(agent) => format!(
+                "[[agents]]\nname = \"docker\"\naddress = \"{}\"\n",
+                agent.url()
+            ),
+            None => String::new(),
+        };
+        let config = format!(
+            r#"instance_id = "{instance}"
+curriculum = "{curriculum}"
+tier = "local"
+[ttl]
+live_lesson = "30m"
+[limits]
+sessions_per_ip = 0
+[reaper]
+interval = "500ms"
+orphan_interval = "500ms"
+orphan_grace = "1s"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "100ms"
+backoff_max = "1s"
+provision_timeout = "3m"
+[entrypoint]
+keys = [{{ id = "k1", file = "{key}" }}]
+{agents}"#,
+            curriculum = curriculum().display(),
+            key = key.display(),
+        );
+        let scheduler = Scheduler::start(dir.path(), &config)
+            .await
+            .expect("scheduler starts");
+        PageEnv {
+            _dir: dir,
+            agent,
+            scheduler,
+        }
+    }
+
+    fn page(&self) -> String {
+        format!(
+            "{}/learn/",
+            self.scheduler.process.extra_url("http").unwrap()
+        )
+    }
+
+    fn logs(&self) -> String {
+        let agent = self
+            .agent
+            .as_ref()
+            .map(Process::log_text)
+            .unwrap_or_default();
+        format!(
+            "--- scheduler ---\n{}\n--- agent-docker ---\n{agent}",
+            self.scheduler.process.log_text(),
+        )
+    }
+}
+
+/// An HTTP answer: status, headers (lower-case names), body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET url` over plain HTTP/1.1.
+async fn get(url: &str) -> Answer {
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// chromedriver (in its own process group, so chromium goes with it) and one headless
+/// chromium session.
+struct Browser {
+    driver: tokio::process::Child,
+    /// `127.0.0.1:PORT` of chromedriver.
+    addr: String,
+    session: String,
+    _profile: TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // The whole group: chromedriver and the chromium it started.
+        if let Some(pid) = self.driver.id() {
+            // `--`: without it procps's kill reads `-PID` as options (and signals other
+            // processes than the group).
+            let _ = std::process::Command::new("kill")
+                .args(["-s", "KILL", "--", &format!("-{pid}")])
+                .status();
+        }
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.is_file())
+    })
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let driver = which("chromedriver").expect(
+            "chromedriver is missing: run tests/browser/chromium.sh (tests/run does), which installs Debian's chromium and chromium-driver",
+        );
+        // A free port for chromedriver (it prints none of its own choosing).
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let mut command = tokio::process::Command::new(driver);
+        command
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        let child = command.spawn().expect("chromedriver starts");
+        let addr = format!("127.0.0.1:{port}");
+        let profile = tempfile::tempdir().unwrap();
+        let mut browser = Browser {
+            driver: child,
+            addr,
+            session: String::new(),
+            _profile: profile,
+        };
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(status) = browser.raw("GET", "/status", None).await
+                    && status["value"]["ready"] == json!(true)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        assert!(ready.is_ok(), "chromedriver did not answer within 30 s");
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"args": [
+                "--headless=new",
+                // Root needs it; the wrapper's /dev/shm check misfires here.
+                "--no-sandbox",
+                "--disable-dev-shm-usage",
+                "--disable-gpu",
+                "--window-size=1400,1000",
+                format!("--user-data-dir={}", browser._profile.path().display()),
+            ]},
+        }}});
+        let created = browser
+            .raw("POST", "/session", Some(capabilities))
+            .await
+            .expect("chromedriver answers");
+        browser.session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_owned();
+        browser
+    }
+
+    /// One WebDriver call: the whole JSON answer, or the error it names.
+    async fn raw(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+        let stream = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.addr)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{method} {path}: {status}: {}", value["value"]));
+        }
+        Ok(value)
+    }
+
+    /// A call within the session; panics on a WebDriver error.
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let path = format!("/session/{}{path}", self.session);
+        match self.raw(method, &path, body).await {
+            Ok(value) => value["value"].clone(),
+            Err(err) => panic!("webdriver: {err}"),
+        }
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call("POST", "/url", Some(json!({ "url": url }))).await;
+    }
+
+    /// Runs `script` (a function body; `return` gives the answer) in the current frame.
+    async fn run(&self, script: &str) -> Value {
+        self.call(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+        .await
+    }
+
+    /// Waits until `script` returns something truthy (checked every 200 ms); that value.
+    async fn until(&self, what: &str, script: &str, limit: Duration) -> Value {
+        let started = std::time::Instant::now();
+        loop {
+            let value = self.run(script).await;
+            let truthy = !matches!(&value, Value::Null | Value::Bool(false))
+                && value != json!("")
+                && value != json!(0);
+            if truthy {
+                return value;
+            }
+            if started.elapsed() > limit {
+                let body = self
+                    .run("return document.body ? document.body.innerText : ''")
+                    .await;
+                panic!("{what}: not within {limit:?}; the page shows:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let element = self
+            .call(
+                "POST",
+                "/element",
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        element[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {css}: {element}"))
+            .to_owned()
+    }
+
+    async fn click(&self, css: &str) {
+        let id = self.find(css).await;
+        self.call("POST", &format!("/element/{id}/click"), Some(json!({})))
+            .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let id = self.find(css).await;
+        self.call(
+            "POST",
+            &format!("/element/{id}/value"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+    }
+
+    /// Into the frame `css` selects, or back to the page with `None`.
+    async fn frame(&self, css: Option<&str>) {
+        let id = match css {
+            Some(css) => json!({ ELEMENT: self.find(css).await }),
+            None => Value::Null,
+        };
+        self.call("POST", "/frame", Some(json!({ "id": id }))).await;
+    }
+
+    /// Saves a PNG of the window as `target/screenshots/browser/NAME.png`.
+    async fn screenshot(&self, name: &str) {
+        let data = self.call("GET", "/screenshot", None).await;
+        let png = base64(data.as_str().expect("a base64 string"));
+        assert!(png.starts_with(b"\x89PNG"), "the screenshot is a PNG");
+        std::fs::write(screenshots().join(format!("{name}.png")), png).unwrap();
+    }
+
+    async fn quit(&self) {
+        let _ = self
+            .raw("DELETE", &format!("/session/{}", self.session), None)
+            .await;
+    }
+}
+
+/// Standard base64 (what WebDriver screenshots are), without a crate for eleven lines.
+fn base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let sextets: Vec<u8> = text.bytes().filter_map(value).collect();
+    let mut out = Vec::with_capacity(sextets.len() * 3 / 4);
+    for chunk in sextets.chunks(4) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, s)| n | (u32::from(*s) << (18 - 6 * i)));
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..chunk.len().saturating_sub(1)]);
+    }
+    out
+}
+
+/// A script answering the text the terminal tab `presentation` (`endpoint/presentation`) shows
+/// when it contains `want`, else false.
+fn terminal_shows(presentation: &str, want: &str) -> String {
+    format!(
+        "const rows = document.querySelector('[data-terminal=\"{presentation}\"] .xterm-rows'); \
+         const text = rows ? rows.innerText : ''; \
+         return text.includes({want:?}) ? text : false"
+    )
+}
+
+/// Types a line into a terminal tab and waits until `want` shows there.
+async fn type_line(browser: &Browser, presentation: &str, line: &str, want: &str) {
+    browser
+        .type_into(
+            &format!("[data-terminal=\"{presentation}\"] .xterm-helper-textarea"),
+            &format!("{line}{ENTER}"),
+        )
+        .await;
+    browser
+        .until(
+            &format!("`{want}` in the terminal after `{line}`"),
+            &terminal_shows(presentation, want),
+            Duration::from_secs(30),
+        )
+        .await;
+}
+
+/// The text of the web tab's frame (from inside it), until it contains `want`.
+async fn web_tab_shows(browser: &Browser, frame: &str, want: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        browser.frame(Some(frame)).await;
+        let text = browser
+            .run("return document.body ? document.body.innerText : ''")
+            .await;
+        browser.frame(None).await;
+        if text.as_str().is_some_and(|t| t.contains(want)) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the web tab never showed `{want}`; it shows {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The page's policy violations other than the guide's inline handlers (the fixture's
+/// `onerror=`, refused while DOMPurify parses the guide, before it removes them).
+async fn unexpected_violations(browser: &Browser) -> Vec<String> {
+    let all: Vec<String> =
+        serde_json::from_value(browser.run("return window.antidoteCspViolations").await).unwrap();
+    all.into_iter()
+        .filter(|v| !(v.starts_with("script-src-attr ") && v.contains("/learn/vendor/purify.js")))
+        .collect()
+}
+
+#[tokio::test]
+async fn browser_learner_page_runs_a_lesson_with_a_terminal_and_a_web_tab() {
+    let env = PageEnv::start("e2e-browser", true).await;
+    let browser = Browser::start().await;
+    browser.goto(&env.page()).await;
+
+    // The lesson list, by collection.
+    browser
+        .until(
+            "the lesson in its collection",
+            "return document.querySelector('[data-collection=\"browser-tests\"] [data-lesson=\"web-terminal\"]') !== null",
+            PATIENCE,
+        )
+        .await;
+    let others = browser
+        .run("const s = document.querySelector('[data-collection=\"\"]'); return s ? s.innerText : ''")
+        .await;
+    assert!(
+        others
+            .as_str()
+            .is_some_and(|t| t.contains("Other lessons") && t.contains("Loose Box")),
+        "a lesson outside any collection is listed apart: {others}"
+    );
+    browser.screenshot("01-lessons").await;
+
+    // The lesson: its first stage's guide, then a request followed to READY. Every status the
+    // page shows is recorded as it is shown.
+    browser.click("[data-lesson=\"web-terminal\"]").await;
+    browser
+        .until(
+            "stage one's guide",
+            "return document.querySelector('#guide #guide-marker') !== null",
+            PATIENCE,
+        )
+        .await;
+    browser
+        .run(
+            "window.seen = []; new MutationObserver(() => { \
+               const s = document.body.getAttribute('data-status'); \
+               if (s && window.seen[window.seen.length - 1] !== s) window.seen.push(s); \
+             }).observe(document.body, {attributes: true, attributeFilter: ['data-status']}); \
+             return true",
+        )
+        .await;
+    browser.click("#start").await;
+    let ready = browser
+        .until(
+            "READY",
+            "const s = document.body.getAttribute('data-status'); \
+             if (s === 'FAILED') return 'FAILED: ' + document.getElementById('status').innerText; \
+             return s === 'READY' ? s : false",
+            Duration::from_secs(180),
+        )
+        .await;
+    assert_eq!(ready, json!("READY"), "{}", env.logs());
+    let seen: Vec<String> =
+        serde_json::from_value(browser.run("return window.seen").await).unwrap();
+    let order = ["PENDING", "BOOTING", "CONFIGURING", "READY"];
+    let ranks: Vec<usize> = seen
+        .iter()
+        .map(|s| {
+            order
+                .iter()
+                .position(|o| o == s)
+                .unwrap_or_else(|| panic!("status {s} on the way to READY: {seen:?}"))
+        })
+        .collect();
+    assert!(
+        ranks.windows(2).all(|w| w[0] < w[1]) && seen.len() >= 2 && seen[0] == "PENDING",
+        "the page showed the way to READY in order, from PENDING: {seen:?}"
+    );
+    let status = browser
+        .run("return document.getElementById('status').innerText")
+        .await;
+    assert!(
+        status
+            .as_str()
+            .is_some_and(|s| s.contains("probes healthy")),
+        "endpoint health is shown: {status}"
+    );
+    browser.screenshot("02-ready").await;
+    let id = browser
+        .run("return document.getElementById('live-id').innerText")
+        .await
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The terminal tab (the first): the SSH prompt, then commands and their output.
+    browser
+        .until(
+            "the shell's prompt in the terminal tab",
+            &terminal_shows("box/cli", "$"),
+            Duration::from_secs(30),
+        )
+        .await;
+    type_line(&browser, "box/cli", "echo hello-$((6*7))", "hello-42").await;
+    type_line(
+        &browser,
+        "box/cli",
+        "cat /tmp/antidote-stage",
+        "stage-one-configured",
+    )
+    .await;
+    browser.screenshot("03-terminal").await;
+
+    // The web tab: the endpoint's page, through the entrypoint, in a frame.
+    browser.click("#tab-box-web").await;
+    web_tab_shows(&browser, "#panel-box-web iframe", "stage one page").await;
+    browser.screenshot("04-web").await;
+
+    // The next stage: configured again, its guide, its page, its file.
+    browser.click("#stage-forward").await;
+    browser
+        .until(
+            "stage two READY",
+            "return document.body.getAttribute('data-status') === 'READY' \
+               && document.getElementById('stage-label').innerText === 'Stage 2 of 2' \
+               && document.querySelector('#guide #guide-marker-two') !== null",
+            Duration::from_secs(120),
+        )
+        .await;
+    browser.click("#panel-box-web .toolbar button").await;
+    web_tab_shows(&browser, "#panel-box-web iframe", "stage two page").await;
+    browser.click("#tab-box-cli").await;
+    type_line(
+        &browser,
+        "box/cli",
+        "cat /tmp/antidote-stage",
+        "stage-two-configured",
+    )
+    .await;
+    browser.screenshot("05-stage-two").await;
+    // And back.
+    browser.click("#stage-back").await;
+    browser
+        .until(
+            "stage one READY again",
+            "return document.body.getAttribute('data-status') === 'READY' \
+               && document.getElementById('stage-label').innerText === 'Stage 1 of 2' \
+               && document.querySelector('#guide #guide-marker') !== null",
+            Duration::from_secs(120),
+        )
+        .await;
+
+    // xterm.js (its <style> elements), the terminal's WebSocket and the web tab's frame ran
+    // under the policy without a violation.
+    assert_eq!(
+        unexpected_violations(&browser).await,
+        Vec::<String>::new(),
+        "policy violations on the page"
+    );
+
+    // Delete: the page follows it to the end.
+    browser.click("#delete").await;
+    browser
+        .until(
+            "the lesson deleted",
+            "return document.body.getAttribute('data-status') === 'DELETED'",
+            PATIENCE,
+        )
+        .await;
+    browser.screenshot("06-deleted").await;
+    let left = env
+        .scheduler
+        .clients
+        .admin
+        .clone()
+        .list_live_lessons(api::AdminListLiveLessonsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        left.live_lessons.iter().all(|l| l.id != id),
+        "live lesson {id} is still listed after the page deleted it"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn browser_learner_page_sends_a_strict_policy_and_never_runs_guide_scripts() {
+    let env = PageEnv::start("e2e-browser-policy", false).await;
+    let page = get(&env.page()).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let policy = page
+        .header("content-security-policy")
+        .expect("a Content-Security-Policy")
+        .to_owned();
+    for part in [
+        "default-src 'none'",
+        "script-src 'self';",
+        "frame-ancestors 'none'",
+        "object-src 'none'",
+        "base-uri 'none'",
+    ] {
+        assert!(policy.contains(part), "`{part}` in {policy}");
+    }
+    assert!(
+        !policy.contains("unsafe-inline") && !policy.contains("unsafe-eval"),
+        "{policy}"
+    );
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    assert!(
+        page.body.contains("src=\"/learn/app.js\"") && !page.body.contains("<script>"),
+        "scripts only from files"
+    );
+    // The libraries were built (scheduler-svc/web/build) and embedded.
+    let xterm = get(&format!("{}vendor/xterm.js", env.page())).await;
+    assert_eq!(
+        xterm.status, 200,
+        "the page's libraries are missing: run scheduler-svc/web/build, then build again"
+    );
+    assert_eq!(xterm.header("x-content-type-options"), Some("nosniff"));
+    let root = get(&format!(
+        "{}/",
+        env.scheduler.process.extra_url("http").unwrap()
+    ))
+    .await;
+    assert_eq!(root.status, 303);
+    assert_eq!(root.header("location"), Some("/learn/"));
+
+    // In the browser: the guide is rendered, sanitised, and nothing in it ran.
+    let browser = Browser::start().await;
+    browser
+        .goto(&format!("{}#/lessons/web-terminal", env.page()))
+        .await;
+    browser
+        .until(
+            "stage one's guide",
+            "return document.querySelector('#guide #guide-marker') !== null",
+            PATIENCE,
+        )
+        .await;
+    // The broken image's load has failed (when an `onerror` would have run).
+    browser
+        .until(
+            "the guide's broken image tried",
+            "const img = document.querySelector('#guide img'); return img !== null && img.complete",
+            PATIENCE,
+        )
+        .await;
+    let ran = browser
+        .run(
+            "return [typeof window.antidoteGuideScript, typeof window.antidoteGuideOnerror, \
+             document.querySelectorAll('#guide script, #guide [onerror], #guide a[href^=\"javascript:\"]').length, \
+             document.querySelector('#guide h1').innerText]",
+        )
+        .await;
+    assert_eq!(
+        ran,
+        json!([
+            "undefined",
+            "undefined",
+            0,
+            "Stage one: a terminal and a page"
+        ]),
+        "the guide is shown and nothing of its script ran"
+    );
+    // The guide's `onerror=` was refused by the policy too, when DOMPurify parsed the guide
+    // (Chrome checks inline handlers even in the inert document it parses into).
+    let violations: Vec<String> =
+        serde_json::from_value(browser.run("return window.antidoteCspViolations").await).unwrap();
+    assert!(
+        violations.iter().any(|v| v.starts_with("script-src-attr ")),
+        "the guide's handler met the policy: {violations:?}"
+    );
+    assert_eq!(
+        unexpected_violations(&browser).await,
+        Vec::<String>::new(),
+        "policy violations on the page"
+    );
+    browser.screenshot("guide-sanitised").await;
+    browser.quit().await;
+}
