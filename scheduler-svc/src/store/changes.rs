@@ -165,6 +165,7 @@ fn parse(payload: &str) -> Option<Change> {
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
+    use super::super::backend::Pool;
     use super::super::testing::on_both;
     use super::*;
     use crate::model::{Millis, Status};
@@ -193,6 +194,35 @@ mod tests {
     }
 
     on_both! {
+        // The server ends the listening connection (as a restart does): the loss is reported as
+        // `Missed` once the listener listens again, and later changes are heard on the new
+        // connection.
+        async fn a_lost_listener_listens_again_and_says_so(database, store) {
+            let Some(mut changes) = store.changes().await.unwrap() else {
+                return; // SQLite: nothing to hear.
+            };
+            let Pool::Postgres(pool) = &store.reader else { unreachable!() };
+            let ended: i64 = sqlx::query_scalar(
+                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            assert_eq!(ended, 1, "one listening connection");
+            assert_eq!(next(&mut changes).await, Change::Missed);
+            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let session = store.create_session(ip, [8; 32], 0, Millis(1)).await.unwrap();
+            let (lesson, _) = store
+                .request_live_lesson(session.id, "a", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            assert_eq!(
+                next(&mut changes).await,
+                Change::Changed { id: lesson.id, generation: 1, needs_work: true }
+            );
+        }
+
         // Another store on the same database (another replica) sees every change but activity.
         async fn every_replica_hears_every_change(database, store) {
             let Some(mut changes) = store.changes().await.unwrap() else {
