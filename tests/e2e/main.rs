@@ -4,6 +4,7 @@
 mod access;
 mod bad_input;
 mod bounds;
+mod browser;
 mod cli;
 mod clock;
 mod configurators;
