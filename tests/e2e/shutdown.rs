@@ -1,11 +1,13 @@
 //! Bounded shutdown: streams that never end by themselves (a grpc.health.v1 Watch, a server
-//! reflection stream, a learner's WatchLiveLesson, the agent's Watch) do not keep a process
+//! reflection stream, a learner's WatchLiveLesson over gRPC and as server-sent events, the
+//! agent's Watch) do not keep a process
 //! alive past its shutdown grace. On SIGTERM the scheduler tells health watchers it is
 //! NOT_SERVING, waits `shutdown_grace` for calls to end, then cuts the connections still open
 //! and exits 0; an agent on the SDK does the same.
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::web::Web;
 use antidote_tests::{Scheduler, with_token};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -106,6 +108,27 @@ address = "{agent}"
         .unwrap()
         .into_inner();
     watch.message().await.unwrap().expect("the current state");
+    // A browser follows one as server-sent events.
+    let base = scheduler.process.extra_url("http").unwrap();
+    let browser = Web::default();
+    let created = browser
+        .post(&format!("{base}/v1/sessions"), "")
+        .await
+        .unwrap();
+    let session = created.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let requested = browser
+        .post(
+            &format!("{base}/v1/live-lessons"),
+            &format!(r#"{{"sessionId": "{session}", "lessonSlug": "hello-web"}}"#),
+        )
+        .await
+        .unwrap();
+    let live = requested.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let mut events = browser
+        .events(&format!("{base}/v1/live-lessons/{live}/watch"))
+        .await
+        .unwrap();
+    events.next().await.unwrap().expect("a first event");
     // Health and reflection on both gRPC listeners.
     let mut learners = open(c.channel.clone(), "").await;
     let admin = open(c.admin_channel.clone(), "").await;
@@ -131,7 +154,8 @@ address = "{agent}"
     while let Ok(Some(_)) = learners.health.message().await {}
     assert!(!matches!(learners.reflection.message().await, Ok(Some(_))));
     drop(admin);
-    assert!(!matches!(watch.message().await, Ok(Some(_))));
+    while let Ok(Some(_)) = watch.message().await {}
+    while let Ok(Some(_)) = events.next().await {}
 }
 
 #[tokio::test]
