@@ -955,12 +955,15 @@ impl Reconciler {
                         .is_some_and(|status| status != recorded || status.is_settled())
             };
             let mut poll_at = Instant::now() + poll_interval;
+            // False once the agent's observations ended (they do not while it exists): Get
+            // alone then, at the poll interval.
+            let mut observing = true;
             let why = loop {
                 tokio::select! {
                     biased;
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep_until(deadline) => break Wake::Deadline,
-                    observed = observer.changed() => match observed {
+                    observed = observer.changed(), if observing => match observed {
                         Some(Observed::Report(next)) => {
                             report = next;
                             if news(&report) {
@@ -969,14 +972,7 @@ impl Reconciler {
                         }
                         Some(Observed::Deleted) => break Wake::Lost,
                         Some(Observed::Nothing) => {}
-                        // The agent's observations ended (they do not while it exists): Get
-                        // alone, at the poll interval.
-                        None => {
-                            tokio::select! {
-                                _ = stop.cancelled() => return,
-                                _ = tokio::time::sleep_until(poll_at.min(deadline)) => {}
-                            }
-                        }
+                        None => observing = false,
                     },
                     _ = tokio::time::sleep_until(poll_at) => {
                         poll_at = Instant::now() + poll_interval;
