@@ -13,8 +13,9 @@
 //! data; `event: error` then the end if the stream fails).
 //!
 //! Also served: `GET /openapi.json` (generated from the same routes and descriptors, see
-//! [`openapi`]), `GET /metrics` (Prometheus) and `GET /healthz`. CORS answers only the origins
-//! in `http.cors_origins` (none by default).
+//! [`openapi`]), `GET /metrics` (Prometheus) and `GET /healthz`, and on the learners' listener
+//! the learner page (`/learn/`, [`page`]). CORS answers only the origins in `http.cors_origins`
+//! (none by default).
 
 pub mod openapi;
 pub mod page;
