@@ -677,12 +677,12 @@ async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
     );
 }
 
-/// toxiproxy's API URL: the server `ANTIDOTE_TOXIPROXY` names (`tests/run` starts one), or the
+/// toxiproxy's API URL: the server `ANTIDOTE_TEST_TOXIPROXY` names (`tests/run` starts one), or the
 /// one `tests/faults/toxiproxy.sh start` builds and starts when that is unset; never skipped.
 fn toxiproxy() -> &'static str {
     static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SERVER.get_or_init(|| {
-        if let Ok(url) = std::env::var("ANTIDOTE_TOXIPROXY")
+        if let Ok(url) = std::env::var("ANTIDOTE_TEST_TOXIPROXY")
             && !url.is_empty()
         {
             return url;
@@ -697,10 +697,10 @@ fn toxiproxy() -> &'static str {
         match stdout
             .lines()
             .last()
-            .and_then(|line| line.strip_prefix("ANTIDOTE_TOXIPROXY="))
+            .and_then(|line| line.strip_prefix("ANTIDOTE_TEST_TOXIPROXY="))
         {
             Some(url) if output.status.success() => url.to_owned(),
-            _ => panic!("ANTIDOTE_TOXIPROXY is unset and toxiproxy.sh start failed: {stdout}"),
+            _ => panic!("ANTIDOTE_TEST_TOXIPROXY is unset and toxiproxy.sh start failed: {stdout}"),
         }
     })
 }

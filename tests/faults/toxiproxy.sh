@@ -6,27 +6,27 @@
 #                        once). Safe to call concurrently: builds are serialised by a lock file.
 #   toxiproxy.sh start   build if needed, start the server on 127.0.0.1:PORT (reused if one
 #                        already answers there). Last stdout line:
-#                        ANTIDOTE_TOXIPROXY=http://127.0.0.1:PORT
+#                        ANTIDOTE_TEST_TOXIPROXY=http://127.0.0.1:PORT
 #   toxiproxy.sh env     print that line if the server answers (exit 1 otherwise)
 #   toxiproxy.sh stop    stop the server this script started
 #   toxiproxy.sh path    print the binary's path (after a build)
 #
 # Tests drive it over its HTTP API (POST /proxies, /proxies/NAME/toxics, DELETE ...).
 #
-# Environment: ANTIDOTE_TOXIPROXY_CACHE (default ~/.cache/antidote/toxiproxy),
-#              ANTIDOTE_TOXIPROXY_STATE (pid and log, default /tmp/antidote-toxiproxy),
-#              ANTIDOTE_TOXIPROXY_PORT (API port on 127.0.0.1, default 58474).
+# Environment: ANTIDOTE_TEST_TOXIPROXY_CACHE (default ~/.cache/antidote/toxiproxy),
+#              ANTIDOTE_TEST_TOXIPROXY_STATE (pid and log, default /tmp/antidote-toxiproxy),
+#              ANTIDOTE_TEST_TOXIPROXY_PORT (API port on 127.0.0.1, default 58474).
 set -euo pipefail
 
 # `@latest` resolves to an old 2.5.0 (later tags are not in the proxy's version list but are
 # served when named), so the version is pinned.
 VERSION=v2.12.0
 MODULE=github.com/Shopify/toxiproxy/v2
-CACHE_ROOT=${ANTIDOTE_TOXIPROXY_CACHE:-${HOME:-/root}/.cache/antidote/toxiproxy}
+CACHE_ROOT=${ANTIDOTE_TEST_TOXIPROXY_CACHE:-${HOME:-/root}/.cache/antidote/toxiproxy}
 BIN=$CACHE_ROOT/$VERSION
 SERVER=$BIN/toxiproxy-server
-STATE=${ANTIDOTE_TOXIPROXY_STATE:-/tmp/antidote-toxiproxy}
-PORT=${ANTIDOTE_TOXIPROXY_PORT:-58474}
+STATE=${ANTIDOTE_TEST_TOXIPROXY_STATE:-/tmp/antidote-toxiproxy}
+PORT=${ANTIDOTE_TEST_TOXIPROXY_PORT:-58474}
 URL="http://127.0.0.1:$PORT"
 
 log() { echo "toxiproxy.sh: $*" >&2; }
@@ -64,7 +64,7 @@ build() {
 
 start() {
   if answers; then
-    echo "ANTIDOTE_TOXIPROXY=$URL"
+    echo "ANTIDOTE_TEST_TOXIPROXY=$URL"
     return 0
   fi
   build
@@ -81,7 +81,7 @@ start() {
     sleep 0.1
   done
   answers || die "toxiproxy-server does not answer on $URL; see $STATE/toxiproxy.log"
-  echo "ANTIDOTE_TOXIPROXY=$URL"
+  echo "ANTIDOTE_TEST_TOXIPROXY=$URL"
 }
 
 stop() {
@@ -106,7 +106,7 @@ case ${1:-} in
     ;;
   env)
     answers || exit 1
-    echo "ANTIDOTE_TOXIPROXY=$URL"
+    echo "ANTIDOTE_TEST_TOXIPROXY=$URL"
     ;;
   stop) stop ;;
   path) [[ -x $SERVER ]] || exit 1; echo "$SERVER" ;;
