@@ -97,9 +97,10 @@ address = "{}"
     );
     assert!(refused.last_error.contains("[2]"), "{}", refused.last_error);
     assert_eq!(by_name("limited").state(), api::AgentState::Ready);
+    // The SDK pages Watch snapshots for every agent, so it offers `watch.pages` with `watch`.
     assert_eq!(
         by_name("limited").capabilities,
-        vec!["presentation.http", "watch"]
+        vec!["presentation.http", "watch", "watch.pages"]
     );
     assert_eq!(by_name("full").live_lessons, 2);
 }
