@@ -31,6 +31,10 @@ MC4CAQAwBQYDK2VwBCIEIOJpnp+MXLCEBFZDaMoT0KXNBLMvX5FYtd/znqWpkio2
 -----END PRIVATE KEY-----
 ";
 
+/// Entrypoint tokens live this long (the shortest the scheduler takes), so the test outlives
+/// every URL the page was given and sees it fetch fresh ones.
+const TOKEN_TTL_SECS: u64 = 10;
+
 /// WebDriver's name for an element reference in JSON.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// WebDriver's Enter key.
@@ -115,6 +119,7 @@ backoff_max = "1s"
 provision_timeout = "3m"
 [entrypoint]
 keys = [{{ id = "k1", file = "{key}" }}]
+token_ttl = "{TOKEN_TTL_SECS}s"
 {agents}"#,
             curriculum = curriculum().display(),
             key = key.display(),
@@ -643,6 +648,32 @@ async fn browser_learner_page_runs_a_lesson_with_a_terminal_and_a_web_tab() {
             Duration::from_secs(120),
         )
         .await;
+
+    // Every token the page was given so far expires; the shell exits; Reconnect opens a new
+    // terminal and Reload the page again, each with a fresh URL from GetLiveLesson.
+    type_line(&browser, "box/cli", "exit 0", "exited with status 0").await;
+    browser
+        .until(
+            "the Reconnect button",
+            "const b = [...document.querySelectorAll('#panel-box-cli .toolbar button')]; \
+             return b.length === 1 && !b[0].hidden",
+            Duration::from_secs(30),
+        )
+        .await;
+    // Not a synchronisation: the clock must pass the tokens' expiry.
+    tokio::time::sleep(Duration::from_secs(TOKEN_TTL_SECS + 1)).await;
+    browser.click("#panel-box-cli .toolbar button").await;
+    browser
+        .until(
+            "the terminal connected again",
+            "return document.querySelector('#panel-box-cli .toolbar [role=status]').innerText === 'Connected.'",
+            Duration::from_secs(30),
+        )
+        .await;
+    type_line(&browser, "box/cli", "echo again-$((1+1))", "again-2").await;
+    browser.click("#tab-box-web").await;
+    browser.click("#panel-box-web .toolbar button").await;
+    web_tab_shows(&browser, "#panel-box-web iframe", "stage one page").await;
 
     // xterm.js (its <style> elements), the terminal's WebSocket and the web tab's frame ran
     // under the policy without a violation.

@@ -494,6 +494,8 @@
         socket = ws;
         ws.addEventListener('open', () => {
           tries = 0;
+          for (const data of pending) ws.send(encoder.encode(data));
+          pending = [];
           state.textContent = 'Connected.';
           term.focus();
         });
@@ -537,8 +539,12 @@
         state.textContent = `Cannot connect: ${err.message}`;
         again.hidden = false;
       };
+      // Keys typed while a connection opens are sent once it is open.
+      let pending = [];
       term.onData((data) => {
-        if (socket && socket.readyState === WebSocket.OPEN) socket.send(encoder.encode(data));
+        if (!socket) return;
+        if (socket.readyState === WebSocket.OPEN) socket.send(encoder.encode(data));
+        else if (socket.readyState === WebSocket.CONNECTING && pending.length < 1000) pending.push(data);
       });
       term.onResize(({ cols, rows }) => {
         if (socket && socket.readyState === WebSocket.OPEN) {
