@@ -376,11 +376,13 @@
         if (view.tabs.has(key)) continue;
         let tab;
         if (endpoint.name === 'jupyter-guide') {
-          tab = webTab(endpoint.name, presentation.name, 'Guide (Jupyter)', 'notebooks/guide.ipynb');
+          // Jupyter refuses to be framed by another origin (its own frame-ancestors 'self'):
+          // the tab offers the notebook in a tab of its own.
+          tab = webTab(endpoint.name, presentation.name, 'Guide (Jupyter)', 'notebooks/guide.ipynb', false);
         } else if (presentation.type === 'ssh') {
           tab = terminalTab(endpoint.name, presentation.name);
         } else {
-          tab = webTab(endpoint.name, presentation.name, `${endpoint.name} · ${presentation.name} (web)`, '');
+          tab = webTab(endpoint.name, presentation.name, `${endpoint.name} · ${presentation.name} (web)`, '', true);
         }
         view.tabs.set(key, tab);
         if (view.tabs.size === 1) select(tab);
@@ -429,7 +431,8 @@
     chosen.shown();
   }
 
-  function webTab(endpoint, presentation, label, subpath) {
+  // An http presentation: in a sandboxed frame when `embed`, always as a link to a new tab.
+  function webTab(endpoint, presentation, label, subpath, embed) {
     return makeTab(endpoint, presentation, label, (tab) => {
       const frame = el('iframe', {
         title: label,
@@ -450,11 +453,12 @@
           u.pathname = u.pathname.replace(/\/?$/, '/') + subpath;
           url = u.toString();
         }
-        frame.src = url;
+        if (embed) frame.src = url;
         open.href = url;
       };
       reload.addEventListener('click', () => load().catch((err) => showError(err.message)));
-      tab.panel.append(el('p', { class: 'toolbar' }, reload, ' ', open), frame);
+      tab.panel.append(el('p', { class: 'toolbar' }, reload, ' ', open));
+      if (embed) tab.panel.append(frame);
       load().catch((err) => showError(err.message));
     });
   }
