@@ -199,7 +199,10 @@
     $('lesson-title').textContent = lesson.name;
     $('lesson-description').textContent = lesson.description || '';
     $('live').hidden = true;
+    $('live-line').hidden = true;
+    $('health').replaceChildren();
     $('start').hidden = false;
+    $('start').textContent = 'Start this lesson';
     $('start').disabled = false;
     $('delete').hidden = true;
     renderGuide(0);
@@ -311,6 +314,7 @@
     document.body.setAttribute('data-status', status);
     $('live').hidden = false;
     $('live-id').textContent = live.id;
+    $('live-line').hidden = false;
     $('start').hidden = true;
     $('delete').hidden = false;
     $('delete').disabled = view.deleting || status === 'TERMINATING';
