@@ -13,6 +13,12 @@ const VENDOR: &[&str] = &[
     "addon-fit.js",
     "marked.js",
     "purify.js",
+    // Their licences, served beside them (xterm.js's build carries no notice of its own).
+    "LICENSE.xterm",
+    "LICENSE.addon-fit",
+    "LICENSE.marked",
+    "LICENSE.dompurify",
+    "LICENSE-MPL.dompurify",
 ];
 
 fn main() {

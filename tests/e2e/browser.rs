@@ -744,6 +744,9 @@ async fn browser_learner_page_sends_a_strict_policy_and_never_runs_guide_scripts
         "the page's libraries are missing: run scheduler-svc/web/build, then build again"
     );
     assert_eq!(xterm.header("x-content-type-options"), Some("nosniff"));
+    let licence = get(&format!("{}vendor/LICENSE.xterm", env.page())).await;
+    assert_eq!(licence.status, 200, "the libraries' licences are served");
+    assert!(licence.body.contains("MIT") || licence.body.contains("Permission is hereby granted"));
     let root = get(&format!(
         "{}/",
         env.scheduler.process.extra_url("http").unwrap()

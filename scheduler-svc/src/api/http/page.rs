@@ -87,8 +87,10 @@ async fn vendor(State(api): State<Api>, Path(name): Path<String>) -> Response {
     };
     let kind = if name.ends_with(".css") {
         "text/css; charset=utf-8"
-    } else {
+    } else if name.ends_with(".js") {
         "text/javascript; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
     };
     asset(kind, bytes)
 }
