@@ -547,8 +547,8 @@ pub struct ReconcilerConfig {
     /// Longest retry delay.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
-    /// How often an agent is asked with Get while its Watch stream is quiet (Watch is a speed-up,
-    /// Get is the truth).
+    /// How often a waiting live lesson's agent is asked with Get (Watch is a speed-up, Get is the
+    /// truth): at first; over a Watch stream the interval then doubles up to 16 times this.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// How long an agent may be unreachable (not ready) before it is LOST: its live lessons are

@@ -11,8 +11,8 @@
 //!   and BOOTING are one write), call Provision (idempotent on id + generation) or Recover, then
 //!   record what the agent reported. Waiting for READY or FAILED holds no worker: the run hands
 //!   the wait to a waiter task ([`Reconciler::wait_for`]) and returns its worker to the pool.
-//!   The waiter follows the agent's Watch reports, asks Get (the truth) every `poll_interval`,
-//!   and wakes the live lesson (enqueues it with what it saw) when its status changes, when the
+//!   The waiter follows the agent's Watch reports, asks Get (the truth) from every
+//!   `poll_interval` (backing off to 16 times it over a Watch stream), and wakes the live lesson (enqueues it with what it saw) when its status changes, when the
 //!   agent lost it, and at the deadline; the next run records, settles, fails or waits again.
 //!   A few slow live lessons therefore never starve the pool.
 //!
@@ -915,8 +915,8 @@ impl Reconciler {
 
     /// Hands the wait for `current`'s generation to a waiter task, which holds no worker: it
     /// follows the agent's Watch reports through `observer` (made before the agent was called,
-    /// so nothing is missed), asks Get every `poll_interval` (Watch is a speed-up, Get the
-    /// truth), and wakes the live lesson (keeps what it saw and enqueues it) when the agent
+    /// so nothing is missed), asks Get from every `poll_interval` (Watch is a speed-up, Get the
+    /// truth; over a Watch stream the interval doubles up to 16 times), and wakes the live lesson (keeps what it saw and enqueues it) when the agent
     /// does not hold it any more (Watch says deleted, Get NOT_FOUND), at the deadline, and,
     /// `until` it settles, on a report of the generation with another status than the
     /// recorded one. It stops, waking nothing, when [`Reconciler::stop_waiting`] or shutdown
@@ -954,9 +954,16 @@ impl Reconciler {
                         .status
                         .is_some_and(|status| status != recorded || status.is_settled())
             };
-            let mut poll_at = Instant::now() + poll_interval;
+            // Get is the truth, Watch the speed-up. Over a Watch stream (which reports every
+            // change, and whose snapshot after a reconnect repeats every state) polls back off
+            // from `poll_interval` to 16 times it, so thousands of waiting live lessons do not
+            // flood their agent; without Watch they stay at `poll_interval`. The first poll is
+            // spread by up to a fifth of the interval (from the id), like retries.
+            let backs_off = agent.has(capabilities::WATCH);
+            let mut poll_every = poll_interval;
+            let mut poll_at = Instant::now() + poll_interval + poll_interval.mul_f64(spread(id));
             // False once the agent's observations ended (they do not while it exists): Get
-            // alone then, at the poll interval.
+            // alone then.
             let mut observing = true;
             let why = loop {
                 tokio::select! {
@@ -975,7 +982,10 @@ impl Reconciler {
                         None => observing = false,
                     },
                     _ = tokio::time::sleep_until(poll_at) => {
-                        poll_at = Instant::now() + poll_interval;
+                        if backs_off {
+                            poll_every = (poll_every * 2).min(poll_interval * 16);
+                        }
+                        poll_at = Instant::now() + poll_every;
                         let got = tokio::select! {
                             _ = stop.cancelled() => return,
                             got = agent.get(id) => got,
@@ -1308,8 +1318,13 @@ fn backoff(config: &ReconcilerConfig, id: LiveLessonId, failures: u32) -> Durati
         .backoff_initial
         .saturating_mul(1u32 << failures.saturating_sub(1).min(16));
     let capped = exp.min(config.backoff_max);
-    let jitter = capped.mul_f64(f64::from(id.0.as_u128() as u32 % 1000) / 5000.0);
-    capped + jitter
+    capped + capped.mul_f64(spread(id))
+}
+
+/// A fraction from 0 to 0.2 derived from the id: spreads the retries and polls of many live
+/// lessons started together.
+fn spread(id: LiveLessonId) -> f64 {
+    f64::from(id.0.as_u128() as u32 % 1000) / 5000.0
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
