@@ -135,10 +135,7 @@ pub async fn pages(suite: &mut Suite) -> Verdict {
         }
         ensure!(pages <= want.len() + 100, "the snapshot never ends");
     }
-    ensure!(
-        got == want,
-        "the pages hold {got:?}, List shows {want:?}"
-    );
+    ensure!(got == want, "the pages hold {got:?}, List shows {want:?}");
     let (after, _) = timed(&mut stream).await?;
     ensure!(
         !matches!(after.event, Some(Event::Snapshot(_))),
