@@ -534,7 +534,8 @@ async fn store_setup(
     std::fs::write(
         &path,
         format!(
-            "listen = \"127.0.0.1:0\"\ndatabase = \"{database}\"\n{}\
+            "listen = \"127.0.0.1:0\"\ndatabase = \"{database}\"\n\
+             http.listen = \"127.0.0.1:0\"\n{}\
              instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
              [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
              [[agents]]\nname = \"null\"\naddress = \"{}\"\n",
