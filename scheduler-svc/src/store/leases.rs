@@ -66,6 +66,24 @@ impl Store {
         Ok(())
     }
 
+    /// Gives leases `names` up, those of them `holder` holds, in one statement.
+    pub async fn release_leases_named(&self, names: &[String], holder: &str) -> Result<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let placeholders: Vec<String> = (0..names.len()).map(|i| format!("${}", i + 2)).collect();
+        let mut statement = Statement::new(format!(
+            "DELETE FROM leases WHERE holder = $1 AND name IN ({})",
+            placeholders.join(", ")
+        ))
+        .bind(holder);
+        for name in names {
+            statement = statement.bind(name.as_str());
+        }
+        self.write_execute(statement).await?;
+        Ok(())
+    }
+
     /// Gives back every lease `holder` holds (it is shutting down).
     pub async fn release_leases(&self, holder: &str) -> Result<()> {
         self.write_execute(Statement::new("DELETE FROM leases WHERE holder = $1").bind(holder))
@@ -119,6 +137,13 @@ mod tests {
             // Released by b: anyone's at once.
             store.release_lease(lease, "b").await.unwrap();
             assert!(store.acquire_lease(lease, "a", Millis(500), Millis(700)).await.unwrap());
+            // Several at once, only the holder's.
+            assert!(store.acquire_lease("x", "a", Millis(500), Millis(700)).await.unwrap());
+            assert!(store.acquire_lease("y", "b", Millis(500), Millis(700)).await.unwrap());
+            let names = [lease.to_owned(), "x".to_owned(), "y".to_owned()];
+            store.release_leases_named(&names, "a").await.unwrap();
+            assert!(store.renew_leases("a", Millis(800)).await.unwrap().is_empty());
+            assert_eq!(store.renew_leases("b", Millis(800)).await.unwrap(), ["y"]);
         }
 
         async fn concurrent_takers_get_one_lease(database, store) {
