@@ -86,6 +86,10 @@ impl Drop for PrivatePostgres {
             .env("ANTIDOTE_PG_PORT", self.port.to_string())
             .stdin(std::process::Stdio::null())
             .output();
+        // pg.sh's start lock beside the state directory.
+        let mut lock = self.state.clone().into_os_string();
+        lock.push(".lock");
+        let _ = std::fs::remove_file(lock);
     }
 }
 
