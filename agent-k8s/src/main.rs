@@ -33,11 +33,24 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
+    // Learners' way in: presentations resolve to the pods' addresses the agent reports, which
+    // this process reaches from inside the cluster's network.
+    let entrypoint = settings.entrypoint.bind().await?;
+    if let Some(bound) = &entrypoint {
+        println!("entrypoint listening on {}", bound.listener.local_addr()?);
+    }
     let backend = Kubernetes::new(client, settings);
-    let shutdown = sdk::shutdown_signal();
+    let signal = sdk::shutdown_signal();
     println!("{}", transport.announce());
     let agent = Agent::new(backend);
-    sdk::run(agent, transport, metrics, telemetry, shutdown)
-        .await
-        .map_err(|err| anyhow::anyhow!(err))
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    if let Some(bound) = entrypoint {
+        agent.serve_entrypoint(bound, shutdown.clone());
+    }
+    sdk::run(agent, transport, metrics, telemetry, async move {
+        signal.await;
+        shutdown.cancel();
+    })
+    .await
+    .map_err(|err| anyhow::anyhow!(err))
 }

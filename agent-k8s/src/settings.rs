@@ -25,6 +25,11 @@ pub struct Settings {
     /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
     #[command(flatten)]
     pub connect: antidote_proto::sdk::dial::ConnectArgs,
+    /// Learners' way in (`--entrypoint-listen ADDR`, its TLS and keys): web terminals and
+    /// proxied HTTP presentations, reaching pods at their addresses in the cluster's network
+    /// (deploy/k8s exposes it through the `agent-k8s-entrypoint` Service and an Ingress).
+    #[command(flatten)]
+    pub entrypoint: antidote_proto::sdk::entrypoint::EntrypointArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,

@@ -241,8 +241,7 @@ pub fn time_zone(name: &str) -> Result<jiff::tz::TimeZone, String> {
     if name.eq_ignore_ascii_case("UTC") {
         return Ok(jiff::tz::TimeZone::UTC);
     }
-    jiff::tz::TimeZone::get(name)
-        .map_err(|err| format!("`{name}` is not a known time zone: {err}"))
+    jiff::tz::TimeZone::get(name).map_err(|err| format!("`{name}` is not a known time zone: {err}"))
 }
 
 /// The bounds of a pool's sizes and windows (the configuration's and the admin API's): what is
@@ -255,7 +254,10 @@ pub fn check_pool(
         return Err(("windows", format!("at most {MAX_POOL_WINDOWS} windows")));
     }
     if size > MAX_POOL_SIZE {
-        return Err(("size", format!("size {size} is over the limit of {MAX_POOL_SIZE}")));
+        return Err((
+            "size",
+            format!("size {size} is over the limit of {MAX_POOL_SIZE}"),
+        ));
     }
     if let Some(w) = windows.iter().find(|w| w.size > MAX_POOL_SIZE) {
         return Err((
@@ -264,11 +266,14 @@ pub fn check_pool(
         ));
     }
     if let Some(w) = windows.iter().find(|w| w.from == w.to || w.from >= 1440) {
-        return Err(("windows", format!(
-            "window {}-{} is empty or starts at 24:00",
-            crate::model::clock_time::show(w.from),
-            crate::model::clock_time::show(w.to)
-        )));
+        return Err((
+            "windows",
+            format!(
+                "window {}-{} is empty or starts at 24:00",
+                crate::model::clock_time::show(w.from),
+                crate::model::clock_time::show(w.to)
+            ),
+        ));
     }
     Ok(())
 }
@@ -1209,7 +1214,11 @@ mod tests {
         assert_eq!(pool.windows[0].from, 8 * 60 + 45);
         assert_eq!(load_toml("").unwrap().pools.time_zone, "UTC");
         for (text, key, detail) in [
-            ("[pools]\ntime_zone = \"Mars/Olympus\"\n", "pools.time_zone", "Mars/Olympus"),
+            (
+                "[pools]\ntime_zone = \"Mars/Olympus\"\n",
+                "pools.time_zone",
+                "Mars/Olympus",
+            ),
             (
                 "[[pools.lessons]]\nlesson = \"a\"\nsize = 1001\n",
                 "pools.lessons[0]",

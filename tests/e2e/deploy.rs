@@ -446,7 +446,13 @@ fn deploy_k8s_dry_run_refuses_broken_manifests() {
         Breakage {
             what: "a Service port out of range",
             file: "agent-k8s.yaml",
-            edit: |docs| object(docs, "Service")["spec"]["ports"][0]["port"] = json!(70000),
+            edit: |docs| {
+                let service = docs
+                    .iter_mut()
+                    .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == "agent-k8s")
+                    .expect("agent-k8s's Service");
+                service["spec"]["ports"][0]["port"] = json!(70000)
+            },
             refusal: "must be between 1 and 65535",
         },
         Breakage {
@@ -550,6 +556,16 @@ fn deploy_k8s_scheduler_dials_the_agent_service() {
             "tls.{key}"
         );
     }
+    // The entrypoint signing key, from its own Secret.
+    let keys = config
+        .lines()
+        .find(|line| line.trim_start().starts_with("keys = [{"))
+        .unwrap_or_else(|| panic!("no [entrypoint] keys in:\n{config}"));
+    let file = toml_string(keys, "file").unwrap();
+    assert_eq!(
+        secret_file(deployment, file),
+        ("scheduler-entrypoint-keys".to_owned(), "k1.pem".to_owned())
+    );
 }
 
 /// The environment of the first container of `deployment`, in order.
@@ -611,6 +627,11 @@ pub(super) fn secret_file(deployment: &Value, path: &str) -> (String, String) {
 /// refused), its addresses, database and curriculum moved into `dir` by `ANTIDOTE_*`
 /// variables, which override the file.
 async fn spawn_scheduler(dir: &Path, config: &str) -> anyhow::Result<Process> {
+    // The entrypoint signing key the Deployment mounts from its Secret, made here.
+    let keys = dir.join("entrypoint-keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::write(keys.join("k1.pem"), crate::entrypoint::KEY).unwrap();
+    let config = config.replace("/etc/antidote-entrypoint/", &format!("{}/", keys.display()));
     let path = dir.join("antidote.toml");
     std::fs::write(&path, config).unwrap();
     let env = [

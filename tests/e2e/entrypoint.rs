@@ -21,7 +21,7 @@ use crate::PATIENCE;
 
 /// The scheduler's signing key (`openssl genpkey -algorithm ed25519`); the test signs its own
 /// expired and misdirected tokens with it.
-const KEY: &str = "-----BEGIN PRIVATE KEY-----
+pub(crate) const KEY: &str = "-----BEGIN PRIVATE KEY-----
 MC4CAQAwBQYDK2VwBCIEIOJpnp+MXLCEBFZDaMoT0KXNBLMvX5FYtd/znqWpkio2
 -----END PRIVATE KEY-----
 ";
@@ -138,14 +138,14 @@ address = "{agent}"
 }
 
 /// An answer: status, headers (lower-case names), body.
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: String,
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
@@ -154,7 +154,7 @@ impl Answer {
 }
 
 /// `GET url` over plain HTTP/1.1, with optional extra headers.
-async fn get(url: &str, extra: &[(&str, &str)]) -> Answer {
+pub(crate) async fn get(url: &str, extra: &[(&str, &str)]) -> Answer {
     let rest = url.strip_prefix("http://").expect("an http:// URL");
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let mut stream = tokio::net::TcpStream::connect(authority).await.unwrap();
@@ -185,10 +185,10 @@ async fn get(url: &str, extra: &[(&str, &str)]) -> Answer {
     }
 }
 
-type Terminal = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+pub(crate) type Terminal = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// Opens a WebSocket at an `http://` URL; the refusal's HTTP status when it is refused.
-async fn websocket(url: &str) -> Result<Terminal, u16> {
+pub(crate) async fn websocket(url: &str) -> Result<Terminal, u16> {
     let ws_url = url.replacen("http://", "ws://", 1);
     let authority = ws_url
         .strip_prefix("ws://")
@@ -206,7 +206,7 @@ async fn websocket(url: &str) -> Result<Terminal, u16> {
 }
 
 /// Types `line` into the terminal and reads output until `want` shows, returning what was read.
-async fn run(terminal: &mut Terminal, line: &str, want: &str) -> String {
+pub(crate) async fn run(terminal: &mut Terminal, line: &str, want: &str) -> String {
     let input = serde_json::json!({"type": "input", "data": format!("{line}\r")});
     terminal
         .send(Message::Text(input.to_string().into()))
@@ -215,7 +215,7 @@ async fn run(terminal: &mut Terminal, line: &str, want: &str) -> String {
     read_until(terminal, want).await
 }
 
-async fn read_until(terminal: &mut Terminal, want: &str) -> String {
+pub(crate) async fn read_until(terminal: &mut Terminal, want: &str) -> String {
     let mut seen = String::new();
     let found = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(message) = terminal.next().await {
@@ -234,7 +234,7 @@ async fn read_until(terminal: &mut Terminal, want: &str) -> String {
 }
 
 /// `url` with its token replaced by `token` (or removed).
-fn with_token(url: &str, token: Option<&str>) -> String {
+pub(crate) fn with_token(url: &str, token: Option<&str>) -> String {
     let base = url.split_once('?').map_or(url, |(b, _)| b);
     match token {
         Some(token) => format!("{base}?antidote_token={token}"),
@@ -242,7 +242,7 @@ fn with_token(url: &str, token: Option<&str>) -> String {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

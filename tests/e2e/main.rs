@@ -17,6 +17,7 @@ mod entrypoint;
 mod faults;
 mod fleet;
 mod k8s;
+mod k8s_entrypoint;
 mod lifecycle;
 mod mesh;
 mod mtls;

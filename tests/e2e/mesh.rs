@@ -311,9 +311,11 @@ fn mesh_mode_is_opt_in_and_every_variant_makes_the_agent_plaintext_behind_its_si
             w.agent_env
         );
     }
-    for deployment in ["agent-k8s", "scheduler-svc"] {
-        assert_eq!(secret_volumes(&base, deployment).len(), 1, "{deployment}");
-    }
+    assert_eq!(secret_volumes(&base, "agent-k8s"), ["agent-k8s-tls"]);
+    assert_eq!(
+        secret_volumes(&base, "scheduler-svc"),
+        ["scheduler-agent-client-tls", "scheduler-entrypoint-keys"]
+    );
     assert!(
         scheduler_config(&base).contains(&format!("\"https://{}\"", agent_service(&base))),
         "{}",
@@ -323,13 +325,17 @@ fn mesh_mode_is_opt_in_and_every_variant_makes_the_agent_plaintext_behind_its_si
     for mesh in MESHES {
         let docs = render(Some(mesh));
         // No TLS Secret anywhere: nothing issues one in a mesh, and a pod would wait for it.
-        for deployment in ["agent-k8s", "scheduler-svc"] {
-            assert_eq!(
-                secret_volumes(&docs, deployment),
-                Vec::<String>::new(),
-                "{mesh}: {deployment}"
-            );
-        }
+        // (The entrypoint signing key is the operator's, mesh or not.)
+        assert_eq!(
+            secret_volumes(&docs, "agent-k8s"),
+            Vec::<String>::new(),
+            "{mesh}: agent-k8s"
+        );
+        assert_eq!(
+            secret_volumes(&docs, "scheduler-svc"),
+            ["scheduler-entrypoint-keys"],
+            "{mesh}: scheduler-svc"
+        );
         let w = workloads(&docs);
         assert_eq!(
             w.agent_env

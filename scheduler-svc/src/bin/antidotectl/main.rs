@@ -16,6 +16,7 @@
 mod client;
 mod commands;
 mod render;
+mod ssh;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -132,6 +133,20 @@ enum Command {
         /// Return at once instead of following.
         #[arg(long)]
         no_follow: bool,
+    },
+    /// A terminal on an endpoint of your live lesson, through its agent's entrypoint (the
+    /// same way in as a learner's browser tab); exits with the remote shell's status.
+    Ssh {
+        /// The live lesson id.
+        id: String,
+        /// The endpoint.
+        endpoint: String,
+        /// The ssh presentation, when the endpoint has several.
+        #[arg(long)]
+        presentation: Option<String>,
+        /// A CA certificate (PEM) to check an https entrypoint with, instead of the system's.
+        #[arg(long, env = "ANTIDOTE_ENTRYPOINT_CA")]
+        entrypoint_ca: Option<PathBuf>,
     },
     /// Delete a live lesson.
     Delete {
@@ -336,6 +351,16 @@ async fn run(cli: Cli) -> Result<()> {
             no_follow,
         } => commands::stage(&c, &out, id, stage, no_follow).await,
         Command::Delete { id } => commands::delete(&c, &out, id).await,
+        Command::Ssh {
+            id,
+            endpoint,
+            presentation,
+            entrypoint_ca,
+        } => {
+            let status = ssh::ssh(&c, id, endpoint, presentation, entrypoint_ca.as_deref()).await?;
+            // The remote shell's status is ours; the terminal is already restored.
+            std::process::exit(status);
+        }
         Command::Plan { lesson, stage } => commands::plan(&c, &out, lesson, stage).await,
         Command::Admin(Admin::List {
             status,

@@ -203,7 +203,11 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "watch-pages",
         what: "asked for pages, a Watch snapshot comes in bounded pages at one revision",
-        needs: &[LIST_PAGES, WATCH, Need::Capability(capabilities::WATCH_PAGES)],
+        needs: &[
+            LIST_PAGES,
+            WATCH,
+            Need::Capability(capabilities::WATCH_PAGES),
+        ],
         run: |suite| Box::pin(watch::pages(suite)),
     },
     Check {

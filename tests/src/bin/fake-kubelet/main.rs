@@ -4,7 +4,9 @@
 //!
 //! - an endpoint pod gets a loopback address (`--ip-prefix`, e.g. 127.77.0.5) and, for every
 //!   container port, a real listener there: `--silent-port` accepts and never says a word (the
-//!   conformance suite's `failed-probe`), ports named `ssh-*` send an SSH banner, `http-*`
+//!   conformance suite's `failed-probe`), ports named `ssh-*` are
+//!   real SSH servers (password login with the test images' credentials, a shell on a
+//!   pseudo-terminal: `ssh.rs`), `http-*`
 //!   answer HTTP with a page naming the pod, others accept and close. Then it is Running.
 //! - a Job's pod succeeds, unless its command contains `--fail-marker`: then it fails with exit
 //!   code 1 (the Job controller retries it up to the Job's backoffLimit), or `--hang-marker`:
@@ -28,6 +30,8 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::task::JoinHandle;
+
+mod ssh;
 
 #[derive(Parser)]
 #[command(
@@ -57,6 +61,12 @@ struct Args {
     /// A pod whose image contains this cannot pull it.
     #[arg(long, default_value = "ghost")]
     missing_image: String,
+    /// The user `ssh-*` ports admit (the test curricula's images' `sshUser`).
+    #[arg(long, default_value = "antidote")]
+    ssh_user: String,
+    /// Its password (the images' `sshPassword`).
+    #[arg(long, default_value = "antidote")]
+    ssh_password: String,
 }
 
 const MANAGER: &str = "fake-kubelet";
@@ -263,7 +273,19 @@ impl Kubelet {
                     port.name.clone().unwrap_or_default()
                 };
                 let page = format!("{namespace}/{name} on {}\n", self.args.node);
-                listeners.push(tokio::spawn(serve(listener, kind, page)));
+                if kind.starts_with("ssh") {
+                    let credentials = ssh::Credentials {
+                        user: self.args.ssh_user.clone(),
+                        password: self.args.ssh_password.clone(),
+                    };
+                    listeners.push(tokio::spawn(ssh::serve(
+                        listener,
+                        credentials,
+                        name.clone(),
+                    )));
+                } else {
+                    listeners.push(tokio::spawn(serve(listener, kind, page)));
+                }
             }
             self.running.insert(uid, listeners);
             json!({
@@ -308,8 +330,6 @@ async fn serve(listener: tokio::net::TcpListener, kind: String, page: String) {
                 // Hold the connection open, saying nothing, until the client gives up.
                 let mut buf = [0u8; 1024];
                 while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
-            } else if kind.starts_with("ssh") {
-                let _ = stream.write_all(b"SSH-2.0-fake-kubelet\r\n").await;
             } else if kind.starts_with("http") {
                 let mut buf = [0u8; 1024];
                 let _ = stream.read(&mut buf).await;

@@ -1,0 +1,215 @@
+//! The learners' way in through agent-k8s's entrypoint (`--entrypoint-listen`), against the test
+//! control plane: the fake kubelet's pods play the endpoints (a real SSH server with a shell on
+//! `ssh-*` ports, a page on `http-*` ones) at their pod addresses, which the entrypoint reaches
+//! as it would from inside a cluster. The scheduler hands out the URLs with tokens it signs; a
+//! WebSocket terminal runs a command on the pod, the HTTP presentation's page arrives through
+//! the proxy, and tokens for something else are refused.
+
+use std::path::Path;
+use std::time::Duration;
+
+use antidote_proto::api::v1 as api;
+use antidote_proto::sdk::entrypoint::{Claims, Signer};
+use antidote_tests::{Scheduler, presentation};
+use futures::SinkExt as _;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::PATIENCE;
+use crate::entrypoint::{KEY, get, read_until, run, websocket, with_token};
+use crate::k8s::{admin, agent_k8s, agent_kubeconfig, fake_kubelet};
+
+#[tokio::test]
+async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
+    let instance = "k8s-entry";
+    let dir = tempfile::tempdir().unwrap();
+    let client = admin().await;
+    let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
+    let kubelet = fake_kubelet(dir.path(), instance).await;
+    let (agent, _, _) = agent_k8s(
+        dir.path(),
+        &kubeconfig,
+        &[
+            "--entrypoint-listen",
+            "127.0.0.1:0",
+            "--entrypoint-activity-interval",
+            "500ms",
+        ],
+    )
+    .await;
+    let key = dir.path().join("k1.pem");
+    std::fs::write(&key, KEY).unwrap();
+    let curriculum = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/k8s-curriculum")
+        .canonicalize()
+        .unwrap();
+    let config = format!(
+        r#"instance_id = "{instance}"
+curriculum = "{curriculum}"
+tier = "prod"
+[limits]
+sessions_per_ip = 0
+[reaper]
+interval = "500ms"
+orphan_interval = "500ms"
+orphan_grace = "1s"
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "100ms"
+backoff_max = "1s"
+provision_timeout = "4m"
+[entrypoint]
+keys = [{{ id = "k1", file = "{key}" }}]
+token_ttl = "2m"
+[[agents]]
+name = "k8s"
+address = "{agent}"
+"#,
+        curriculum = curriculum.display(),
+        key = key.display(),
+        agent = agent.url(),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config)
+        .await
+        .expect("scheduler starts");
+    let logs = || {
+        format!(
+            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
+            scheduler.process.log_text(),
+            agent.log_text(),
+            kubelet.log_text()
+        )
+    };
+    let c = &scheduler.clients;
+    let session = c.session().await.unwrap();
+    let requested = c.request(&session, "two-tier", 0).await.unwrap();
+    let lesson = c
+        .ready(&requested.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", logs()));
+    let entry = agent.extra_url("entrypoint").unwrap();
+    let cli = presentation(&lesson, "router", "cli")
+        .entrypoint_url
+        .clone();
+    let page = presentation(&lesson, "web", "page").entrypoint_url.clone();
+    assert!(
+        cli.starts_with(&format!(
+            "{entry}/l/{}/router/cli/terminal?antidote_token=",
+            lesson.id
+        )),
+        "{cli}"
+    );
+    // The web endpoint's page, through the proxy, from the pod's own listener.
+    let answer = get(&page, &[]).await;
+    assert_eq!(answer.status, 200, "{}\n{}", answer.body, logs());
+    assert!(
+        answer.body.contains("on node-k8s-entry"),
+        "the fake pod's page: {}",
+        answer.body
+    );
+
+    // A terminal on the router pod: the entrypoint logs in with the image's credentials.
+    let mut terminal = websocket(&cli)
+        .await
+        .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", logs()));
+    let out = run(&mut terminal, "echo hello-$((6*7))", "hello-42").await;
+    assert!(out.contains("hello-42"), "{out}");
+    terminal
+        .send(Message::Binary(b"echo typed-$((2+3))\r".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut terminal, "typed-5").await;
+    drop(terminal);
+
+    // Refusals: no token, another presentation's token, a stranger's key.
+    let signer = Signer::from_pem("k1", KEY.as_bytes()).unwrap();
+    let web_cli = signer.sign(&Claims::new(
+        &lesson.id,
+        "web",
+        "cli",
+        Duration::from_secs(60),
+    ));
+    let stranger = Signer::generate("k1").sign(&Claims::new(
+        &lesson.id,
+        "router",
+        "cli",
+        Duration::from_secs(60),
+    ));
+    for (token, want, what) in [
+        (None, 401, "no token"),
+        (Some(stranger.as_str()), 401, "a token of another key"),
+        (Some(web_cli.as_str()), 403, "a token for another endpoint"),
+    ] {
+        let refused = websocket(&with_token(&cli, token)).await.err();
+        assert_eq!(refused, Some(want), "terminal with {what}");
+    }
+    let refused = get(&with_token(&page, None), &[]).await;
+    assert_eq!(
+        refused.status, 401,
+        "page without a token: {}",
+        refused.body
+    );
+
+    // antidotectl ssh: the same way in from a terminal (here a pipe), the remote shell's exit
+    // status for its own; without the session's token it gets nothing.
+    let ctl = |token: Option<String>, endpoint: &str, input: &'static str| {
+        let mut command = std::process::Command::new(antidote_tests::workspace_bin("antidotectl"));
+        command
+            .args([
+                "--server",
+                &scheduler.process.url(),
+                "ssh",
+                &lesson.id,
+                endpoint,
+            ])
+            .env("ANTIDOTE_STATE_DIR", dir.path().join("ctl-state"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(token) = token {
+            command.env("ANTIDOTE_SESSION_TOKEN", token);
+        }
+        async move {
+            let mut child = tokio::process::Command::from(command).spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut stdin, input.as_bytes())
+                .await
+                .unwrap();
+            drop(stdin);
+            tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+                .await
+                .expect("antidotectl ssh ends")
+                .unwrap()
+        }
+    };
+    let token = c.tokens.of_lesson(&lesson.id);
+    let out = ctl(token.clone(), "router", "echo via-$((40+2))\nexit 7\n").await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("via-42"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(7), "{stdout}");
+    let stranger = ctl(None, "router", "exit 0\n").await;
+    let stderr = String::from_utf8_lossy(&stranger.stderr);
+    assert_eq!(stranger.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("UNAUTHENTICATED"), "{stderr}");
+    let nowhere = ctl(token, "nowhere", "exit 0\n").await;
+    let stderr = String::from_utf8_lossy(&nowhere.stderr);
+    assert!(
+        stderr.contains("no endpoint `nowhere`") && stderr.contains("router"),
+        "{stderr}"
+    );
+
+    c.lessons
+        .clone()
+        .delete_live_lesson(antidote_tests::with_token(
+            api::DeleteLiveLessonRequest {
+                id: lesson.id.clone(),
+            },
+            c.tokens.of_lesson(&lesson.id),
+        ))
+        .await
+        .unwrap();
+    c.gone(&lesson.id, PATIENCE).await.unwrap();
+}
