@@ -40,6 +40,7 @@
 //! | `recover-held` | `stage-change`, `recover` offered | Recover of a held live lesson: the same spec answers its state, an older one GENERATION_OUTDATED, another spec SPEC_CONFLICT, a newer generation becomes READY |
 //! | `list-pages` | `provision-ready` | with two more live lessons READY, pages of 1 list all three once, in the same order as one page |
 //! | `watch-reconnect` | `list-pages`, `watch` offered | a second Watch's snapshot holds every live lesson List shows, in one message, at a revision no older than anything told before, each state no newer than it |
+//! | `watch-pages` | `list-pages`, `watch` offered, `watch.pages` offered | asked for pages of a bounded size, a Watch snapshot comes as several messages at one revision, `more` set on all but the last, holding every live lesson List shows ([W8]) |
 //! | `plan-no-side-effects` | `handshake`, `plan` offered | Plan lists objects and creates nothing (Get NOT_FOUND, not in List) |
 //! | `plan-bad-spec` | `handshake`, `plan` offered | Plan of a broken spec is INVALID_SPEC with Provision's field; of a valid one, OK without error diagnostics; of an image the agent cannot run, OK |
 //! | `watch-heartbeat` | `handshake`, `watch` offered | on a quiet stream at a 1 s interval, heartbeats come at most 2 s apart at the snapshot's revision |
