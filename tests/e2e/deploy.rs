@@ -342,14 +342,24 @@ impl FixtureCrds {
             dir.to_str().unwrap(),
         ]);
         assert!(ok, "installing the {fixture} CRDs failed:\n{output}");
-        let (ok, output) = kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "-l",
-            &crds.label,
-            "--timeout=60s",
-        ]);
+        // `kubectl wait` fails at once ("<nil> is of the type <nil>") on a CRD whose status the
+        // API server has not written yet, instead of waiting: ask again until it waits.
+        let mut tries = 0;
+        let (ok, output) = loop {
+            let (ok, output) = kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "crd",
+                "-l",
+                &crds.label,
+                "--timeout=60s",
+            ]);
+            tries += 1;
+            if ok || tries == 20 || !output.contains("accessor error") {
+                break (ok, output);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        };
         assert!(ok, "the {fixture} CRDs were not established:\n{output}");
         assert_eq!(
             output

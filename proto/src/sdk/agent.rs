@@ -17,6 +17,14 @@ use super::entrypoint::{self, Keys, Lessons};
 use super::metrics::AgentMetrics;
 use super::{errors, labels, spec};
 
+/// When a live lesson is removed while its driver was still realising it, the pauses after
+/// which the removal looks again for objects whose creation was already under way (sent to the
+/// backend before the driver stopped, carried out after the first look).
+const LATE_OBJECTS: [std::time::Duration; 2] = [
+    std::time::Duration::from_millis(250),
+    std::time::Duration::from_millis(1000),
+];
+
 /// Who an agent is, for the handshake.
 #[derive(Debug, Clone)]
 pub struct Description {
@@ -435,10 +443,12 @@ impl<B: Backend> Agent<B> {
     async fn deprovision(&self, id: &str) -> Result<(), Status> {
         let _turn = self.turn(id).await;
         let work = self.work().remove(id);
+        let mut interrupted = false;
         if let Some(work) = work {
             // Stop the driver and wait until it has stopped: a task running on another worker
             // thread finishes its current step first, and whatever that step creates must exist
             // before the removal below looks for it (PROTOCOL.md [D2]).
+            interrupted = !work.driver.is_finished();
             work.driver.abort();
             let _ = work.driver.await;
         }
@@ -447,6 +457,15 @@ impl<B: Backend> Agent<B> {
             s.reason = "removing".into();
         });
         self.backend.remove(id).await?;
+        if interrupted {
+            // A request the stopped driver had already sent (a container being created) is
+            // still carried out by the backend after the removal looked: look again once it
+            // has had time to land. Only for lessons removed while being realised.
+            for pause in LATE_OBJECTS {
+                tokio::time::sleep(pause).await;
+                self.backend.remove(id).await?;
+            }
+        }
         self.book.remove(id);
         self.turns
             .lock()
