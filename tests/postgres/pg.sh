@@ -117,19 +117,29 @@ restart() {
     kill)
       local pid
       pid=$(postmaster) || die "PostgreSQL is not running in $DATA"
+      local children
+      children=$(pgrep -P "$pid" 2>/dev/null | tr '\n' ' ' || true)
       log "kill -9 of the postmaster (pid $pid) on 127.0.0.1:$PORT"
-      kill -KILL "$pid"
-      # Its backends notice the postmaster's death and exit; until they have, a new postmaster
-      # refuses to start (they still hold the old shared memory), so starting is retried.
+      kill -s KILL -- "$pid"
+      # Its backends notice the postmaster's death and exit (a busy one after its query);
+      # until they have, a new postmaster refuses to start (they still hold the old shared
+      # memory): wait for them (up to 60 s), then retry starting for as long again.
       for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      local c left
+      for _ in $(seq 1 300); do
+        left=0
+        for c in $children; do kill -0 "$c" 2>/dev/null && left=1; done
+        [[ $left == 0 ]] && break
+        sleep 0.2
+      done
       local i
-      for i in $(seq 1 50); do
+      for i in $(seq 1 300); do
         if as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 \
           -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" start \
           >&2 9>&-; then
           break
         fi
-        [[ $i == 50 ]] && die "PostgreSQL did not start again after kill -9; see $LOGFILE"
+        [[ $i == 300 ]] && die "PostgreSQL did not start again after kill -9; see $LOGFILE"
         sleep 0.2
       done
       ;;
