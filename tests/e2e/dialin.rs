@@ -3,7 +3,9 @@
 //! they opened: a lesson end to end, kill -9 of the scheduler (the agent dials in again, its
 //! lessons stay READY and are still driven) and of the agent (Recover on its new instance),
 //! refusals (another CA, a name not admitted, the name of a dialled agent), two agents whose
-//! handshake labels steer placement, and the conformance suite over the flipped transport.
+//! handshake labels steer placement, the conformance suite over the flipped transport, and one
+//! agent dialling in to two scheduler replicas on PostgreSQL (`--connect` twice), used by both
+//! and surviving kill -9 of one.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,6 +18,7 @@ use antidote_tests::{Process, Restartable, Scheduler, example_curriculum, fetch,
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::PATIENCE;
+use crate::postgres::{TestDatabase, start_on};
 
 /// Certificates of one test: a CA signing the scheduler's intake certificate (for 127.0.0.1)
 /// and the agents' client certificates, and a rogue CA nobody trusts.
@@ -566,4 +569,237 @@ async fn the_conformance_suite_passes_over_dial_in() {
         stderr.contains("agent conformant.agents.test dialled in"),
         "{stderr}"
     );
+}
+
+/// A replica's configuration: short leases and a quick resync (a dead replica's work is taken
+/// over within about three seconds), several live lessons per session, the intake `intake`.
+fn replica_config(intake: &str) -> String {
+    format!(
+        r#"instance_id = "e2e-dialin-replicas"
+curriculum = "{}"
+tier = "local"
+[limits]
+sessions_per_ip = 0
+live_lessons_per_session = 3
+watches_per_address = 1024
+[reconciler]
+poll_interval = "500ms"
+backoff_initial = "50ms"
+backoff_max = "1s"
+provision_timeout = "2m"
+[replicas]
+lease_ttl = "2s"
+resync_interval = "500ms"
+{intake}"#,
+        example_curriculum().display()
+    )
+}
+
+/// Requests `count` live lessons through `clients` (three per session), concurrently;
+/// returns their ids once every request was acknowledged.
+async fn request_many(clients: &antidote_tests::Clients, count: usize) -> Vec<String> {
+    let slugs = ["hello-web", "routing-basics", "netcat-toolbox"];
+    let mut requests = tokio::task::JoinSet::new();
+    for first in (0..count).step_by(slugs.len()) {
+        let clients = clients.clone();
+        let wanted: Vec<&str> = slugs
+            .iter()
+            .copied()
+            .take((count - first).min(slugs.len()))
+            .collect();
+        requests.spawn(async move {
+            let session = clients.session().await?;
+            let mut ids = Vec::new();
+            for slug in wanted {
+                ids.push(clients.request(&session, slug, 0).await?.id);
+            }
+            anyhow::Ok(ids)
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(result) = requests.join_next().await {
+        ids.extend(
+            result
+                .unwrap()
+                .unwrap_or_else(|err| panic!("request: {err:#}")),
+        );
+    }
+    assert_eq!(ids.len(), count);
+    ids
+}
+
+/// Waits until every one of `ids` is READY, as `clients` reads them.
+async fn all_ready(clients: &antidote_tests::Clients, ids: &[String], logs: impl Fn() -> String) {
+    let mut waits = tokio::task::JoinSet::new();
+    for id in ids {
+        let (clients, id) = (clients.clone(), id.clone());
+        waits.spawn(async move { (clients.ready(&id).await, id) });
+    }
+    while let Some(result) = waits.join_next().await {
+        let (ready, id) = result.unwrap();
+        if let Err(err) = ready {
+            panic!("live lesson {id}: {err:#}\n{}", logs());
+        }
+    }
+}
+
+/// The live-lesson ids the agent created (its journal's `create` lines), with repeats.
+fn created(journal: &Path) -> Vec<String> {
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("create "))
+        .map(|rest| rest.split(' ').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// How many times the agent's log says it dialled in to `intake`.
+fn dials_to(agent: &Process, intake: SocketAddr) -> usize {
+    // The log is coloured: `scheduler`, `=` and the value are apart.
+    let mut plain = String::new();
+    let mut escape = false;
+    for c in agent.log_text().chars() {
+        match (escape, c) {
+            (false, '\x1b') => escape = true,
+            (true, 'm') => escape = false,
+            (false, c) => plain.push(c),
+            (true, _) => {}
+        }
+    }
+    plain
+        .lines()
+        .filter(|line| {
+            line.contains("dialled in; serving on the connection")
+                && line.contains(&format!("scheduler={intake}"))
+        })
+        .count()
+}
+
+/// Two scheduler replicas on one PostgreSQL database, each with its own agent intake, and one
+/// test agent dialling in to both (`--connect` twice). Any replica may hold a live lesson's
+/// lease and drive it, so with a connection to one replica only, the live lessons the other
+/// leases would stall: here every one requested through either replica is READY. Then one
+/// replica is killed (-9) while live lessons it drives are still booting: the survivor takes
+/// them over, drives the ones requested through it, and the agent's connection to it is not
+/// disturbed. The dead replica comes back on its intake port, the agent dials in to it again,
+/// and it drives and deletes live lessons again. Every live lesson is created exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_in_agent_connected_to_every_replica_is_used_by_all_and_survives_one_dying() {
+    const PER_REPLICA: usize = 9;
+    let database = TestDatabase::create();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let name = "edge-1.agents.test";
+    let config = |port: u16| replica_config(&pki.intake_config(port, &["*.agents.test"], &[]));
+    let tokens = antidote_tests::Tokens::default();
+    let start = |port: u16| {
+        let (config, tokens, url, dir) = (
+            config(port),
+            tokens.clone(),
+            database.url.clone(),
+            dir.path().to_path_buf(),
+        );
+        async move {
+            let mut replica = start_on(&dir, &url, &config).await;
+            replica.clients.tokens = tokens;
+            replica
+        }
+    };
+    let mut a = start(0).await;
+    let b = start(0).await;
+    let (intake_a, intake_b) = (intake(&a), intake(&b));
+
+    let journal = dir.path().join("journal");
+    let (mut args, _) = dial_args(&pki, intake_a, name, false);
+    args.extend([
+        "--connect".into(),
+        format!("https://{intake_b}"),
+        "--journal".into(),
+        journal.display().to_string(),
+        "--boot-delay".into(),
+        "1500ms".into(),
+    ]);
+    let agent = dial_in_agent(dir.path(), &args).await;
+    let logs = |replicas: &[&Scheduler]| {
+        let mut text = String::new();
+        for (i, replica) in replicas.iter().enumerate() {
+            text.push_str(&format!(
+                "--- replica {i} ---\n{}\n",
+                replica.process.log_text()
+            ));
+        }
+        text.push_str(&format!("--- agent ---\n{}", agent.log_text()));
+        text
+    };
+
+    // One connection to each replica: both list it READY, each from its own connection.
+    let on_a = agent_when(&a, name, ready).await;
+    let on_b = agent_when(&b, name, ready).await;
+    assert_eq!(on_a.transport(), api::AgentTransport::DialIn);
+    assert_eq!(on_b.transport(), api::AgentTransport::DialIn);
+    assert_ne!(
+        on_a.peer_address, on_b.peer_address,
+        "two connections, one per replica"
+    );
+    assert_eq!(on_a.instance_id, on_b.instance_id);
+
+    // Live lessons requested through both replicas (each leases what it was asked for).
+    let (through_a, through_b) = tokio::join!(
+        request_many(&a.clients, PER_REPLICA),
+        request_many(&b.clients, PER_REPLICA)
+    );
+    all_ready(&a.clients, &through_a, || logs(&[&a, &b])).await;
+    all_ready(&b.clients, &through_b, || logs(&[&a, &b])).await;
+
+    // More through both, then A dies while they boot: B takes A's over when their leases
+    // expire, and drives those requested through it after A died.
+    let (booting_a, booting_b) = tokio::join!(
+        request_many(&a.clients, PER_REPLICA),
+        request_many(&b.clients, PER_REPLICA)
+    );
+    a.process.kill9().await;
+    let after_death = request_many(&b.clients, PER_REPLICA).await;
+    let mut survivors: Vec<String> = [&through_a, &through_b, &booting_a, &booting_b, &after_death]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    all_ready(&b.clients, &survivors, || logs(&[&a, &b])).await;
+    // The agent's connection to B carried all that: it never ended.
+    assert_eq!(dials_to(&agent, intake_b), 1, "{}", logs(&[&a, &b]));
+
+    // A comes back on its intake port: the agent dials in to it again, and it drives live
+    // lessons again.
+    a = start(intake_a.port()).await;
+    let again = agent_when(&a, name, ready).await;
+    assert_eq!(again.instance_id, on_a.instance_id);
+    assert!(dials_to(&agent, intake_a) >= 2, "{}", logs(&[&a, &b]));
+    let through_new_a = request_many(&a.clients, PER_REPLICA).await;
+    all_ready(&a.clients, &through_new_a, || logs(&[&a, &b])).await;
+    survivors.extend(through_new_a);
+
+    // Each created exactly once.
+    let creations = created(&journal);
+    let distinct: std::collections::BTreeSet<&String> = creations.iter().collect();
+    let expected: std::collections::BTreeSet<&String> = survivors.iter().collect();
+    assert_eq!(
+        (creations.len(), distinct),
+        (survivors.len(), expected),
+        "the agent created each live lesson exactly once\n{}",
+        logs(&[&a, &b])
+    );
+
+    // Deleted through either replica, every one is gone.
+    let mut deletes = tokio::task::JoinSet::new();
+    for (i, id) in survivors.iter().enumerate() {
+        let clients = if i % 2 == 0 { &a } else { &b }.clients.clone();
+        let id = id.clone();
+        deletes.spawn(async move { (clients.delete(&id, PATIENCE).await, id) });
+    }
+    while let Some(result) = deletes.join_next().await {
+        let (deleted, id) = result.unwrap();
+        if let Err(err) = deleted {
+            panic!("delete {id}: {err:#}\n{}", logs(&[&a, &b]));
+        }
+    }
 }

@@ -58,7 +58,7 @@ pub async fn serve_with_grace<B: Backend>(
 }
 
 /// [`serve`] on any stream of connections: a listener's, or the connections an agent dialled
-/// in (`super::dial`), served one after the other by the same server.
+/// in (`super::dial`: one per scheduler replica), all served at once by the same server.
 pub(super) async fn serve_incoming<B, IO>(
     agent: Arc<Agent<B>>,
     incoming: impl Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
@@ -221,14 +221,19 @@ pub enum Transport {
 impl Transport {
     /// The line an agent prints once it is about to serve, which scripts and tests wait for:
     /// `listening on ADDR` (the bound address, port 0 resolved), or `dialling in to HOST:PORT`
-    /// when it listens on nothing.
+    /// when it listens on nothing: one such line per `--connect` URL, in the order given.
     pub fn announce(&self) -> String {
         match self {
             Transport::Listen(listener) => match listener.local_addr() {
                 Ok(addr) => format!("listening on {addr}"),
                 Err(err) => format!("listening on an unknown address: {err}"),
             },
-            Transport::DialIn(dial) => format!("dialling in to {}", dial.authority()),
+            Transport::DialIn(dial) => dial
+                .authorities()
+                .iter()
+                .map(|authority| format!("dialling in to {authority}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
         }
     }
 }
