@@ -127,10 +127,16 @@ mod tests {
             file: write("k2.pem", 2),
         });
         let new = Tokens::load(&config).unwrap();
+        // What an agent does with the handshake's keys.
         let keys = Keys::default();
-        for (id, public) in new.public_keys() {
-            keys.insert_bytes(&id, &public).unwrap();
-        }
+        let offered = new.public_keys();
+        keys.offer(
+            "antidote",
+            offered
+                .iter()
+                .map(|(id, public)| (id.as_str(), public.as_slice())),
+        );
+        assert_eq!(keys.len(), 2);
         let token = |url: &str| url.split_once("antidote_token=").unwrap().1.to_owned();
         assert!(
             keys.verify(&token(&url)).is_ok(),

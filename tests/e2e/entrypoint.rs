@@ -4,13 +4,16 @@
 //! signs; a WebSocket terminal runs a command and sees its output; the HTTP presentation's page
 //! arrives through the proxy; no token, an expired one, one for another live lesson or
 //! presentation are refused; typing keeps a lesson alive past its TTL, an idle open terminal does
-//! not.
+//! not; a key the restarted scheduler no longer offers stops admitting (and ends the terminal it
+//! admitted) while the agent runs on; a terminal to routing-basics' client (on `antidote/sshd`)
+//! sees the stage's routes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use antidote_proto::api::v1 as api;
-use antidote_proto::sdk::entrypoint::{Claims, Signer};
+use antidote_proto::sdk::entrypoint::terminal::WITHDRAWN;
+use antidote_proto::sdk::entrypoint::{Claims, Keys, Signer};
 use antidote_tests::{Process, Scheduler, presentation, workspace_bin};
 use futures::{SinkExt as _, StreamExt as _};
 use tempfile::TempDir;
@@ -26,6 +29,12 @@ MC4CAQAwBQYDK2VwBCIEIOJpnp+MXLCEBFZDaMoT0KXNBLMvX5FYtd/znqWpkio2
 -----END PRIVATE KEY-----
 ";
 
+/// A second key (`openssl genpkey -algorithm ed25519`), for rotation.
+const KEY2: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIDvdymjqUWtkbAE/jY5/0wbxQ3kN8W08AaHX3XGntH8F
+-----END PRIVATE KEY-----
+";
+
 fn curriculum() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/entrypoint-curriculum")
@@ -33,14 +42,69 @@ fn curriculum() -> PathBuf {
         .expect("tests/fixtures/entrypoint-curriculum exists")
 }
 
+/// A copy of deploy/curriculum in `dir` whose routing-basics client runs on the SSH-capable
+/// image `sshd` (busybox and dropbear: busybox's `ip`, a real SSH server) instead of `busybox`
+/// (whose port 22 only answers a banner); the lesson's stages and configs are the shipped ones.
+fn routing_curriculum(dir: &Path) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+    let root = dir.join("curriculum");
+    copy(&antidote_tests::example_curriculum(), &root);
+    let lesson = root.join("lessons/routing-basics/lesson.meta.yaml");
+    let text = std::fs::read_to_string(&lesson).unwrap();
+    let client = "  - name: client\n    image: busybox\n";
+    assert!(
+        text.contains(client),
+        "routing-basics changed shape:\n{text}"
+    );
+    std::fs::write(
+        &lesson,
+        text.replace(client, "  - name: client\n    image: sshd\n"),
+    )
+    .unwrap();
+    let image = root.join("images/sshd");
+    std::fs::create_dir_all(&image).unwrap();
+    let meta = std::fs::read_to_string(curriculum().join("images/sshd/image.meta.yaml")).unwrap();
+    std::fs::write(
+        image.join("image.meta.yaml"),
+        format!("{meta}networkInterfaces:\n  - eth1\n  - eth2\n"),
+    )
+    .unwrap();
+    root
+}
+
 struct EntryEnv {
-    _dir: TempDir,
+    dir: TempDir,
     agent: Process,
     scheduler: Scheduler,
+    instance: String,
+    lesson_ttl: String,
+    curriculum: PathBuf,
 }
 
 impl EntryEnv {
     async fn start(instance: &str, lesson_ttl: &str) -> EntryEnv {
+        EntryEnv::start_with(instance, lesson_ttl, None, &[("k1", KEY)]).await
+    }
+
+    /// agent-docker with its entrypoint, and a scheduler on `curriculum` (default: the fixture)
+    /// signing with `keys` (id, private PEM; the last one signs).
+    async fn start_with(
+        instance: &str,
+        lesson_ttl: &str,
+        curriculum: Option<&dyn Fn(&Path) -> PathBuf>,
+        keys: &[(&str, &str)],
+    ) -> EntryEnv {
         std::env::var("DOCKER_HOST").expect(
             "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
         );
@@ -65,10 +129,150 @@ impl EntryEnv {
         )
         .await
         .expect("agent-docker starts");
-        let key = dir.path().join("k1.pem");
-        std::fs::write(&key, KEY).unwrap();
-        let config = format!(
-            r#"instance_id = "{instance}"
+        let curriculum = match curriculum {
+            Some(make) => make(dir.path()),
+            None => self::curriculum(),
+        };
+        let config = config(
+            dir.path(),
+            instance,
+            lesson_ttl,
+            &curriculum,
+            keys,
+            &agent.url(),
+        );
+        let scheduler = Scheduler::start(dir.path(), &config)
+            .await
+            .expect("scheduler starts");
+        EntryEnv {
+            dir,
+            agent,
+            scheduler,
+            instance: instance.to_owned(),
+            lesson_ttl: lesson_ttl.to_owned(),
+            curriculum,
+        }
+    }
+
+    /// Stops the scheduler and starts it again with `[entrypoint] keys` = `keys` (the agent
+    /// keeps running); learners' session tokens carry over. Returns once the new process has
+    /// handshaken with the agent (ListAgents shows it READY).
+    async fn restart_scheduler(&mut self, keys: &[(&str, &str)]) {
+        self.scheduler
+            .process
+            .terminate()
+            .await
+            .expect("the scheduler stops");
+        let config = config(
+            self.dir.path(),
+            &self.instance,
+            &self.lesson_ttl,
+            &self.curriculum,
+            keys,
+            &self.agent.url(),
+        );
+        let tokens = self.scheduler.clients.tokens.clone();
+        self.scheduler = Scheduler::start(self.dir.path(), &config)
+            .await
+            .unwrap_or_else(|err| panic!("the scheduler starts again: {err:#}\n{}", self.logs()));
+        self.scheduler.clients.tokens = tokens;
+        let started = std::time::Instant::now();
+        loop {
+            let agents = self
+                .scheduler
+                .clients
+                .admin
+                .clone()
+                .list_agents(api::ListAgentsRequest {})
+                .await
+                .expect("ListAgents")
+                .into_inner()
+                .agents;
+            if agents
+                .iter()
+                .any(|a| a.name == "docker" && a.state() == api::AgentState::Ready)
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "the restarted scheduler never reached the agent: {agents:#?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- scheduler ---\n{}\n--- agent-docker ---\n{}",
+            self.scheduler.process.log_text(),
+            self.agent.log_text()
+        )
+    }
+
+    /// A READY `terminal` live lesson of a new session.
+    async fn lesson(&self) -> api::LiveLesson {
+        self.lesson_of("terminal").await
+    }
+
+    /// A READY live lesson of `slug` (stage 0) for a new session.
+    async fn lesson_of(&self, slug: &str) -> api::LiveLesson {
+        let c = &self.scheduler.clients;
+        let session = c.session().await.unwrap();
+        let lesson = c.request(&session, slug, 0).await.unwrap();
+        c.ready(&lesson.id)
+            .await
+            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()))
+    }
+
+    /// The live lesson as its owner sees it now (fresh entrypoint URLs).
+    async fn get(&self, id: &str) -> api::LiveLesson {
+        let c = &self.scheduler.clients;
+        c.lessons
+            .clone()
+            .get_live_lesson(antidote_tests::with_token(
+                api::GetLiveLessonRequest { id: id.into() },
+                c.tokens.of_lesson(id),
+            ))
+            .await
+            .unwrap_or_else(|err| panic!("GetLiveLesson {id}: {err}\n{}", self.logs()))
+            .into_inner()
+    }
+
+    async fn delete(&self, id: &str) {
+        let c = &self.scheduler.clients;
+        c.lessons
+            .clone()
+            .delete_live_lesson(antidote_tests::with_token(
+                api::DeleteLiveLessonRequest { id: id.into() },
+                c.tokens.of_lesson(id),
+            ))
+            .await
+            .unwrap();
+        c.gone(id, PATIENCE).await.unwrap();
+    }
+}
+
+/// The scheduler's configuration; writes the key files into `dir`.
+fn config(
+    dir: &Path,
+    instance: &str,
+    lesson_ttl: &str,
+    curriculum: &Path,
+    keys: &[(&str, &str)],
+    agent: &str,
+) -> String {
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|(id, pem)| {
+            let file = dir.join(format!("{id}.pem"));
+            std::fs::write(&file, pem).unwrap();
+            format!("{{ id = \"{id}\", file = \"{}\" }}", file.display())
+        })
+        .collect();
+    format!(
+        r#"instance_id = "{instance}"
 curriculum = "{curriculum}"
 tier = "local"
 [ttl]
@@ -85,56 +289,15 @@ backoff_initial = "100ms"
 backoff_max = "1s"
 provision_timeout = "3m"
 [entrypoint]
-keys = [{{ id = "k1", file = "{key}" }}]
+keys = [{keys}]
 token_ttl = "2m"
 [[agents]]
 name = "docker"
 address = "{agent}"
 "#,
-            curriculum = curriculum().display(),
-            key = key.display(),
-            agent = agent.url(),
-        );
-        let scheduler = Scheduler::start(dir.path(), &config)
-            .await
-            .expect("scheduler starts");
-        EntryEnv {
-            _dir: dir,
-            agent,
-            scheduler,
-        }
-    }
-
-    fn logs(&self) -> String {
-        format!(
-            "--- scheduler ---\n{}\n--- agent-docker ---\n{}",
-            self.scheduler.process.log_text(),
-            self.agent.log_text()
-        )
-    }
-
-    /// A READY `terminal` live lesson of a new session.
-    async fn lesson(&self) -> api::LiveLesson {
-        let c = &self.scheduler.clients;
-        let session = c.session().await.unwrap();
-        let lesson = c.request(&session, "terminal", 0).await.unwrap();
-        c.ready(&lesson.id)
-            .await
-            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()))
-    }
-
-    async fn delete(&self, id: &str) {
-        let c = &self.scheduler.clients;
-        c.lessons
-            .clone()
-            .delete_live_lesson(antidote_tests::with_token(
-                api::DeleteLiveLessonRequest { id: id.into() },
-                c.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap();
-        c.gone(id, PATIENCE).await.unwrap();
-    }
+        curriculum = curriculum.display(),
+        keys = keys.join(", "),
+    )
 }
 
 /// An answer: status, headers (lower-case names), body.
@@ -449,4 +612,184 @@ async fn entrypoint_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_termina
         "the idle terminal stayed open after its lesson went"
     );
     env.delete(&busy.id).await;
+}
+
+/// Reads until the terminal closes; the close frame's code and reason.
+async fn closed(terminal: &mut Terminal) -> Option<(u16, String)> {
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(message) = terminal.next().await {
+            match message {
+                Ok(Message::Close(frame)) => {
+                    return frame.map(|f| (u16::from(f.code), f.reason.to_string()));
+                }
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    })
+    .await
+    .expect("the terminal closes")
+}
+
+#[tokio::test]
+async fn entrypoint_a_key_the_scheduler_stops_offering_stops_admitting_without_an_agent_restart() {
+    let mut env = EntryEnv::start_with("e2e-entrypoint-keys", "30m", None, &[("k1", KEY)]).await;
+    let agent_pid = env.agent.pid();
+    let a = env.lesson().await;
+    let k1 = Signer::from_pem("k1", KEY.as_bytes()).unwrap();
+    let k2 = Signer::from_pem("k2", KEY2.as_bytes()).unwrap();
+    let sign = |signer: &Signer, presentation: &str| {
+        signer.sign(&Claims::new(
+            &a.id,
+            "box",
+            presentation,
+            Duration::from_secs(600),
+        ))
+    };
+    let cli = presentation(&a, "box", "cli").entrypoint_url.clone();
+    let web = presentation(&a, "box", "web").entrypoint_url.clone();
+
+    // Opened with k1, the only key: a terminal, and the web page's cookie.
+    let mut by_k1 = websocket(&cli)
+        .await
+        .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs()));
+    run(&mut by_k1, "echo one-$((1+1))", "one-2").await;
+    let page = get(&web, &[]).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let k1_cookie = page
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("a token cookie")
+        .to_owned();
+
+    // Rotation, step one: the scheduler restarts offering k1 and k2 and signing with k2. The
+    // open terminal goes on; k1's tokens still admit; the scheduler's fresh URLs carry k2's.
+    env.restart_scheduler(&[("k1", KEY), ("k2", KEY2)]).await;
+    run(&mut by_k1, "echo two-$((1+2))", "two-3").await;
+    assert!(
+        websocket(&with_token(&cli, Some(&sign(&k1, "cli"))))
+            .await
+            .is_ok()
+    );
+    let fresh = env.get(&a.id).await;
+    let fresh_cli = presentation(&fresh, "box", "cli").entrypoint_url.clone();
+    let only_k2 = Keys::default();
+    only_k2.insert("k2", k2.public_key());
+    let fresh_token = fresh_cli.split_once("antidote_token=").unwrap().1;
+    assert!(
+        only_k2.verify(fresh_token).is_ok(),
+        "the restarted scheduler signs with k2"
+    );
+    let mut by_k2 = websocket(&fresh_cli)
+        .await
+        .unwrap_or_else(|status| panic!("k2's terminal refused with {status}\n{}", env.logs()));
+    run(&mut by_k2, "echo three-$((1+3))", "three-4").await;
+
+    // Step two: the scheduler restarts offering k2 alone. The agent, never restarted, refuses
+    // k1's tokens and cookie from then on and ends the terminal k1 admitted (close 1008); k2's
+    // terminal and tokens go on.
+    env.restart_scheduler(&[("k2", KEY2)]).await;
+    assert_eq!(env.agent.pid(), agent_pid, "the agent was not restarted");
+    let close = closed(&mut by_k1).await;
+    assert_eq!(
+        close,
+        Some((1008, WITHDRAWN.to_owned())),
+        "the terminal k1 admitted ends\n{}",
+        env.logs()
+    );
+    assert_eq!(
+        websocket(&with_token(&cli, Some(&sign(&k1, "cli"))))
+            .await
+            .err(),
+        Some(401),
+        "a terminal with a token of the removed key"
+    );
+    let refused = get(&with_token(&web, Some(&sign(&k1, "web"))), &[]).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    let refused = get(&with_token(&web, None), &[("Cookie", &k1_cookie)]).await;
+    assert_eq!(refused.status, 401, "k1's cookie: {}", refused.body);
+    run(&mut by_k2, "echo four-$((1+4))", "four-5").await;
+    let fresh = env.get(&a.id).await;
+    let page = get(&presentation(&fresh, "box", "web").entrypoint_url, &[]).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        websocket(&with_token(&cli, Some(&sign(&k2, "cli"))))
+            .await
+            .is_ok()
+    );
+
+    env.delete(&a.id).await;
+}
+
+#[tokio::test]
+async fn entrypoint_terminal_to_routing_basics_client_sees_the_stage_routes() {
+    let env = EntryEnv::start_with(
+        "e2e-entrypoint-routing",
+        "30m",
+        Some(&routing_curriculum),
+        &[("k1", KEY)],
+    )
+    .await;
+    let lesson = env.lesson_of("routing-basics").await;
+    let route = "10.10.2.0/24 via 10.10.1.1 dev eth1";
+
+    // Stage 0: the client's link is addressed, nothing routes across the router.
+    let mut terminal = websocket(&presentation(&lesson, "client", "cli").entrypoint_url)
+        .await
+        .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs()));
+    let out = run(
+        &mut terminal,
+        "ip route; echo routes-$((2*21))",
+        "routes-42",
+    )
+    .await;
+    assert!(out.contains("10.10.1.0/24 dev eth1"), "{out}");
+    assert!(
+        !out.contains("10.10.2.0/24"),
+        "stage 0 routes nothing across: {out}"
+    );
+    drop(terminal);
+
+    // Stage 1: its client configuration adds the route through the router.
+    let c = &env.scheduler.clients;
+    c.lessons
+        .clone()
+        .set_stage(antidote_tests::with_token(
+            api::SetStageRequest {
+                id: lesson.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&lesson.id),
+        ))
+        .await
+        .unwrap();
+    let (_, staged) = c
+        .follow(&lesson.id, PATIENCE, |l| {
+            l.generation == 2
+                && matches!(
+                    l.status(),
+                    api::LiveLessonStatus::Ready | api::LiveLessonStatus::Failed
+                )
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    assert_eq!(
+        staged.status(),
+        api::LiveLessonStatus::Ready,
+        "{}\n{}",
+        staged.failure_reason,
+        env.logs()
+    );
+    let mut terminal = websocket(&presentation(&staged, "client", "cli").entrypoint_url)
+        .await
+        .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs()));
+    let out = run(
+        &mut terminal,
+        "ip route; echo routes-$((2*22))",
+        "routes-44",
+    )
+    .await;
+    assert!(out.contains(route), "stage 1's route: {out}");
+    env.delete(&lesson.id).await;
 }

@@ -645,11 +645,15 @@ impl<B: Backend> BackendRpc for AgentService<B> {
                     labels: d.labels.clone(),
                     entrypoint_url: match agent.entrypoint.get() {
                         Some((url, keys)) => {
-                            for key in &request.entrypoint_keys {
-                                if let Err(err) = keys.insert_bytes(&key.key_id, &key.public_key) {
-                                    tracing::warn!(key_id = %key.key_id, error = %err, "ignored a scheduler entrypoint key");
-                                }
-                            }
+                            // This scheduler instance's keys are now exactly these: a key it
+                            // stopped offering stops verifying (PROTOCOL.md, "Entrypoint").
+                            keys.offer(
+                                &request.scheduler_instance_id,
+                                request
+                                    .entrypoint_keys
+                                    .iter()
+                                    .map(|k| (k.key_id.as_str(), k.public_key.as_slice())),
+                            );
                             url.clone()
                         }
                         None => String::new(),

@@ -13,7 +13,9 @@
 //! presentation ([`token`]): in the `antidote_token` query parameter (the URL the scheduler
 //! hands out; the entrypoint then sets a cookie scoped to the prefix so the page's own requests
 //! carry it), an `Authorization: Bearer` header, or that cookie. No token, a bad or expired one:
-//! 401; a good token for something else: 403. Each client address holds at most
+//! 401; a good token for something else: 403. A token's expiry does not end what it admitted;
+//! its key leaving the key set does (terminals and proxied WebSockets close with 1008, see
+//! [`token::Keys`]). Each client address holds at most
 //! [`Settings::per_client`] connections (upgraded ones included). Bytes from learners
 //! (requests, keystrokes, WebSocket frames) mark the live lesson active; the marks are handed
 //! to [`Lessons::active`] in batches.
@@ -42,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::tls::{ServerTls, TlsError};
-pub use token::{Claims, Keys, Signer, TokenError};
+pub use token::{Admitted, Claims, Keys, Signer, TokenError};
 
 /// The body of every response.
 pub type Body = BoxBody<Bytes, hyper::Error>;
@@ -416,8 +418,8 @@ async fn handle(
         Found::Held(token) => (token, false),
         Found::None => return reply(StatusCode::UNAUTHORIZED, "a token is required"),
     };
-    let claims = match entry.keys.verify(&token) {
-        Ok(claims) => claims,
+    let (claims, withdrawn) = match entry.keys.admit(&token) {
+        Ok(admitted) => (admitted.claims, admitted.withdrawn),
         Err(err) => {
             tracing::debug!(peer = %peer, error = %err, "entrypoint refused a token");
             return reply(StatusCode::UNAUTHORIZED, &err.to_string());
@@ -462,6 +464,7 @@ async fn handle(
                 peer,
                 entry.activity.clone(),
                 permit,
+                withdrawn,
             )
             .await
         }
@@ -475,11 +478,11 @@ async fn handle(
             terminal::open(
                 request,
                 target.addr,
-                &user,
-                &password,
+                (&user, &password),
                 &route,
                 entry.activity.clone(),
                 permit,
+                withdrawn,
             )
             .await
         }

@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 
 use super::{Activity, Body, COOKIE, Permit, Route, TOKEN_PARAM, reply};
 
@@ -148,6 +149,7 @@ pub(super) async fn forward(
     peer: SocketAddr,
     activity: Arc<Activity>,
     permit: Arc<Permit>,
+    withdrawn: CancellationToken,
 ) -> Response<Body> {
     let upgrade = is_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -226,6 +228,7 @@ pub(super) async fn forward(
     if switching && let Some(client_upgrade) = client_upgrade {
         let backend_upgrade = hyper::upgrade::on(&mut response);
         let live_lesson = route.live_lesson.clone();
+        let route_lesson = live_lesson.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let (client, server) = match tokio::join!(client_upgrade, backend_upgrade) {
@@ -241,10 +244,13 @@ pub(super) async fn forward(
             };
             let up = tokio::io::copy(&mut client_read, &mut server_write);
             let down = tokio::io::copy(&mut server_read, &mut client_write);
-            // Either side ending ends the splice.
+            // Either side ending ends the splice, and so does the admitting key's withdrawal.
             tokio::select! {
                 _ = up => {}
                 _ = down => {}
+                () = withdrawn.cancelled() => {
+                    tracing::info!(live_lesson = %route_lesson, "proxied upgrade ended: its token's key was withdrawn");
+                }
             }
         });
     }

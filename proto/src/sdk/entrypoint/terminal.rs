@@ -7,7 +7,9 @@
 //!   are JSON: `{"type":"input","data":"ls\r"}` (keystrokes as text) or
 //!   `{"type":"resize","cols":120,"rows":40}`.
 //! - entrypoint → learner: binary frames are the terminal's output; a text frame
-//!   `{"type":"exit","status":0}` when the shell exits, then a close.
+//!   `{"type":"exit","status":0}` when the shell exits, then a close. When the key of the token
+//!   that opened the terminal leaves the key set, a close with code 1008 (policy) and
+//!   [`WITHDRAWN`] ends it (a client may reconnect with a fresh token).
 //!
 //! The terminal's first size comes from the `cols` and `rows` query parameters (default
 //! 80×24). The SSH session is opened before the upgrade is answered, so a presentation that does
@@ -31,12 +33,19 @@ use serde::Deserialize;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_util::sync::CancellationToken;
 
 use super::{Activity, Body, Permit, Route, reply};
 
 /// How long an SSH connection and login may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The reason of the close (code 1008, policy) that ends a terminal whose admitting token's key
+/// left the key set.
+pub const WITHDRAWN: &str = "the key of the token that opened this terminal was withdrawn";
 
 /// A control message from the learner.
 #[derive(Debug, Deserialize, PartialEq, Eq)]
@@ -122,11 +131,11 @@ async fn login(
 pub(super) async fn open(
     mut request: Request<Incoming>,
     addr: SocketAddr,
-    user: &str,
-    password: &str,
+    (user, password): (&str, &str),
     route: &Route,
     activity: Arc<Activity>,
     permit: Arc<Permit>,
+    withdrawn: CancellationToken,
 ) -> Response<Body> {
     let headers = request.headers();
     let websocket = headers
@@ -173,7 +182,7 @@ pub(super) async fn open(
             }
         };
         let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        pump(ws, channel, &activity, &live_lesson).await;
+        pump(ws, channel, &activity, &live_lesson, &withdrawn).await;
         let _ = session
             .disconnect(russh::Disconnect::ByApplication, "", "en")
             .await;
@@ -195,13 +204,23 @@ async fn pump<S>(
     channel: russh::Channel<client::Msg>,
     activity: &Activity,
     live_lesson: &str,
+    withdrawn: &CancellationToken,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let (mut to_learner, mut from_learner) = ws.split();
     let (mut from_shell, to_shell) = channel.split();
+    let mut close = None;
     loop {
         tokio::select! {
+            () = withdrawn.cancelled() => {
+                tracing::info!(%live_lesson, "web terminal ended: its token's key was withdrawn");
+                close = Some(CloseFrame {
+                    code: CloseCode::Policy,
+                    reason: WITHDRAWN.into(),
+                });
+                break;
+            }
             message = from_learner.next() => {
                 let sent = match message {
                     Some(Ok(Message::Binary(bytes))) => {
@@ -247,7 +266,7 @@ async fn pump<S>(
         }
     }
     let _ = to_shell.close().await;
-    let _ = to_learner.send(Message::Close(None)).await;
+    let _ = to_learner.send(Message::Close(close)).await;
 }
 
 #[cfg(test)]

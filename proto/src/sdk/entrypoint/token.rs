@@ -2,11 +2,12 @@
 //! presentation, verified by the agent's entrypoint with a key set chosen by the header's `kid`.
 //!
 //! The scheduler holds [`Signer`]s (its current key signs, older ones only verify); every agent
-//! holds [`Keys`] (public keys by id, from its flags and from every handshake). Keys are raw
+//! holds [`Keys`] (public keys by id: its flags' for good, and each scheduler instance's latest
+//! handshake's, so a key the scheduler stops offering stops verifying without a restart). Keys are raw
 //! Ed25519: private keys as PKCS#8 PEM (`openssl genpkey -algorithm ed25519`), public keys as
 //! SPKI PEM (`openssl pkey -pubout`) or 32 bytes (the handshake's `EntrypointKey`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{PrivateKeyDer, SubjectPublicKeyInfoDer};
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 /// The `aud` of every entrypoint token: a token signed for anything else never admits.
 pub const AUDIENCE: &str = "antidote-entrypoint";
@@ -175,33 +177,107 @@ impl Signer {
     }
 }
 
-/// The public keys an entrypoint trusts, by key id. Shared: the handshake adds the scheduler's
-/// keys while the listener verifies.
+/// One trusted public key: its id and its 32 bytes.
+type KeyRef = (String, [u8; 32]);
+
+/// The public keys an entrypoint trusts, by key id: those its operator configured (kept for the
+/// process's life) and, per scheduler instance id, the set that instance's latest handshake
+/// offered (replaced wholesale by its next handshake). Replicas of one scheduler share an
+/// instance id and one configured key set, so their latest handshake is their set; independent
+/// schedulers sharing the agent each keep theirs. A key no set holds any more is withdrawn:
+/// its tokens are refused from then on and what it admitted is told to end
+/// ([`Admitted::withdrawn`]). Shared: handshakes change it while the listener verifies.
 #[derive(Debug, Default)]
 pub struct Keys {
-    /// Raw Ed25519 public keys by `kid`.
-    keys: RwLock<HashMap<String, [u8; 32]>>,
+    inner: RwLock<KeySets>,
+}
+
+#[derive(Debug, Default)]
+struct KeySets {
+    /// The operator's keys (`--entrypoint-key`), by `kid`.
+    configured: HashMap<String, [u8; 32]>,
+    /// Each scheduler instance's latest offer, by instance id, then `kid`.
+    offered: HashMap<String, HashMap<String, [u8; 32]>>,
+    /// One token per trusted key, cancelled when the key leaves every set.
+    withdrawn: HashMap<KeyRef, CancellationToken>,
+}
+
+impl KeySets {
+    /// Every public key of `kid`, in any set (normally one).
+    fn candidates(&self, kid: &str) -> Vec<[u8; 32]> {
+        let mut found: Vec<[u8; 32]> = self.configured.get(kid).copied().into_iter().collect();
+        for set in self.offered.values() {
+            if let Some(public) = set.get(kid)
+                && !found.contains(public)
+            {
+                found.push(*public);
+            }
+        }
+        found
+    }
+
+    /// Brings `withdrawn` in line with the sets: new keys get a token, keys no set holds any
+    /// more have theirs cancelled. Returns the ids of the withdrawn keys.
+    fn settle(&mut self) -> Vec<String> {
+        let mut trusted: HashSet<KeyRef> = self
+            .configured
+            .iter()
+            .map(|(kid, public)| (kid.clone(), *public))
+            .collect();
+        for set in self.offered.values() {
+            trusted.extend(set.iter().map(|(kid, public)| (kid.clone(), *public)));
+        }
+        let mut gone = Vec::new();
+        self.withdrawn.retain(|key, token| {
+            let kept = trusted.contains(key);
+            if !kept {
+                token.cancel();
+                gone.push(key.0.clone());
+            }
+            kept
+        });
+        for key in trusted {
+            self.withdrawn.entry(key).or_default();
+        }
+        gone.sort();
+        gone
+    }
+}
+
+/// What a verified token admitted, and the signal that its key was withdrawn.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// The token's claims.
+    pub claims: Claims,
+    /// Cancelled when the key that verified the token leaves the key set: connections it
+    /// admitted (terminals, proxied WebSockets) end then.
+    pub withdrawn: CancellationToken,
 }
 
 impl Keys {
-    /// Adds (or replaces) a key.
-    pub fn insert(&self, key_id: &str, public: [u8; 32]) {
-        self.keys
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key_id.to_owned(), public);
+    fn sets(&self) -> std::sync::RwLockReadGuard<'_, KeySets> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a key of 32 raw bytes (the handshake's form).
+    fn sets_mut(&self) -> std::sync::RwLockWriteGuard<'_, KeySets> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds (or replaces) a key the operator configured.
+    pub fn insert(&self, key_id: &str, public: [u8; 32]) {
+        let mut sets = self.sets_mut();
+        sets.configured.insert(key_id.to_owned(), public);
+        sets.settle();
+    }
+
+    /// Adds a configured key of 32 raw bytes.
     pub fn insert_bytes(&self, key_id: &str, public: &[u8]) -> Result<(), TokenError> {
-        let public: [u8; 32] = public
-            .try_into()
-            .map_err(|_| TokenError::Key(format!("{} bytes, not 32", public.len())))?;
-        self.insert(key_id, public);
+        self.insert(key_id, raw_key(public)?);
         Ok(())
     }
 
-    /// Adds a key from SPKI PEM (`-----BEGIN PUBLIC KEY-----`, `openssl pkey -pubout`).
+    /// Adds a configured key from SPKI PEM (`-----BEGIN PUBLIC KEY-----`, `openssl pkey
+    /// -pubout`).
     pub fn insert_pem(&self, key_id: &str, pem: &[u8]) -> Result<(), TokenError> {
         let der = SubjectPublicKeyInfoDer::from_pem_slice(pem)
             .map_err(|err| TokenError::Key(format!("no PUBLIC KEY PEM block: {err}")))?;
@@ -211,9 +287,44 @@ impl Keys {
         self.insert_bytes(key_id, &der[12..])
     }
 
+    /// A handshake from scheduler instance `instance` offered `keys` (`kid`, 32 raw bytes):
+    /// they replace that instance's previous offer. Keys no set holds any more are withdrawn.
+    /// A key that is not 32 bytes is left out (and logged).
+    pub fn offer<'a>(&self, instance: &str, keys: impl IntoIterator<Item = (&'a str, &'a [u8])>) {
+        let mut offer = HashMap::new();
+        for (kid, public) in keys {
+            match raw_key(public) {
+                Ok(public) => {
+                    offer.insert(kid.to_owned(), public);
+                }
+                Err(err) => {
+                    tracing::warn!(key_id = %kid, scheduler_instance = %instance, error = %err, "ignored a scheduler entrypoint key");
+                }
+            }
+        }
+        let mut sets = self.sets_mut();
+        let before: Option<Vec<String>> = sets.offered.get(instance).map(|set| {
+            let mut ids: Vec<String> = set.keys().cloned().collect();
+            ids.sort();
+            ids
+        });
+        let mut ids: Vec<String> = offer.keys().cloned().collect();
+        ids.sort();
+        if offer.is_empty() {
+            sets.offered.remove(instance);
+        } else {
+            sets.offered.insert(instance.to_owned(), offer);
+        }
+        let withdrawn = sets.settle();
+        drop(sets);
+        if before.as_ref() != Some(&ids) || !withdrawn.is_empty() {
+            tracing::info!(scheduler_instance = %instance, offered = ?ids, ?withdrawn, "entrypoint keys from the scheduler's handshake");
+        }
+    }
+
     /// How many keys it holds.
     pub fn len(&self) -> usize {
-        self.keys.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.sets().withdrawn.len()
     }
 
     /// Whether it holds none (then nothing is admitted).
@@ -223,30 +334,75 @@ impl Keys {
 
     /// The claims of a token signed by one of the keys, for [`AUDIENCE`], not expired.
     pub fn verify(&self, token: &str) -> Result<Claims, TokenError> {
+        self.admit(token).map(|admitted| admitted.claims)
+    }
+
+    /// [`Keys::verify`], with the signal of the verifying key's withdrawal.
+    pub fn admit(&self, token: &str) -> Result<Admitted, TokenError> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|err| TokenError::Malformed(err.to_string()))?;
         let kid = header
             .kid
             .ok_or_else(|| TokenError::Malformed("no kid".into()))?;
-        let public = self
-            .keys
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&kid)
-            .copied()
-            .ok_or_else(|| TokenError::UnknownKey(kid.clone()))?;
+        let candidates = self.sets().candidates(&kid);
+        if candidates.is_empty() {
+            return Err(TokenError::UnknownKey(kid));
+        }
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_audience(&[AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud"]);
         validation.leeway = LEEWAY.as_secs();
-        let data =
-            jsonwebtoken::decode::<Claims>(token, &DecodingKey::from_ed_der(&public), &validation)
-                .map_err(|err| match err.kind() {
-                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
-                    _ => TokenError::Invalid(err.to_string()),
-                })?;
-        Ok(data.claims)
+        let mut refusal = None;
+        for public in candidates {
+            match jsonwebtoken::decode::<Claims>(
+                token,
+                &DecodingKey::from_ed_der(&public),
+                &validation,
+            ) {
+                Ok(data) => {
+                    // The key may have been withdrawn since the candidates were read: then its
+                    // token is already cancelled, and so is what it admits.
+                    let withdrawn = self
+                        .sets()
+                        .withdrawn
+                        .get(&(kid.clone(), public))
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            let token = CancellationToken::new();
+                            token.cancel();
+                            token
+                        });
+                    if withdrawn.is_cancelled() {
+                        return Err(TokenError::UnknownKey(kid));
+                    }
+                    return Ok(Admitted {
+                        claims: data.claims,
+                        withdrawn,
+                    });
+                }
+                // Expiry is checked after the signature: this key signed it.
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        jsonwebtoken::errors::ErrorKind::ExpiredSignature
+                    ) =>
+                {
+                    return Err(TokenError::Expired);
+                }
+                Err(err) => {
+                    refusal.get_or_insert(TokenError::Invalid(err.to_string()));
+                }
+            }
+        }
+        Err(refusal.unwrap_or(TokenError::UnknownKey(kid)))
     }
+}
+
+/// 32 raw bytes as an Ed25519 public key.
+fn raw_key(public: &[u8]) -> Result<[u8; 32], TokenError> {
+    public
+        .try_into()
+        .map_err(|_| TokenError::Key(format!("{} bytes, not 32", public.len())))
 }
 
 #[cfg(test)]
@@ -302,6 +458,55 @@ mod tests {
             keys.verify("not.a.token"),
             Err(TokenError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn handshakes_replace_their_instances_keys_and_withdraw_the_rest() {
+        let (k1, k2, k3) = (
+            Signer::generate("k1"),
+            Signer::generate("k2"),
+            Signer::generate("k3"),
+        );
+        let token = |s: &Signer| s.sign(&claims(Duration::from_secs(60)));
+        let keys = Keys::default();
+        let configured = Signer::generate("op");
+        keys.insert("op", configured.public_key());
+        let (p1, p2, p3) = (k1.public_key(), k2.public_key(), k3.public_key());
+        keys.offer("a", [("k1", &p1[..])]);
+        let admitted = keys.admit(&token(&k1)).unwrap();
+        // Rotation: adding k2 keeps k1 and what it admitted.
+        keys.offer("a", [("k1", &p1[..]), ("k2", &p2[..])]);
+        assert!(!admitted.withdrawn.is_cancelled());
+        assert!(keys.verify(&token(&k1)).is_ok());
+        let by_k2 = keys.admit(&token(&k2)).unwrap();
+        // Another scheduler instance's offer leaves instance a's keys alone.
+        keys.offer("b", [("k3", &p3[..]), ("bad", &[1u8, 2][..])]);
+        assert!(keys.verify(&token(&k1)).is_ok() && keys.verify(&token(&k3)).is_ok());
+        assert_eq!(keys.len(), 4);
+        // k1 removed from instance a's set: refused from now on, what it admitted is told.
+        keys.offer("a", [("k2", &p2[..])]);
+        assert!(admitted.withdrawn.is_cancelled());
+        assert_eq!(
+            keys.verify(&token(&k1)),
+            Err(TokenError::UnknownKey("k1".into()))
+        );
+        assert!(!by_k2.withdrawn.is_cancelled());
+        assert!(keys.verify(&token(&k2)).is_ok());
+        // A kid offered again with other bytes is another key: the old one is withdrawn.
+        let impostor = Signer::generate("k2");
+        let pi = impostor.public_key();
+        keys.offer("a", [("k2", &pi[..])]);
+        assert!(by_k2.withdrawn.is_cancelled());
+        assert!(matches!(
+            keys.verify(&token(&k2)),
+            Err(TokenError::Invalid(_))
+        ));
+        // An empty offer empties the instance's set; the operator's keys stay.
+        keys.offer("a", []);
+        keys.offer("b", []);
+        assert!(keys.verify(&token(&impostor)).is_err());
+        assert!(keys.verify(&token(&configured)).is_ok());
+        assert_eq!(keys.len(), 1);
     }
 
     #[test]
