@@ -15,7 +15,8 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
 
 use super::Result;
-use crate::model::SessionId;
+use super::known::{Effect, Effects};
+use crate::model::{LiveLesson, LiveLessonId, SessionId};
 
 /// One value bound to a statement: the types both backends encode the same way.
 #[derive(Debug, Clone)]
@@ -184,16 +185,61 @@ impl Row {
     }
 }
 
-/// The connection a write job runs on: the SQLite writer's, or a PostgreSQL transaction's.
+/// The connection a write job runs on: the SQLite writer's (with the job's record of the rows
+/// it wrote, for the writer's cache: see [`super::known`]), or a PostgreSQL transaction's.
 pub(super) enum Conn<'c> {
-    Sqlite(&'c mut SqliteConnection),
+    Sqlite(&'c mut SqliteConnection, &'c mut Effects),
     Postgres(&'c mut PgConnection),
 }
 
 impl Conn<'_> {
+    /// A statement that returns live-lesson rows (`RETURNING` the store's lesson columns):
+    /// decoded, and on SQLite recorded for the writer's cache.
+    pub(super) async fn fetch_lessons(&mut self, statement: Statement) -> Result<Vec<LiveLesson>> {
+        let rows = self.fetch_all(statement).await?;
+        let lessons = rows
+            .iter()
+            .map(super::lesson_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        if let Conn::Sqlite(_, effects) = self {
+            effects.declare(lessons.iter().cloned().map(Effect::Lesson));
+        }
+        Ok(lessons)
+    }
+
+    /// [`Conn::fetch_lessons`] of a statement changing at most one live lesson.
+    pub(super) async fn fetch_lesson(
+        &mut self,
+        statement: Statement,
+    ) -> Result<Option<LiveLesson>> {
+        Ok(self.fetch_lessons(statement).await?.pop())
+    }
+
+    /// A statement deleting live lesson `id` (and nothing else of `live_lessons`): on SQLite
+    /// recorded for the writer's cache. Returns how many rows it deleted.
+    pub(super) async fn forget_lesson(
+        &mut self,
+        statement: Statement,
+        id: LiveLessonId,
+    ) -> Result<u64> {
+        let deleted = self.execute(statement).await?;
+        if let Conn::Sqlite(_, effects) = self {
+            effects.declare((0..deleted).map(|_| Effect::Gone(id)));
+        }
+        Ok(deleted)
+    }
+
+    /// Records, on SQLite, something the job did that the writer's cache must learn but that
+    /// changed no live-lesson row (a session's token, sessions that expired).
+    pub(super) fn note(&mut self, effect: Effect) {
+        if let Conn::Sqlite(_, effects) = self {
+            effects.note(effect);
+        }
+    }
+
     pub(super) async fn fetch_optional(&mut self, statement: Statement) -> Result<Option<Row>> {
         Ok(match self {
-            Conn::Sqlite(conn) => statement
+            Conn::Sqlite(conn, _) => statement
                 .sqlite()
                 .fetch_optional(&mut **conn)
                 .await?
@@ -208,7 +254,7 @@ impl Conn<'_> {
 
     pub(super) async fn fetch_all(&mut self, statement: Statement) -> Result<Vec<Row>> {
         Ok(match self {
-            Conn::Sqlite(conn) => statement
+            Conn::Sqlite(conn, _) => statement
                 .sqlite()
                 .fetch_all(&mut **conn)
                 .await?
@@ -228,7 +274,7 @@ impl Conn<'_> {
     /// Runs a statement; returns how many rows it changed.
     pub(super) async fn execute(&mut self, statement: Statement) -> Result<u64> {
         Ok(match self {
-            Conn::Sqlite(conn) => statement
+            Conn::Sqlite(conn, _) => statement
                 .sqlite()
                 .execute(&mut **conn)
                 .await?

@@ -91,20 +91,19 @@ impl Store {
         .bind(stage)
         .bind(now.0)
         .bind(limit);
-        let row = self
+        let current = self
             .write(move |mut conn| {
                 Box::pin(async move {
                     conn.lock_session(session).await?;
-                    conn.fetch_optional(insert).await
+                    conn.fetch_lesson(insert).await
                 })
             })
             .await?;
-        let Some(row) = row else {
+        let Some(current) = current else {
             // Nothing inserted or touched: say which check refused it.
             self.session(session).await?;
             return Err(Error::TooManyLiveLessons { session, limit });
         };
-        let current = lesson_from_row(&row)?;
         if current.id == id {
             return Ok((current, Requested::Created));
         }
@@ -118,8 +117,8 @@ impl Store {
         stage: u32,
         now: Millis,
     ) -> Result<(LiveLesson, Requested)> {
-        let row = self
-            .write_optional(
+        let current = self
+            .write_lesson(
                 Statement::new(format!(
                     "UPDATE live_lessons SET last_active = $1 WHERE id = $2 AND \
                      session_id IN (SELECT id FROM sessions WHERE expired = 0) \
@@ -130,7 +129,7 @@ impl Store {
             )
             .await?
             .ok_or(Error::LiveLessonNotFound(id))?;
-        self.change_stage(lesson_from_row(&row)?, stage, now).await
+        self.change_stage(current, stage, now).await
     }
 
     /// Applies a request for `stage` to an existing (already touched) live lesson.
@@ -162,7 +161,7 @@ impl Store {
         };
         // Conditional on the generation read above, so a concurrent change cannot be lost.
         let row = self
-            .write_optional(
+            .write_lesson(
                 Statement::new(format!(
                     "UPDATE live_lessons SET stage = $1, generation = generation + 1, \
                      status = $2, reason = $3, updated_at = $4 \
@@ -178,7 +177,7 @@ impl Store {
             )
             .await?;
         match row {
-            Some(row) => Ok((lesson_from_row(&row)?, Requested::Changed)),
+            Some(lesson) => Ok((lesson, Requested::Changed)),
             None => Err(Error::Busy {
                 id: current.id,
                 status: current.status,
@@ -188,18 +187,16 @@ impl Store {
 
     /// Records activity on a live lesson (and, through a trigger, on its session).
     pub async fn heartbeat(&self, id: LiveLessonId, now: Millis) -> Result<LiveLesson> {
-        let row = self
-            .write_optional(
-                Statement::new(format!(
-                    "UPDATE live_lessons SET last_active = $1 WHERE id = $2 AND deleting = 0 \
-                     RETURNING {LESSON_COLUMNS}"
-                ))
-                .bind(now.0)
-                .bind(id.to_string()),
-            )
-            .await?
-            .ok_or(Error::LiveLessonNotFound(id))?;
-        lesson_from_row(&row)
+        self.write_lesson(
+            Statement::new(format!(
+                "UPDATE live_lessons SET last_active = $1 WHERE id = $2 AND deleting = 0 \
+                 RETURNING {LESSON_COLUMNS}"
+            ))
+            .bind(now.0)
+            .bind(id.to_string()),
+        )
+        .await?
+        .ok_or(Error::LiveLessonNotFound(id))
     }
 
     /// Marks a live lesson for removal (desired state: absent) with a new generation.
@@ -211,7 +208,7 @@ impl Store {
         now: Millis,
     ) -> Result<LiveLesson> {
         let row = self
-            .write_optional(
+            .write_lesson(
                 Statement::new(mark_for_deletion("id = $3"))
                     .bind(detail)
                     .bind(now.0)
@@ -219,7 +216,7 @@ impl Store {
             )
             .await?;
         match row {
-            Some(row) => lesson_from_row(&row),
+            Some(lesson) => Ok(lesson),
             None => self.live_lesson(id).await,
         }
     }
@@ -231,8 +228,12 @@ impl Store {
             .ok_or(Error::LiveLessonNotFound(id))
     }
 
-    /// The live lesson if it still exists.
+    /// The live lesson if it still exists (on SQLite from the writer's cache when it wrote the
+    /// row since it started).
     pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
+        if let Some(lesson) = self.known.as_ref().and_then(|known| known.lesson(id)) {
+            return Ok(Some(lesson));
+        }
         let row = self
             .reader
             .fetch_optional(
@@ -350,38 +351,35 @@ impl Store {
             ),
             None => None,
         };
-        let row = self
-            .write_optional(
-                Statement::new(format!(
-                    "UPDATE live_lessons SET status = $1, reason = $2, \
+        self.write_lesson(
+            Statement::new(format!(
+                "UPDATE live_lessons SET status = $1, reason = $2, \
                      endpoints = COALESCE($3, endpoints), handle = COALESCE($4, handle), \
                      agent = COALESCE(agent, $5), \
                      observed_generation = CASE WHEN $6 THEN generation \
                                            ELSE observed_generation END, \
                      updated_at = $7 WHERE id = $8 AND generation = $9 AND deleting = 0 \
                      RETURNING {LESSON_COLUMNS}"
-                ))
-                .bind(observation.status.as_str())
-                .bind(observation.reason)
-                .bind(endpoints)
-                .bind(observation.handle)
-                .bind(observation.agent)
-                .bind(observation.status.is_settled())
-                .bind(now.0)
-                .bind(id.to_string())
-                .bind(generation as i64),
-            )
-            .await?;
-        row.map(|row| lesson_from_row(&row)).transpose()
+            ))
+            .bind(observation.status.as_str())
+            .bind(observation.reason)
+            .bind(endpoints)
+            .bind(observation.handle)
+            .bind(observation.agent)
+            .bind(observation.status.is_settled())
+            .bind(now.0)
+            .bind(id.to_string())
+            .bind(generation as i64),
+        )
+        .await
     }
 
     /// Forgets a live lesson whose objects are gone; triggers record the final event and delete
     /// its session when the session expired and this was its last live lesson.
     pub async fn forget(&self, id: LiveLessonId) -> Result<()> {
-        self.write_execute(
-            Statement::new("DELETE FROM live_lessons WHERE id = $1").bind(id.to_string()),
-        )
-        .await?;
+        let delete = Statement::new("DELETE FROM live_lessons WHERE id = $1").bind(id.to_string());
+        self.write(move |mut conn| Box::pin(async move { conn.forget_lesson(delete, id).await }))
+            .await?;
         Ok(())
     }
 }

@@ -27,6 +27,7 @@ mod backend;
 mod changes;
 mod cluster;
 mod events;
+mod known;
 mod leases;
 mod live_lessons;
 mod placements;
@@ -53,6 +54,7 @@ use sqlx::sqlite::{
 use tokio::sync::{mpsc, oneshot};
 
 use self::backend::{Conn, Pool, Row, Statement};
+use self::known::{Effects, Known};
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
 
@@ -174,6 +176,9 @@ pub struct Store {
     reader: Pool,
     /// Ends when the SQLite writer task has stopped (after every sender is gone).
     writer_done: Arc<tokio::sync::Mutex<Option<oneshot::Receiver<()>>>>,
+    /// SQLite: what the writer knows of the rows it wrote (live lessons, session tokens), so
+    /// hot reads need no SQLite connection ([`known`]). `None` on PostgreSQL.
+    known: Option<Arc<Known>>,
 }
 
 /// The write side of each backend.
@@ -190,11 +195,12 @@ enum Writer {
 type Deliver = Box<dyn FnOnce(Option<&sqlx::Error>) + Send>;
 
 /// A write job for the SQLite writer: statements to run on the writing connection inside the
-/// current batch, or `None` when the batch could not begin and the job must not run.
+/// current batch, or `None` when the batch could not begin and the job must not run. It hands
+/// back how to deliver its result and what it declared it wrote (for [`Known`]).
 type Job = Box<
     dyn for<'c> FnOnce(
             Option<&'c mut SqliteConnection>,
-        ) -> Pin<Box<dyn Future<Output = Deliver> + Send + 'c>>
+        ) -> Pin<Box<dyn Future<Output = (Deliver, Effects)> + Send + 'c>>
         + Send,
 >;
 
@@ -244,6 +250,16 @@ impl Store {
             .busy_timeout(busy_timeout);
         let mut connection = SqliteConnection::connect_with(&options).await?;
         sqlx::migrate!("./migrations").run(&mut connection).await?;
+        // Every row change on the writing connection (triggers' too) is counted, so the cache
+        // can tell a job that changed rows it did not declare (see `known`).
+        let known = Arc::new(Known::default());
+        {
+            let known = known.clone();
+            connection
+                .lock_handle()
+                .await?
+                .set_update_hook(move |change| known.changed(change.table));
+        }
         // No ping before each acquire: these are in-process connections to a local file, and a
         // ping would be one more round trip to the connection's worker thread per query.
         let reader = SqlitePoolOptions::new()
@@ -258,6 +274,7 @@ impl Store {
         // SQLite thread, and on the shared runtime each reply would wait behind API work for a
         // worker; here the reply wakes the writer directly.
         let (done_tx, done_rx) = oneshot::channel();
+        let cache = known.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
@@ -265,7 +282,7 @@ impl Store {
                     .enable_time()
                     .build()
                 {
-                    Ok(runtime) => runtime.block_on(write_loop(connection, jobs)),
+                    Ok(runtime) => runtime.block_on(write_loop(connection, jobs, Some(cache))),
                     Err(err) => tracing::error!(error = %err, "cannot start the store writer"),
                 }
                 // The file is ours until the writer has closed its connection.
@@ -278,6 +295,7 @@ impl Store {
             writer: Writer::Sqlite(writer),
             reader: Pool::Sqlite(reader),
             writer_done: Arc::new(tokio::sync::Mutex::new(Some(done_rx))),
+            known: Some(known),
         })
     }
 
@@ -295,6 +313,7 @@ impl Store {
             writer: Writer::Postgres(pool.clone()),
             reader: Pool::Postgres(pool),
             writer_done: Arc::new(tokio::sync::Mutex::new(None)),
+            known: None,
         })
     }
 
@@ -338,8 +357,9 @@ impl Store {
                 let (tx, rx) = oneshot::channel();
                 let job: Job = Box::new(move |conn| {
                     Box::pin(async move {
+                        let mut effects = Effects::default();
                         let result = match conn {
-                            Some(conn) => Some(job(Conn::Sqlite(conn)).await),
+                            Some(conn) => Some(job(Conn::Sqlite(conn, &mut effects)).await),
                             None => None,
                         };
                         let deliver: Deliver = Box::new(move |commit: Option<&sqlx::Error>| {
@@ -350,7 +370,7 @@ impl Store {
                             };
                             let _ = tx.send(result);
                         });
-                        deliver
+                        (deliver, effects)
                     })
                 });
                 writer.send(job).map_err(|_| Error::WriterStopped)?;
@@ -390,6 +410,19 @@ impl Store {
     /// One statement on the writing side, its row if any.
     async fn write_optional(&self, statement: Statement) -> Result<Option<Row>> {
         self.write(move |mut conn| Box::pin(async move { conn.fetch_optional(statement).await }))
+            .await
+    }
+
+    /// One statement on the writing side that returns live-lesson rows (`RETURNING` the lesson
+    /// columns), decoded; on SQLite the writer's cache learns them.
+    async fn write_lessons(&self, statement: Statement) -> Result<Vec<LiveLesson>> {
+        self.write(move |mut conn| Box::pin(async move { conn.fetch_lessons(statement).await }))
+            .await
+    }
+
+    /// [`Store::write_lessons`] of a statement changing at most one live lesson.
+    async fn write_lesson(&self, statement: Statement) -> Result<Option<LiveLesson>> {
+        self.write(move |mut conn| Box::pin(async move { conn.fetch_lesson(statement).await }))
             .await
     }
 
@@ -460,8 +493,13 @@ fn lock_file(database: &Path) -> Result<File> {
 /// few, and the connection never waits for a pool hand-over between jobs. A failing statement
 /// only fails its own job (SQLite rolls back just that statement); a failing commit fails the
 /// whole batch, and a batch that cannot begin is not run at all: each of its callers gets the
-/// error (UNAVAILABLE, retryable), and nothing was written behind their backs.
-async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedReceiver<Job>) {
+/// error (UNAVAILABLE, retryable), and nothing was written behind their backs. After a commit,
+/// and before any caller hears of it, the cache (`known`) learns what the batch wrote.
+async fn write_loop(
+    mut connection: SqliteConnection,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    known: Option<Arc<Known>>,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let grouped = batch.len() > 1;
@@ -477,7 +515,7 @@ async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedR
         if let Some(err) = &begin {
             tracing::error!(error = %err, jobs = batch.len(), "store batch cannot begin");
             for job in batch.drain(..) {
-                delivers.push(job(None).await);
+                delivers.push(job(None).await.0);
             }
             // In case the failure left a transaction open (it should not), end it, so the next
             // batch can begin.
@@ -487,8 +525,13 @@ async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedR
             }
             continue;
         }
+        let mut learnt = Vec::with_capacity(batch.len());
         for job in batch.drain(..) {
-            delivers.push(job(Some(&mut connection)).await);
+            let before = known.as_ref().map_or(0, |known| known.changes());
+            let (deliver, effects) = job(Some(&mut connection)).await;
+            let changes = known.as_ref().map_or(0, |known| known.changes()) - before;
+            delivers.push(deliver);
+            learnt.push((changes, effects));
         }
         let commit = if grouped {
             sqlx::query("COMMIT").execute(&mut connection).await.err()
@@ -498,6 +541,8 @@ async fn write_loop(mut connection: SqliteConnection, mut jobs: mpsc::UnboundedR
         if let Some(err) = &commit {
             tracing::error!(error = %err, jobs = delivers.len(), "store commit failed");
             let _ = sqlx::query("ROLLBACK").execute(&mut connection).await;
+        } else if let Some(known) = &known {
+            known.apply(learnt);
         }
         for deliver in delivers {
             deliver(commit.as_ref());
@@ -665,6 +710,39 @@ mod tests {
             assert_eq!(store.unsettled().await.unwrap(), [first.id]);
             assert_eq!(store.on_agent("a").await.unwrap(), [first.id]);
             assert_eq!(store.agent_loads().await.unwrap(), [("a".to_owned(), 1)]);
+        }
+
+        // Reads see every committed write, whether the SQLite writer's cache learnt it (the
+        // declared rows, a session's token) or must forget what it knew (a change it was not
+        // told of, an expired session).
+        async fn reads_follow_writes_declared_or_not(database, store) {
+            let token = [11; 32];
+            let session = store.create_session(IP, token, 0, Millis(1)).await.unwrap();
+            assert_eq!(store.session_by_token(token).await.unwrap(), Some(session.id));
+            let (lesson, _) = store
+                .request_live_lesson(session.id, "a", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            assert_eq!(store.live_lesson(lesson.id).await.unwrap(), lesson);
+            // A write that does not declare the row it changes.
+            store
+                .write_execute(
+                    Statement::new("UPDATE live_lessons SET reason = 'undeclared' WHERE id = $1")
+                        .bind(lesson.id.to_string()),
+                )
+                .await
+                .unwrap();
+            assert_eq!(store.live_lesson(lesson.id).await.unwrap().reason, "undeclared");
+            let observed = store
+                .observe(lesson.id, 1, Observation::status(Status::Booting, "b"), Millis(3))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(store.live_lesson(lesson.id).await.unwrap(), observed);
+            store.forget(lesson.id).await.unwrap();
+            assert!(store.find_live_lesson(lesson.id).await.unwrap().is_none());
+            store.expire_sessions(Millis(10), Millis(11)).await.unwrap();
+            assert_eq!(store.session_by_token(token).await.unwrap(), None);
         }
 
         async fn live_lesson_limit_and_expiry(database, store) {
@@ -913,7 +991,7 @@ mod tests {
             results.push(result);
         }
         let (job, last) = counting_job(ran.clone());
-        let writer_task = tokio::spawn(write_loop(connection, jobs));
+        let writer_task = tokio::spawn(write_loop(connection, jobs, None));
         for result in results {
             let err = result.await.unwrap().unwrap_err();
             assert_eq!(err.code(), Code::Unavailable, "{err}");
@@ -959,7 +1037,7 @@ mod tests {
                         None => result,
                     });
                 });
-                deliver
+                (deliver, Effects::default())
             })
         });
         (job, rx)

@@ -5,7 +5,7 @@
 //! lessons are pruned by the reaper ([`Store::prune_placements`]).
 
 use super::backend::Statement;
-use super::{LESSON_COLUMNS, Result, Store, lesson_from_row};
+use super::{LESSON_COLUMNS, Result, Store};
 use crate::error::Error;
 use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, PlacementRecord, Wishes};
 
@@ -124,15 +124,13 @@ impl Store {
         .bind(reason)
         .bind(now.0)
         .bind(Vec::<u8>::new());
-        let rows = self
-            .write(move |mut conn| {
-                Box::pin(async move {
-                    conn.execute(moved).await?;
-                    conn.fetch_all(reset).await
-                })
+        self.write(move |mut conn| {
+            Box::pin(async move {
+                conn.execute(moved).await?;
+                conn.fetch_lessons(reset).await
             })
-            .await?;
-        rows.iter().map(lesson_from_row).collect()
+        })
+        .await
     }
 
     /// Which agent the store places live lesson `id` on: `None` when the store does not know

@@ -2,9 +2,13 @@
 //! see [`crate::model::expiry`]), old events are pruned, and orphans are checked against the
 //! store.
 
+use std::str::FromStr as _;
+
 use super::backend::Statement;
-use super::{Result, Store, lesson_from_row, mark_for_deletion};
-use crate::model::{LiveLesson, LiveLessonId, Millis};
+use super::known::Effect;
+use super::{Result, Store, mark_for_deletion};
+use crate::error::Error;
+use crate::model::{LiveLesson, LiveLessonId, Millis, SessionId};
 
 /// Which rows (of `sessions` or `live_lessons`, both carry the session's flag) idle expiry may
 /// take: the store's form of [`crate::model::expiry`]'s rule.
@@ -18,17 +22,15 @@ impl Store {
         cutoff: Millis,
         now: Millis,
     ) -> Result<Vec<LiveLesson>> {
-        let rows = self
-            .write_all(
-                Statement::new(mark_for_deletion(&format!(
-                    "{EXPIRES} AND last_active < $3"
-                )))
-                .bind("expired: idle past the live lesson TTL")
-                .bind(now.0)
-                .bind(cutoff.0),
-            )
-            .await?;
-        rows.iter().map(lesson_from_row).collect()
+        self.write_lessons(
+            Statement::new(mark_for_deletion(&format!(
+                "{EXPIRES} AND last_active < $3"
+            )))
+            .bind("expired: idle past the live lesson TTL")
+            .bind(now.0)
+            .bind(cutoff.0),
+        )
+        .await
     }
 
     /// Expires every non-persistent session idle since before `cutoff`, marks its live lessons
@@ -39,19 +41,29 @@ impl Store {
     /// next tick redoes whatever a failure interrupted (expired sessions accept no requests
     /// meanwhile).
     pub async fn expire_sessions(&self, cutoff: Millis, now: Millis) -> Result<Vec<LiveLesson>> {
-        let rows = self
-            .write(move |mut conn| {
+        self.write(move |mut conn| {
                 Box::pin(async move {
-                    conn.execute(
-                        Statement::new(format!(
-                            "UPDATE sessions SET expired = 1 WHERE expired = 0 AND {EXPIRES} \
-                             AND last_active < $1"
-                        ))
-                        .bind(cutoff.0),
-                    )
-                    .await?;
-                    let rows = conn
+                    let expired = conn
                         .fetch_all(
+                            Statement::new(format!(
+                                "UPDATE sessions SET expired = 1 WHERE expired = 0 AND {EXPIRES} \
+                                 AND last_active < $1 RETURNING id"
+                            ))
+                            .bind(cutoff.0),
+                        )
+                        .await?;
+                    // Their tokens are invalid from this commit on (noted at once: what
+                    // follows may fail, this statement stands).
+                    let expired = expired
+                        .iter()
+                        .map(|row| {
+                            let id: String = row.at(0)?;
+                            SessionId::from_str(&id).map_err(|err| Error::Corrupt(err.to_string()))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    conn.note(Effect::Expired(expired));
+                    let rows = conn
+                        .fetch_lessons(
                             Statement::new(mark_for_deletion(
                                 "session_id IN (SELECT id FROM sessions WHERE expired = 1)",
                             ))
@@ -67,8 +79,7 @@ impl Store {
                     Ok(rows)
                 })
             })
-            .await?;
-        rows.iter().map(lesson_from_row).collect()
+            .await
     }
 
     /// Deletes events of live lessons that no longer exist, older than `cutoff`.

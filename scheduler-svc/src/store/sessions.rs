@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 
 use super::backend::Statement;
+use super::known::Effect;
 use super::{Result, SESSION_COLUMNS, Store, session_from_row};
 use crate::error::Error;
 use crate::model::{Millis, Session, SessionId};
@@ -27,6 +28,7 @@ impl Store {
             last_active: now,
         };
         let net = network(ip);
+        let session_id = session.id;
         let insert = Statement::new(
             "INSERT INTO sessions (id, source_ip, source_net, token_hash, persistent, \
              created_at, last_active) \
@@ -45,7 +47,11 @@ impl Store {
                     if limit > 0 {
                         conn.lock_name(&format!("sessions of {net}")).await?;
                     }
-                    conn.execute(insert).await
+                    let inserted = conn.execute(insert).await?;
+                    if inserted > 0 {
+                        conn.note(Effect::Token(token_hash, session_id));
+                    }
+                    Ok(inserted)
                 })
             })
             .await?;
@@ -57,6 +63,13 @@ impl Store {
 
     /// The live session whose token hashes to `token_hash`.
     pub async fn session_by_token(&self, token_hash: [u8; 32]) -> Result<Option<SessionId>> {
+        if let Some(session) = self
+            .known
+            .as_ref()
+            .and_then(|known| known.session(&token_hash))
+        {
+            return Ok(Some(session));
+        }
         let row = self
             .reader
             .fetch_optional(
