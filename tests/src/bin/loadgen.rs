@@ -11,6 +11,15 @@
 //! agent: one scheduler on SQLite, one on PostgreSQL, and three replicas sharing one PostgreSQL
 //! database (clients spread across them); rounds rotate through the three.
 //!
+//! `--against PATH` puts this build's scheduler beside another scheduler binary (say, the
+//! previous commit's, copied aside), both on SQLite with a null agent each, rounds alternating
+//! (and which goes first alternating too): before/after numbers from one run.
+//!
+//! Every mode also prints the scheduler's CPU time per lifecycle (user + system, from
+//! `/proc/PID/stat` before and after each round, divided by the round's lifecycles).
+//! `--live N` instead measures memory: the scheduler's resident set (`VmRSS`) after warm-up and
+//! after N live lessons were made READY (and left live) on the null agent.
+//!
 //! Build with `cargo build --release --workspace --bins`, then run `target/release/loadgen`.
 
 use std::collections::HashMap;
@@ -66,6 +75,16 @@ struct Args {
     /// `ANTIDOTE_TEST_POSTGRES` (`tests/postgres/pg.sh start` prints it).
     #[arg(long, env = "ANTIDOTE_TEST_POSTGRES")]
     postgres: Option<String>,
+    /// Instead of the baseline, compare this build's scheduler with the scheduler binary at
+    /// this path (both on SQLite, a null agent each), rounds alternating; prints both and the
+    /// ratio (this build / the other).
+    #[arg(long, value_name = "SCHEDULER_BINARY", conflicts_with_all = ["mtls", "dial_in", "store_compare"])]
+    against: Option<std::path::PathBuf>,
+    /// Instead of lifecycles, make this many live lessons READY (at `--concurrency`, left
+    /// live) and print the scheduler's resident memory before and after (with `--against`,
+    /// of both schedulers).
+    #[arg(long, value_name = "N", conflicts_with_all = ["mtls", "dial_in", "store_compare"])]
+    live: Option<usize>,
 }
 
 /// How the scheduler reaches its agent in a comparison run.
@@ -93,6 +112,8 @@ struct Stats {
     per_second: f64,
     p50: Duration,
     p99: Duration,
+    /// The schedulers' CPU time (user + system) per operation, when measured.
+    cpu: Option<Duration>,
 }
 
 fn stats(mut latencies: Vec<Duration>, elapsed: Duration) -> Stats {
@@ -102,7 +123,72 @@ fn stats(mut latencies: Vec<Duration>, elapsed: Duration) -> Stats {
         per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
         p50: at(0.50),
         p99: at(0.99),
+        cpu: None,
     }
+}
+
+/// The CPU time (user + system) the processes `pids` used so far, summed, from
+/// `/proc/PID/stat`; `None` where that cannot be read (not Linux).
+fn cpu_time(pids: &[u32]) -> Option<Duration> {
+    let ticks_per_second = *CLOCK_TICKS;
+    let mut total = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command (which may hold spaces) in parentheses: state is field 3,
+        // utime 14 and stime 15.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        total += utime + stime;
+    }
+    Some(Duration::from_secs_f64(
+        total as f64 / ticks_per_second as f64,
+    ))
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 on every Linux we run).
+static CLOCK_TICKS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(100)
+});
+
+/// A process's resident set (`VmRSS` of `/proc/PID/status`), in KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// [`run`], with the CPU time the processes `pids` used during it per operation.
+async fn run_measured<F, Fut>(args: &Args, pids: &[u32], op: F) -> anyhow::Result<Stats>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Duration>> + Send + 'static,
+{
+    let before = cpu_time(pids);
+    let mut stats = run(args, op).await?;
+    stats.cpu = before
+        .zip(cpu_time(pids))
+        .map(|(before, after)| after.saturating_sub(before) / args.lifecycles as u32);
+    Ok(stats)
+}
+
+/// CPU per lifecycle in µs, or `?`.
+fn micros(cpu: Option<Duration>) -> String {
+    cpu.map_or("?".into(), |cpu| format!("{:.0}", cpu.as_secs_f64() * 1e6))
+}
+
+/// The median of some values.
+fn median<T: Copy + PartialOrd>(values: &[T]) -> T {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    sorted[sorted.len() / 2]
 }
 
 #[tokio::main]
@@ -116,6 +202,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.store_compare {
         return store_compare(&args).await;
+    }
+    if let Some(other) = args.against.clone() {
+        return against(&args, &other).await;
     }
     let dir = tempfile::tempdir()?;
     let agent_process = Process::spawn(
@@ -133,6 +222,7 @@ async fn main() -> anyhow::Result<()> {
         agent_process.url()
     );
     let scheduler = Scheduler::start(dir.path(), &config).await?;
+    let pids: Vec<u32> = scheduler.process.pid().into_iter().collect();
     let mut clients = Vec::new();
     for _ in 0..args.connections {
         clients.push(
@@ -145,6 +235,9 @@ async fn main() -> anyhow::Result<()> {
     }
     // Warm up (and wait for the agent handshake) with one lifecycle.
     lifecycle(&clients[0], &args.lesson).await?;
+    if let Some(live) = args.live {
+        return memory(&args, live, &[("scheduler", &pids, &clients)]).await;
+    }
 
     println!(
         "loadgen: {} lifecycles per round, concurrency {}, {} rounds, lesson {}",
@@ -153,13 +246,14 @@ async fn main() -> anyhow::Result<()> {
     let mut ratios = Vec::new();
     let mut scheduler_rates = Vec::new();
     let mut p99s = Vec::new();
+    let mut cpus = Vec::new();
     for round in 1..=args.rounds {
         let baseline = run(&args, |i| {
             let mut client = agents[i % agents.len()].clone();
             async move { direct(&mut client).await }
         })
         .await?;
-        let measured = run(&args, |i| {
+        let measured = run_measured(&args, &pids, |i| {
             let clients = clients[i % clients.len()].clone();
             let lesson = args.lesson.clone();
             async move { lifecycle(&clients, &lesson).await }
@@ -168,27 +262,168 @@ async fn main() -> anyhow::Result<()> {
         let ratio = measured.per_second / baseline.per_second;
         println!(
             "round {round}: baseline (agent direct) {:>8.0}/s p50 {:>6.2} ms p99 {:>6.2} ms | \
-             scheduler {:>8.0} lifecycles/s, request→READY p50 {:>6.2} ms p99 {:>6.2} ms | \
-             throughput ratio {ratio:.3}",
+             scheduler {:>8.0} lifecycles/s, request→READY p50 {:>6.2} ms p99 {:>6.2} ms, \
+             scheduler CPU {} µs/lifecycle | throughput ratio {ratio:.3}",
             baseline.per_second,
             ms(baseline.p50),
             ms(baseline.p99),
             measured.per_second,
             ms(measured.p50),
             ms(measured.p99),
+            micros(measured.cpu),
         );
         ratios.push(ratio);
         scheduler_rates.push(measured.per_second);
         p99s.push(measured.p99);
+        cpus.extend(measured.cpu);
     }
     scheduler_rates.sort_by(f64::total_cmp);
     ratios.sort_by(f64::total_cmp);
     p99s.sort();
     println!(
-        "median: scheduler {:.0} lifecycles/s, request→READY p99 {:.2} ms, scheduler/baseline throughput {:.3}",
+        "median: scheduler {:.0} lifecycles/s, request→READY p99 {:.2} ms, scheduler CPU {} µs/lifecycle, \
+         scheduler/baseline throughput {:.3}",
         scheduler_rates[scheduler_rates.len() / 2],
         ms(p99s[p99s.len() / 2]),
+        micros((!cpus.is_empty()).then(|| median(&cpus))),
         ratios[ratios.len() / 2]
+    );
+    Ok(())
+}
+
+/// `--live N`: the resident memory of each scheduler after warm-up, then after `live` live
+/// lessons were made READY on its null agent (and left live).
+async fn memory(
+    args: &Args,
+    live: usize,
+    schedulers: &[(&str, &[u32], &[Clients])],
+) -> anyhow::Result<()> {
+    println!(
+        "loadgen --live {live}: live lessons made READY at concurrency {}",
+        args.concurrency
+    );
+    let mut args_live = Args::parse_from(["loadgen"]);
+    args_live.lifecycles = live;
+    args_live.concurrency = args.concurrency;
+    for (name, pids, clients) in schedulers {
+        let pid = *pids
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("{name}: no pid"))?;
+        let before = rss_kib(pid).ok_or_else(|| anyhow::anyhow!("{name}: no VmRSS"))?;
+        let start = Instant::now();
+        let made = run(&args_live, |i| {
+            let clients = clients[i % clients.len()].clone();
+            let lesson = args.lesson.clone();
+            async move {
+                let session = clients.session().await?;
+                let started = Instant::now();
+                let requested = clients.request(&session, &lesson, 0).await?;
+                clients.ready(&requested.id).await?;
+                Ok(started.elapsed())
+            }
+        })
+        .await?;
+        let after = rss_kib(pid).ok_or_else(|| anyhow::anyhow!("{name}: no VmRSS"))?;
+        println!(
+            "{name}: VmRSS {:.1} MiB after warm-up, {:.1} MiB with {live} live lessons READY \
+             ({:.1} KiB per live lesson; made in {:.1} s, request→READY p99 {:.2} ms)",
+            before as f64 / 1024.0,
+            after as f64 / 1024.0,
+            after.saturating_sub(before) as f64 / live as f64,
+            start.elapsed().as_secs_f64(),
+            ms(made.p99),
+        );
+    }
+    Ok(())
+}
+
+/// `--against PATH`: this build's scheduler and the one at `other`, each on SQLite with a null
+/// agent of its own, rounds alternating (which goes first alternates too).
+async fn against(args: &Args, other: &std::path::Path) -> anyhow::Result<()> {
+    anyhow::ensure!(other.exists(), "{} does not exist", other.display());
+    let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let this = workspace_bin("scheduler-svc");
+    let database = |i: usize| dirs[i].path().join("antidote.db").display().to_string();
+    let setups = [
+        store_setup(args, "this build", dirs[0].path(), &database(0), 1, &this).await?,
+        store_setup(args, "other", dirs[1].path(), &database(1), 1, other).await?,
+    ];
+    if let Some(live) = args.live {
+        let pids: Vec<Vec<u32>> = setups.iter().map(Setup::pids).collect();
+        let schedulers: Vec<_> = setups
+            .iter()
+            .zip(&pids)
+            .map(|(setup, pids)| (setup.name, pids.as_slice(), setup.clients.as_slice()))
+            .collect();
+        return memory(args, live, &schedulers).await;
+    }
+    println!(
+        "loadgen --against {}: {} lifecycles per round, concurrency {}, {} rounds, lesson {}",
+        other.display(),
+        args.lifecycles,
+        args.concurrency,
+        args.rounds,
+        args.lesson
+    );
+    let mut results: Vec<Vec<Stats>> = vec![Vec::new(), Vec::new()];
+    for round in 1..=args.rounds {
+        let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for s in order {
+            let setup = &setups[s];
+            let measured = run_measured(args, &setup.pids(), |i| {
+                let clients = setup.clients[i % setup.clients.len()].clone();
+                let lesson = args.lesson.clone();
+                async move { lifecycle(&clients, &lesson).await }
+            })
+            .await?;
+            results[s].push(measured);
+        }
+        let line: Vec<String> = setups
+            .iter()
+            .zip(&results)
+            .map(|(setup, r)| {
+                let m = r.last().expect("measured this round");
+                format!(
+                    "{} {:.0} lifecycles/s p50 {:.2} ms p99 {:.2} ms CPU {} µs/lifecycle",
+                    setup.name,
+                    m.per_second,
+                    ms(m.p50),
+                    ms(m.p99),
+                    micros(m.cpu)
+                )
+            })
+            .collect();
+        let rate = |s: usize| results[s].last().map_or(0.0, |m| m.per_second);
+        println!(
+            "round {round}: {} | this/other throughput {:.3}",
+            line.join(" | "),
+            rate(0) / rate(1)
+        );
+    }
+    let mut rates = Vec::new();
+    for (setup, r) in setups.iter().zip(&results) {
+        let rate = median(&r.iter().map(|m| m.per_second).collect::<Vec<_>>());
+        let p50 = median(&r.iter().map(|m| m.p50).collect::<Vec<_>>());
+        let p99 = median(&r.iter().map(|m| m.p99).collect::<Vec<_>>());
+        let cpus: Vec<Duration> = r.iter().filter_map(|m| m.cpu).collect();
+        println!(
+            "median: {} {rate:.0} lifecycles/s, request→READY p50 {:.2} ms p99 {:.2} ms, CPU {} µs/lifecycle",
+            setup.name,
+            ms(p50),
+            ms(p99),
+            micros((!cpus.is_empty()).then(|| median(&cpus)))
+        );
+        rates.push(rate);
+    }
+    let ratios: Vec<f64> = results[0]
+        .iter()
+        .zip(&results[1])
+        .map(|(a, b)| a.per_second / b.per_second)
+        .collect();
+    println!(
+        "median of the rounds' ratios: this/other throughput {:.3} (medians' ratio {:.3})",
+        median(&ratios),
+        rates[0] / rates[1]
     );
     Ok(())
 }
@@ -486,6 +721,16 @@ impl Database {
     }
 }
 
+impl Setup {
+    /// Its schedulers' process ids.
+    fn pids(&self) -> Vec<u32> {
+        self._schedulers
+            .iter()
+            .filter_map(|s| s.process.pid())
+            .collect()
+    }
+}
+
 impl Drop for Database {
     fn drop(&mut self) {
         let _ = psql(
@@ -523,6 +768,7 @@ async fn store_setup(
     dir: &std::path::Path,
     database: &str,
     replicas: usize,
+    binary: &std::path::Path,
 ) -> anyhow::Result<Setup> {
     let agent = Process::spawn(
         &workspace_bin("test-agent"),
@@ -549,7 +795,7 @@ async fn store_setup(
     let mut clients = Vec::new();
     for i in 0..replicas {
         let process = Process::spawn(
-            &workspace_bin("scheduler-svc"),
+            binary,
             &[
                 "serve".into(),
                 "--config".into(),
@@ -606,10 +852,11 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
         tempfile::tempdir()?,
     ];
     let sqlite = dirs[0].path().join("antidote.db").display().to_string();
+    let bin = workspace_bin("scheduler-svc");
     let setups = [
-        store_setup(args, "SQLite", dirs[0].path(), &sqlite, 1).await?,
-        store_setup(args, "PostgreSQL", dirs[1].path(), &one.url, 1).await?,
-        store_setup(args, "PostgreSQL x3", dirs[2].path(), &three.url, 3).await?,
+        store_setup(args, "SQLite", dirs[0].path(), &sqlite, 1, &bin).await?,
+        store_setup(args, "PostgreSQL", dirs[1].path(), &one.url, 1, &bin).await?,
+        store_setup(args, "PostgreSQL x3", dirs[2].path(), &three.url, 3, &bin).await?,
     ];
     println!(
         "loadgen --store-compare: {} lifecycles per round, concurrency {}, {} rounds, lesson {}, \
@@ -620,17 +867,18 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
     for round in 1..=args.rounds {
         let mut line = format!("round {round}:");
         for (setup, results) in setups.iter().zip(&mut results) {
-            let measured = run(args, |i| {
+            let measured = run_measured(args, &setup.pids(), |i| {
                 let clients = setup.clients[i % setup.clients.len()].clone();
                 let lesson = args.lesson.clone();
                 async move { lifecycle(&clients, &lesson).await }
             })
             .await?;
             line.push_str(&format!(
-                " {} {:.0} lifecycles/s p99 {:.2} ms |",
+                " {} {:.0} lifecycles/s p99 {:.2} ms CPU {} µs/lifecycle |",
                 setup.name,
                 measured.per_second,
-                ms(measured.p99)
+                ms(measured.p99),
+                micros(measured.cpu)
             ));
             results.push(measured);
         }
@@ -641,19 +889,21 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
             rate(2) / rate(1)
         );
     }
-    let median = |stats: &[Stats]| {
-        let mut rates: Vec<f64> = stats.iter().map(|s| s.per_second).collect();
-        let mut p99s: Vec<Duration> = stats.iter().map(|s| s.p99).collect();
-        rates.sort_by(f64::total_cmp);
-        p99s.sort();
-        (rates[rates.len() / 2], p99s[p99s.len() / 2])
-    };
-    let medians: Vec<_> = results.iter().map(|r| median(r)).collect();
-    for (setup, (rate, p99)) in setups.iter().zip(&medians) {
+    let medians: Vec<(f64, Duration)> = results
+        .iter()
+        .map(|r| {
+            let rates: Vec<f64> = r.iter().map(|s| s.per_second).collect();
+            let p99s: Vec<Duration> = r.iter().map(|s| s.p99).collect();
+            (median(&rates), median(&p99s))
+        })
+        .collect();
+    for ((setup, (rate, p99)), r) in setups.iter().zip(&medians).zip(&results) {
+        let cpus: Vec<Duration> = r.iter().filter_map(|m| m.cpu).collect();
         println!(
-            "median: {} {rate:.0} lifecycles/s, request→READY p99 {:.2} ms",
+            "median: {} {rate:.0} lifecycles/s, request→READY p99 {:.2} ms, schedulers' CPU {} µs/lifecycle",
             setup.name,
-            ms(*p99)
+            ms(*p99),
+            micros((!cpus.is_empty()).then(|| median(&cpus)))
         );
     }
     println!(
