@@ -818,16 +818,24 @@ impl Ratios {
         self.teardown.push(teardown);
     }
 
-    /// Prints the median ratios of the rounds recorded.
+    /// Prints the median ratios of the rounds recorded, and their spread (min–max).
     pub fn print_medians(mut self) {
-        let median = |values: &mut Vec<f64>| {
+        let summary = |values: &mut Vec<f64>| {
             values.sort_by(f64::total_cmp);
-            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+            let median = match values.len() {
+                0 => f64::NAN,
+                n if n % 2 == 1 => values[n / 2],
+                n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+            };
+            let first = values.first().copied().unwrap_or(f64::NAN);
+            let last = values.last().copied().unwrap_or(f64::NAN);
+            format!("{median:.2} ({first:.2}–{last:.2})")
         };
         println!(
-            "median ratios (scheduler/baseline): to READY {:.2}, teardown {:.2}",
-            median(&mut self.ready),
-            median(&mut self.teardown)
+            "median ratios (scheduler/baseline) over {} rounds, min–max in brackets: to READY {}, teardown {}",
+            self.ready.len(),
+            summary(&mut self.ready),
+            summary(&mut self.teardown)
         );
     }
 }

@@ -40,6 +40,10 @@ struct Args {
     /// Rounds (baseline and scheduler alternate within each).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Keep the directory with the fake kubelet's, agent's and scheduler's logs (its path is
+    /// printed) instead of removing it at the end: for `RUST_LOG=agent_k8s=debug` timings.
+    #[arg(long)]
+    keep_logs: bool,
 }
 
 #[tokio::main]
@@ -102,6 +106,9 @@ async fn main() -> anyhow::Result<()> {
         ratios.round(round, baseline, scheduler);
     }
     ratios.print_medians();
+    if args.keep_logs {
+        println!("logs kept in {}", dir.keep().display());
+    }
     Ok(())
 }
 
