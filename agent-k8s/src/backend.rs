@@ -98,21 +98,26 @@ impl Kubernetes {
     /// Applies every object of the live lesson, in order: namespace, policy (before any pod),
     /// attachments, pods in lesson order, Services, Ingresses. Returns Ingress hosts by name,
     /// and whether the connections became NetworkAttachmentDefinitions.
+    ///
+    /// `fresh` ([`Start::Create`]): the objects are created rather than applied (see
+    /// [`cluster::create_or_apply`]).
     async fn apply_objects(
         &self,
         spec: &proto::LessonSpec,
+        fresh: bool,
     ) -> Result<(HashMap<String, String>, bool), String> {
         let settings = &self.settings;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let ns = cluster::namespace(&spec.live_lesson_id);
-        cluster::apply(&namespaces, &ns, &cluster::namespace_manifest(spec))
+        cluster::create_or_apply(&namespaces, &ns, &cluster::namespace_manifest(spec), fresh)
             .await
             .map_err(|e| explain(&format!("Namespace {ns}"), &e))?;
         let policies: Api<NetworkPolicy> = self.api(spec);
-        cluster::apply(
+        cluster::create_or_apply(
             &policies,
             "antidote-isolation",
             &cluster::network_policy_manifest(settings, spec),
+            fresh,
         )
         .await
         .map_err(|e| explain("NetworkPolicy antidote-isolation", &e))?;
@@ -142,26 +147,28 @@ impl Kubernetes {
         // The guide's notebook before its pod, which mounts it.
         if let Some(manifest) = cluster::guide_configmap_manifest(spec) {
             let configmaps: Api<ConfigMap> = self.api(spec);
-            cluster::apply(&configmaps, cluster::GUIDE_CONFIGMAP, &manifest)
+            cluster::create_or_apply(&configmaps, cluster::GUIDE_CONFIGMAP, &manifest, fresh)
                 .await
                 .map_err(|e| explain(&format!("ConfigMap {}", cluster::GUIDE_CONFIGMAP), &e))?;
         }
         let pods: Api<Pod> = self.api(spec);
         let services: Api<Service> = self.api(spec);
         for (i, endpoint) in spec.endpoints.iter().enumerate() {
-            cluster::apply(
+            cluster::create_or_apply(
                 &pods,
                 &endpoint.name,
                 &cluster::pod_manifest(settings, spec, i, attached),
+                fresh,
             )
             .await
             .map_err(|e| explain(&format!("Pod {}", endpoint.name), &e))?;
         }
         for (i, endpoint) in spec.endpoints.iter().enumerate() {
-            cluster::apply(
+            cluster::create_or_apply(
                 &services,
                 &endpoint.name,
                 &cluster::service_manifest(spec, i),
+                fresh,
             )
             .await
             .map_err(|e| explain(&format!("Service {}", endpoint.name), &e))?;
@@ -169,7 +176,7 @@ impl Kubernetes {
         let ingresses: Api<Ingress> = self.api(spec);
         let mut hosts = HashMap::new();
         for (name, host, manifest) in cluster::ingress_manifests(settings, spec) {
-            cluster::apply(&ingresses, &name, &manifest)
+            cluster::create_or_apply(&ingresses, &name, &manifest, fresh)
                 .await
                 .map_err(|e| explain(&format!("Ingress {name}"), &e))?;
             hosts.insert(name, host);
@@ -218,10 +225,14 @@ impl Kubernetes {
         Ok(pod)
     }
 
-    /// Runs the stage's configuration: old Jobs removed first, one Job per configured endpoint,
-    /// each watched to completion or failure.
-    async fn configure(&self, spec: &proto::LessonSpec) -> Result<(), String> {
-        let jobs: Api<Job> = self.api(spec);
+    /// Removes the configuration Jobs and files of other generations than `spec`'s.
+    async fn remove_old_configuration(
+        &self,
+        spec: &proto::LessonSpec,
+        jobs: &Api<Job>,
+        configmaps: &Api<ConfigMap>,
+        current_files: &str,
+    ) -> Result<(), String> {
         let current: Vec<String> = spec
             .endpoints
             .iter()
@@ -245,10 +256,7 @@ impl Kubernetes {
                 }
             }
         }
-        // The configurator's files and credentials, before the Jobs that mount them; files of
-        // older generations go (their Jobs went above).
-        let configmaps: Api<ConfigMap> = self.api(spec);
-        let current_files = configurator::configmap_name(spec.generation);
+        // Files of older generations go too (their Jobs went above).
         let old_files = configmaps
             .list(&ListParams::default().labels(configurator::LABEL_CONFIG_GENERATION))
             .await
@@ -263,6 +271,22 @@ impl Kubernetes {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Runs the stage's configuration: old Jobs removed first, one Job per configured endpoint,
+    /// each watched to completion or failure. On [`Start::Create`] no older generation's Jobs
+    /// or files can exist (they are made after the pods run, and a generation that got that far
+    /// is changed, not created, by the next one; a restarted agent adopts), so nothing is listed.
+    async fn configure(&self, spec: &proto::LessonSpec, start: Start) -> Result<(), String> {
+        let jobs: Api<Job> = self.api(spec);
+        let configmaps: Api<ConfigMap> = self.api(spec);
+        let current_files = configurator::configmap_name(spec.generation);
+        if start != Start::Create {
+            self.remove_old_configuration(spec, &jobs, &configmaps, &current_files)
+                .await?;
+        }
+        // The configurator's files and credentials, before the Jobs that mount them.
         if configurator::needed(spec) {
             cluster::apply(
                 &configmaps,
@@ -342,7 +366,8 @@ impl Kubernetes {
                 "applying namespace, policy, pods and services",
             );
         }
-        let (hosts, attached) = self.apply_objects(spec).await?;
+        let (hosts, attached) = self.apply_objects(spec, start == Start::Create).await?;
+        tracing::debug!("objects applied");
         if !spec.connections.is_empty() && !attached {
             report.update(|s| {
                 s.conditions.push(proto::Condition {
@@ -384,12 +409,14 @@ impl Kubernetes {
                 internal_address: ip,
             });
         }
+        tracing::debug!("pods running");
         report.update(|s| {
             s.phase = Phase::Configuring as i32;
             s.reason = format!("configuring stage {}", spec.stage);
             s.endpoints = states.clone();
         });
-        self.configure(spec).await?;
+        self.configure(spec, start).await?;
+        tracing::debug!("configured");
         // Readiness from inside the cluster's network: the pods' own addresses.
         for state in &mut states {
             for p in &state.presentations {
@@ -405,6 +432,7 @@ impl Kubernetes {
                 state.healthy += 1;
             }
         }
+        tracing::debug!("presentations answer");
         let delay = sdk::spec::ready_delay(spec) + self.settings.ready_delay;
         if !delay.is_zero() {
             report.update(|s| {
@@ -544,20 +572,30 @@ impl Backend for Kubernetes {
         selector: &HashMap<String, String>,
     ) -> Result<Vec<HashMap<String, String>>, Status> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let labels_of = |ns: Namespace| {
+            let mut found: HashMap<String, String> = ns.metadata.labels?.into_iter().collect();
+            (found.remove(LABEL_MANAGED).as_deref() == Some("agent-k8s")
+                && found.contains_key(labels::LIVE_LESSON)
+                && selector.iter().all(|(k, v)| found.get(k) == Some(v)))
+            .then_some(found)
+        };
+        // One live lesson by id (what Provision asks before creating): its namespace is named
+        // after it, so one GET answers instead of a LIST of every namespace.
+        if let Some(id) = selector.get(labels::LIVE_LESSON) {
+            let name = cluster::namespace(id);
+            let found = namespaces
+                .get_opt(&name)
+                .await
+                .map_err(|e| unavailable(&format!("reading Namespace {name}"), e))?;
+            return Ok(found.and_then(labels_of).into_iter().collect());
+        }
         let mut terms: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
         terms.push(format!("{LABEL_MANAGED}=agent-k8s"));
         let list = namespaces
             .list(&ListParams::default().labels(&terms.join(",")))
             .await
             .map_err(|e| unavailable("listing Namespaces", e))?;
-        Ok(list
-            .into_iter()
-            .filter_map(|ns| {
-                let mut found: HashMap<String, String> = ns.metadata.labels?.into_iter().collect();
-                found.remove(LABEL_MANAGED);
-                found.contains_key(labels::LIVE_LESSON).then_some(found)
-            })
-            .collect())
+        Ok(list.into_iter().filter_map(labels_of).collect())
     }
 
     async fn plan(&self, spec: &proto::LessonSpec) -> Result<proto::PlanResponse, Status> {
