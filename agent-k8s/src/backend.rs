@@ -2,8 +2,9 @@
 //!
 //! The SDK's runtime applies the protocol's rules (generations, idempotency, adoption, Watch)
 //! and calls [`Kubernetes::realise`] once per generation: it applies the namespace, policy,
-//! pods, Services, Ingresses and attachments (server-side apply: the same call creates, finds
-//! and updates), watches the pods until they run, runs the stage's configuration Jobs (watched
+//! pods, Services, Ingresses and attachments (created on a new live lesson, where a create is
+//! cheaper than an apply; server-side applied on a change or adoption, and where a create
+//! finds the object already there), watches the pods until they run, runs the stage's configuration Jobs (watched
 //! to completion or failure), probes every presentation on the pod's address from inside the
 //! cluster's network, and waits the ready delay. An error is the FAILED reason, quoting the API
 //! server or the Job's failure.
