@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use sqlx::Connection as _;
+use sqlx::{ConnectOptions as _, Connection as _};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
@@ -247,7 +247,11 @@ impl Store {
             // but never corrupts the file, and commits stay fast.
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
-            .busy_timeout(busy_timeout);
+            .busy_timeout(busy_timeout)
+            // No per-statement log (slow ones are still warned about): sqlx asks `enabled!` at
+            // DEBUG after every statement, and with per-layer filters that leaves stale filter
+            // state behind which drops the next events on this thread (tokio-rs/tracing#2519).
+            .log_statements(log::LevelFilter::Off);
         let mut connection = SqliteConnection::connect_with(&options).await?;
         sqlx::migrate!("./migrations").run(&mut connection).await?;
         // Every row change on the writing connection (triggers' too) is counted, so the cache
@@ -302,7 +306,10 @@ impl Store {
     /// Connects to PostgreSQL and migrates (sqlx holds an advisory lock while it migrates, so
     /// replicas starting together apply each migration once).
     async fn open_postgres(url: &str) -> Result<Store> {
-        let options = PgConnectOptions::from_str(url)?.application_name("antidote-scheduler");
+        let options = PgConnectOptions::from_str(url)?
+            .application_name("antidote-scheduler")
+            // As for SQLite (see open_sqlite).
+            .log_statements(log::LevelFilter::Off);
         let pool = PgPoolOptions::new()
             .max_connections(POSTGRES_CONNECTIONS)
             .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
