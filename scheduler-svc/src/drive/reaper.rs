@@ -1,7 +1,8 @@
 //! The reaper: idle live lessons and sessions expire (persistent sessions excepted), objects that
 //! agents hold but the store does not place on them (orphans: unknown live lessons, or live
 //! lessons moved to another agent while this one was lost) are removed after a grace period, and
-//! old events and placement records of removed live lessons are pruned. Nothing is wiped at start-up: state is durable.
+//! old events (every tick) and placement records of removed live lessons (at the orphan interval)
+//! are pruned. Nothing is wiped at start-up: state is durable.
 //!
 //! The reaper only marks live lessons for removal in the store; the reconciler does the removal,
 //! exactly as for a user's delete.
@@ -117,9 +118,6 @@ impl Reaper {
                 Err(err) => tracing::error!(error = %err, "expiry failed"),
             }
         }
-        if let Err(err) = self.store.prune_placements().await {
-            tracing::error!(error = %err, "placement pruning failed");
-        }
         match self
             .store
             .prune_events(now.minus(self.config.event_retention))
@@ -136,6 +134,11 @@ impl Reaper {
 
     #[tracing::instrument(skip_all, level = "debug")]
     async fn collect_orphans(&self, suspects: &mut Suspects) {
+        // A scan of every placement record, so at this slower pace: records go with their live
+        // lesson (a trigger), and only a write racing a deletion on PostgreSQL leaves one.
+        if let Err(err) = self.store.prune_placements().await {
+            tracing::error!(error = %err, "placement pruning failed");
+        }
         let now = Instant::now();
         suspects.begin();
         for agent in self.fleet.agents() {

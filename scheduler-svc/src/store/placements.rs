@@ -1,8 +1,10 @@
 //! Placement's state: what each request asked of its agent (labels it must and should carry),
 //! the last decision and why, live lessons moved off a lost agent, and drained agents.
 //!
-//! Plain SQL (one table per subject, JSON in TEXT columns, no triggers): rows of forgotten live
-//! lessons are pruned by the reaper ([`Store::prune_placements`]).
+//! Plain SQL (one table per subject, JSON in TEXT columns). A record is written only while its
+//! live lesson exists and a trigger deletes it with the live lesson, so the reaper's expiry tick
+//! never scans the table; [`Store::prune_placements`] (run at the orphan interval) removes what
+//! a race between the two leaves on PostgreSQL.
 
 use super::backend::Statement;
 use super::{LESSON_COLUMNS, Result, Store};
@@ -25,7 +27,8 @@ impl Store {
         let wishes = to_json(wishes, "wishes")?;
         self.write_execute(
             Statement::new(
-                "INSERT INTO placements (live_lesson_id, wishes) VALUES ($1, $2) \
+                "INSERT INTO placements (live_lesson_id, wishes) SELECT $1, $2 \
+                 WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
                  ON CONFLICT (live_lesson_id) DO UPDATE SET wishes = excluded.wishes",
             )
             .bind(id.to_string())
@@ -73,7 +76,8 @@ impl Store {
         self.write_execute(
             Statement::new(
                 "INSERT INTO placements (live_lesson_id, decision, decided_at) \
-                 VALUES ($1, $2, $3) ON CONFLICT (live_lesson_id) DO UPDATE SET \
+                 SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
+                 ON CONFLICT (live_lesson_id) DO UPDATE SET \
                  decision = excluded.decision, decided_at = excluded.decided_at, \
                  moved_from = NULL",
             )
@@ -146,7 +150,9 @@ impl Store {
         row.map(|row| row.get("agent")).transpose()
     }
 
-    /// Deletes the placement records of live lessons that no longer exist.
+    /// Deletes the placement records of live lessons that no longer exist: only a write racing
+    /// the live lesson's deletion on PostgreSQL leaves one (a scan of every record: the reaper
+    /// runs it at the orphan interval, not every tick).
     pub async fn prune_placements(&self) -> Result<u64> {
         self.write_execute(Statement::new(
             "DELETE FROM placements WHERE live_lesson_id NOT IN (SELECT id FROM live_lessons)",
@@ -289,12 +295,23 @@ mod tests {
         // Nothing is left on the lost agent: a second look moves nothing.
         assert!(store.relocate("x", "again", Millis(7)).await.unwrap().is_empty());
 
+        // The record goes with its live lesson, and a late write (a decision racing the
+        // deletion) does not bring it back: pruning finds nothing.
         store.forget(ready.id).await.unwrap();
-        assert_eq!(store.prune_placements().await.unwrap(), 1);
         assert_eq!(
             store.placement(ready.id).await.unwrap(),
             PlacementRecord::default()
         );
+        store
+            .record_decision(ready.id, &decision, Millis(8))
+            .await
+            .unwrap();
+        store.set_wishes(ready.id, &wishes).await.unwrap();
+        assert_eq!(
+            store.placement(ready.id).await.unwrap(),
+            PlacementRecord::default()
+        );
+        assert_eq!(store.prune_placements().await.unwrap(), 0);
     }
 
     async fn drains_survive_reopening(database, store) {
