@@ -46,11 +46,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use sqlx::{ConnectOptions as _, Connection as _};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::sync::{mpsc, oneshot};
 
 use self::backend::{Conn, Pool, Row, Statement};
