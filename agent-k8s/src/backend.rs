@@ -323,6 +323,7 @@ impl Kubernetes {
             let file = configuration.file_name.clone();
             let endpoint_name = endpoint.name.clone();
             let jobs = jobs.clone();
+            let pods: Api<Pod> = self.api(spec);
             // The Job controller ends the Job at its deadline; the agent waits a little longer
             // so that the controller's verdict (and its reason) is what the learner sees.
             let deadline = self.settings.config_job_deadline();
@@ -337,13 +338,16 @@ impl Kubernetes {
                     .await
                     .map_err(|_| format!("{what} did not finish within {deadline:?} (Job {name} was not ended by its deadline)"))?
                     .map_err(|e| format!("watching Job {name}: {e}"))?;
+                let last = || last_try(&pods, &name);
                 match job_outcome(job.as_ref()) {
                     Some(Ok(())) => Ok(()),
                     Some(Err(why)) if why.starts_with("DeadlineExceeded") => Err(format!(
-                        "{what} did not finish within {deadline:?} (up to {tries} tries of {run:?}, Job {name}): {why}"
+                        "{what} did not finish within {deadline:?} (up to {tries} tries of {run:?}, Job {name}): {why}{}",
+                        last().await
                     )),
                     Some(Err(why)) => Err(format!(
-                        "{what} failed ({tries} tries of at most {run:?}, Job {name}): {why}"
+                        "{what} failed ({tries} tries of at most {run:?}, Job {name}): {why}{}",
+                        last().await
                     )),
                     None => Err(format!("Job {name} disappeared")),
                 }
@@ -495,6 +499,50 @@ fn job_outcome(job: Option<&Job>) -> Option<Result<(), String>> {
         }
     }
     None
+}
+
+/// How much of a failed try's output the FAILED reason quotes (the kubelet keeps at most 2 KiB
+/// of a container's log tail as its termination message).
+const REASON_TAIL: usize = 1024;
+
+/// The last failed try of Job `job`, for the FAILED reason: `; last try: exit code N: <output
+/// tail>`, from its pod's terminated state (the container's `terminationMessagePolicy:
+/// FallbackToLogsOnError` makes the kubelet put the log's tail there). Empty when no failed pod
+/// is left to read (the Job controller deletes the running one at the Job's deadline) or the
+/// API cannot be read: the reason then stands on the Job's condition alone.
+async fn last_try(pods: &Api<Pod>, job: &str) -> String {
+    let Ok(list) = pods
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await
+    else {
+        return String::new();
+    };
+    let terminated = list
+        .items
+        .iter()
+        .filter_map(|pod| {
+            let status = pod.status.as_ref()?;
+            let container = status.container_statuses.as_ref()?.first()?;
+            let state = container.state.as_ref()?.terminated.clone()?;
+            Some((pod.metadata.creation_timestamp.clone(), state))
+        })
+        .filter(|(_, state)| state.exit_code != 0)
+        .max_by(|a, b| a.0.cmp(&b.0));
+    let Some((_, state)) = terminated else {
+        return String::new();
+    };
+    let output = state.message.unwrap_or_default();
+    let output = output.trim();
+    let mut start = output.len().saturating_sub(REASON_TAIL);
+    while !output.is_char_boundary(start) {
+        start += 1;
+    }
+    let ellipsis = if start > 0 { "…" } else { "" };
+    format!(
+        "; last try: exit code {}: {ellipsis}{}",
+        state.exit_code,
+        &output[start..]
+    )
 }
 
 fn unavailable(what: &str, err: kube::Error) -> Status {

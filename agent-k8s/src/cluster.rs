@@ -503,6 +503,9 @@ pub fn job_manifest(
                         "name": "configure",
                         "image": settings.image(&image.slug),
                         "command": ["/bin/sh", "-c", script],
+                        // A failed try's output tail becomes its termination message, which
+                        // the agent quotes in the FAILED reason.
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
                         "env": [
                             { "name": "ANTIDOTE_ENDPOINT", "value": endpoint.name },
                             { "name": "ANTIDOTE_STAGE", "value": spec.stage.to_string() },

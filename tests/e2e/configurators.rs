@@ -8,8 +8,12 @@
 //! endpoint's port 22 with the image's config credentials (dropbear's log says so) and its
 //! failure is the FAILED reason; a script that exits non-zero and one that hangs past the
 //! timeout are FAILED with the reason; a lesson with Jupyter guides gets a guide endpoint
-//! (`antidote/jupyter`) serving stage 0's notebook, then stage 1's after SetStage. agent-k8s (against the test control plane, whose fake
-//! kubelet runs no container): the Jobs, ConfigMap and Secret it makes, read through the API.
+//! (`antidote/jupyter`) serving stage 0's notebook, then stage 1's after SetStage. agent-k8s
+//! (against the test control plane, whose fake kubelet runs no container): the Jobs, ConfigMap
+//! and Secret it makes, read through the API; a python script that fails (the fake kubelet fails
+//! Jobs whose mounted script names its marker) is FAILED with the script's output and exit code,
+//! one that hangs is FAILED at the deadline; the guide pod's ConfigMap holds stage 0's notebook,
+//! then stage 1's after SetStage.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -429,30 +433,25 @@ async fn docker_agent_claims_configuration_types_by_its_configurator_image() {
     );
 }
 
-#[tokio::test]
-async fn k8s_configurations_run_as_configurator_jobs_with_files_and_credentials() {
-    use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    use kube::api::Api;
+/// A scheduler on the configurator curriculum, agent-k8s (as its ServiceAccount, with `extra`
+/// flags) and a fake kubelet, against the test control plane.
+struct K8sEnv {
+    _dir: TempDir,
+    client: kube::Client,
+    kubelet: Process,
+    agent: Process,
+    scheduler: Scheduler,
+}
 
-    let dir = tempfile::tempdir().unwrap();
-    let instance = "k8s-configurators";
-    let client = crate::k8s::admin().await;
-    let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
-    let kubelet = crate::k8s::fake_kubelet(dir.path(), instance).await;
-    let (agent, _, _) = crate::k8s::agent_k8s(
-        dir.path(),
-        &kubeconfig,
-        &[
-            "--configurator-image",
-            "antidote/configurator:latest",
-            "--config-timeout",
-            "90s",
-        ],
-    )
-    .await;
-    let config = format!(
-        r#"instance_id = "{instance}"
+impl K8sEnv {
+    async fn start(instance: &str, extra: &[&str]) -> K8sEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let client = crate::k8s::admin().await;
+        let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
+        let kubelet = crate::k8s::fake_kubelet(dir.path(), instance).await;
+        let (agent, _, _) = crate::k8s::agent_k8s(dir.path(), &kubeconfig, extra).await;
+        let config = format!(
+            r#"instance_id = "{instance}"
 curriculum = "{curriculum}"
 tier = "prod"
 [limits]
@@ -470,21 +469,81 @@ provision_timeout = "4m"
 name = "k8s"
 address = "{agent}"
 "#,
-        curriculum = curriculum().display(),
-        agent = agent.url(),
-    );
-    let scheduler = Scheduler::start(dir.path(), &config)
-        .await
-        .expect("scheduler starts");
-    let logs = || {
+            curriculum = curriculum().display(),
+            agent = agent.url(),
+        );
+        let scheduler = Scheduler::start(dir.path(), &config)
+            .await
+            .expect("scheduler starts");
+        K8sEnv {
+            _dir: dir,
+            client,
+            kubelet,
+            agent,
+            scheduler,
+        }
+    }
+
+    fn logs(&self) -> String {
         format!(
             "--- scheduler ---\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
-            scheduler.process.log_text(),
-            agent.log_text(),
-            kubelet.log_text()
+            self.scheduler.process.log_text(),
+            self.agent.log_text(),
+            self.kubelet.log_text()
         )
-    };
-    let c = &scheduler.clients;
+    }
+
+    fn namespaced<K>(&self, id: &str) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        kube::Api::namespaced(self.client.clone(), &format!("antidote-{id}"))
+    }
+
+    /// Follows a live lesson of generation `generation` until READY or FAILED.
+    async fn settle(&self, id: &str, generation: u64) -> api::LiveLesson {
+        let (_, lesson) = self
+            .scheduler
+            .clients
+            .follow(id, Duration::from_secs(240), |l| {
+                l.generation == generation && matches!(l.status(), S::Ready | S::Failed)
+            })
+            .await
+            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
+        lesson
+    }
+
+    async fn delete_all(&self, ids: &[&str]) {
+        for id in ids {
+            self.scheduler
+                .clients
+                .delete(id, PATIENCE)
+                .await
+                .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
+        }
+    }
+}
+
+#[tokio::test]
+async fn k8s_configurations_run_as_configurator_jobs_with_files_and_credentials() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::Api;
+
+    let env = K8sEnv::start(
+        "k8s-configurators",
+        &[
+            "--configurator-image",
+            "antidote/configurator:latest",
+            "--config-timeout",
+            "90s",
+        ],
+    )
+    .await;
+    let client = env.client.clone();
+    let logs = || env.logs();
+    let c = &env.scheduler.clients;
     let session = c.session().await.unwrap();
     let requested = c.request(&session, "python-ansible", 0).await.unwrap();
     let napalm = c.request(&session, "napalm-login", 0).await.unwrap();
@@ -519,8 +578,8 @@ address = "{agent}"
     assert_eq!(job["spec"]["backoffLimit"], 2, "[R3]: 3 tries in all");
     assert_eq!(pod["activeDeadlineSeconds"], 90);
     assert!(job["spec"]["activeDeadlineSeconds"].as_i64().unwrap() >= 3 * 90);
-    let env = container["env"].as_array().unwrap();
-    let password = env
+    let variables = container["env"].as_array().unwrap();
+    let password = variables
         .iter()
         .find(|e| e["name"] == "ANTIDOTE_CONFIG_PASSWORD")
         .expect("the password variable");
@@ -565,17 +624,150 @@ address = "{agent}"
     assert_eq!(secret["pybox.user"].0, b"antidote");
     assert_eq!(secret["ansiblebox.password"].0, b"antidotepassword");
 
-    for id in [&lesson.id, &napalm.id] {
-        c.lessons
-            .clone()
-            .delete_live_lesson(with_token(
-                api::DeleteLiveLessonRequest { id: id.clone() },
-                c.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap();
+    env.delete_all(&[&lesson.id, &napalm.id]).await;
+}
+
+#[tokio::test]
+async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
+    // The fake kubelet runs no python: it fails or hangs a Job pod whose mounted script names
+    // its marker (`fake-kubelet: fail` / `hang`, which the fixtures' scripts print), and a
+    // failed pod's termination message holds those lines, as a real kubelet's holds the log's
+    // tail under `terminationMessagePolicy: FallbackToLogsOnError`.
+    let env = K8sEnv::start(
+        "k8s-configurators-fail",
+        &[
+            "--configurator-image",
+            "antidote/configurator:latest",
+            "--config-timeout",
+            "3s",
+            "--config-backoff-limit",
+            "1",
+        ],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let fails = c.request(&session, "python-fails", 0).await.unwrap();
+    let hangs = c.request(&session, "python-hangs", 0).await.unwrap();
+
+    let fails = env.settle(&fails.id, 1).await;
+    assert_eq!(fails.status(), S::Failed, "{}", env.logs());
+    let reason = &fails.failure_reason;
+    for words in [
+        "configuration box.py of endpoint `box` for stage 0 failed (2 tries",
+        "BackoffLimitExceeded",
+        "last try: exit code 1: ",
+        "python configuration broken on purpose",
+    ] {
+        assert!(reason.contains(words), "{words:?} in {reason}");
     }
-    for id in [&lesson.id, &napalm.id] {
-        c.gone(id, PATIENCE).await.unwrap();
+
+    let hangs = env.settle(&hangs.id, 1).await;
+    assert_eq!(hangs.status(), S::Failed, "{}", env.logs());
+    let reason = &hangs.failure_reason;
+    for words in [
+        "configuration box.py of endpoint `box`",
+        "did not finish within",
+        "DeadlineExceeded",
+    ] {
+        assert!(reason.contains(words), "{words:?} in {reason}");
     }
+    assert!(!reason.contains("antidotepassword"), "{reason}");
+
+    env.delete_all(&[&fails.id, &hangs.id]).await;
+}
+
+#[tokio::test]
+async fn k8s_jupyter_guide_holds_the_current_stages_notebook() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+
+    let env = K8sEnv::start(
+        "k8s-jupyter-guide",
+        &["--jupyter-image", "antidote/jupyter:latest"],
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let live = c.request(&session, "jupyter-guide", 0).await.unwrap();
+    let live = env.settle(&live.id, 1).await;
+    assert_eq!(
+        live.status(),
+        S::Ready,
+        "{}\n{}",
+        live.failure_reason,
+        env.logs()
+    );
+    let names: Vec<&str> = live.endpoints.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["box", "jupyter-guide"]);
+    let web = antidote_tests::presentation(&live, "jupyter-guide", "web");
+    assert_eq!(web.r#type, "http");
+
+    // The guide pod runs the Jupyter image and mounts ConfigMap `jupyter-guide`, which holds
+    // the current stage's notebook (the fake kubelet runs no Jupyter server: what the pod
+    // would serve is read through the API).
+    let pod = env
+        .namespaced::<Pod>(&live.id)
+        .get("jupyter-guide")
+        .await
+        .unwrap();
+    let pod = serde_json::to_value(pod).unwrap();
+    assert_eq!(
+        pod["spec"]["containers"][0]["image"], "antidote/jupyter:latest",
+        "{pod}"
+    );
+    assert!(
+        pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["configMap"]["name"] == "jupyter-guide"),
+        "{pod}"
+    );
+    let notebook = |configmap: ConfigMap| {
+        let mut text = String::new();
+        for value in configmap.data.iter().flat_map(|d| d.values()) {
+            text.push_str(value);
+        }
+        for value in configmap.binary_data.iter().flat_map(|d| d.values()) {
+            text.push_str(&String::from_utf8_lossy(&value.0));
+        }
+        let stage = configmap
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("antidote.io/guide-stage")
+            .cloned()
+            .unwrap_or_default();
+        (stage, text)
+    };
+    let guides = env.namespaced::<ConfigMap>(&live.id);
+    let (stage, text) = notebook(guides.get("jupyter-guide").await.unwrap());
+    assert_eq!(stage, "0");
+    assert!(text.contains("notebook-of-stage-zero"), "{text}");
+
+    c.lessons
+        .clone()
+        .set_stage(with_token(
+            api::SetStageRequest {
+                id: live.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&live.id),
+        ))
+        .await
+        .unwrap();
+    let staged = env.settle(&live.id, 2).await;
+    assert_eq!(
+        staged.status(),
+        S::Ready,
+        "{}\n{}",
+        staged.failure_reason,
+        env.logs()
+    );
+    let (stage, text) = notebook(guides.get("jupyter-guide").await.unwrap());
+    assert_eq!(stage, "1");
+    assert!(text.contains("notebook-of-stage-one"), "{text}");
+    assert!(!text.contains("notebook-of-stage-zero"), "{text}");
+
+    env.delete_all(&[&live.id]).await;
 }

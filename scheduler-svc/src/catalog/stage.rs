@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use antidote_proto::sdk::spec::MAX_NOTEBOOK;
+use antidote_proto::sdk::spec::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MAX_NOTEBOOK};
 
 use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, StageConfig};
 use super::source::Source;
@@ -113,6 +113,16 @@ pub(super) fn locate(
         let path = stage_dir.join("configs").join(&file_name);
         let shown = format!("{stage_name}/configs/{file_name}");
         match source.read(&path) {
+            // The agents' caps (PROTOCOL.md [S2]): over them every Provision of the lesson
+            // would be refused, so the lesson is refused at load.
+            Ok(contents) if contents.len() > MAX_CONFIGURATION_FILE => report.error(
+                &field,
+                format!(
+                    "`{shown}` holds {} bytes, over the {} KiB a configuration file may hold",
+                    contents.len(),
+                    MAX_CONFIGURATION_FILE / 1024
+                ),
+            ),
             Ok(contents) => {
                 configs.insert(
                     endpoint.name.clone(),
@@ -128,6 +138,18 @@ pub(super) fn locate(
             }
             Err(error) => report.error(&field, format!("cannot read `{shown}`: {error}")),
         }
+    }
+
+    let total: usize = configs.values().map(|c| c.contents.len()).sum();
+    if total > MAX_CONFIGURATION_STAGE {
+        report.error(
+            field,
+            format!(
+                "the configuration files of `{stage_name}/configs/` hold {total} bytes together, \
+                 over the {} KiB a stage's may hold",
+                MAX_CONFIGURATION_STAGE / 1024
+            ),
+        );
     }
 
     (report.count() == before).then_some(StageFiles {

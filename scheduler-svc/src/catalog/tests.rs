@@ -1232,6 +1232,74 @@ fn stage_directories_and_guides_must_exist() {
 }
 
 #[test]
+fn configuration_files_are_capped_per_file_and_per_stage() {
+    use antidote_proto::sdk::spec::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE};
+    let lesson = "
+        slug: one
+        name: One
+        category: tools
+        tier: prod
+        endpoints:
+        - {name: a, image: box, configurationType: python, additionalPorts: [1]}
+        - {name: b, image: box, configurationType: python, additionalPorts: [1]}
+        - {name: c, image: box, configurationType: python, additionalPorts: [1]}
+        - {name: d, image: box, configurationType: python, additionalPorts: [1]}
+        - {name: e, image: box, configurationType: python, additionalPorts: [1]}
+        stages: [{guideType: markdown}, {guideType: markdown}]
+        ";
+    // `check` ends every file with a newline: each text here is one byte short of its file.
+    let full = "#".repeat(MAX_CONFIGURATION_FILE - 1);
+    // The lesson with each stage's five files.
+    let curriculum = |stage0: [&str; 5], stage1: [&str; 5]| {
+        let mut files: Vec<(String, String)> = vec![
+            ("lessons/one/lesson.meta.yaml".into(), lesson.into()),
+            (GUIDE0.0.into(), GUIDE0.1.into()),
+            ("lessons/one/stage1/guide.md".into(), "# stage 1".into()),
+        ];
+        for (stage, contents) in [stage0, stage1].iter().enumerate() {
+            for (name, text) in ["a", "b", "c", "d", "e"].iter().zip(contents) {
+                files.push((
+                    format!("lessons/one/stage{stage}/configs/{name}.py"),
+                    (*text).to_owned(),
+                ));
+            }
+        }
+        files
+    };
+    fn borrowed(files: &[(String, String)]) -> Vec<(&str, &str)> {
+        files
+            .iter()
+            .map(|(path, text)| (path.as_str(), text.as_str()))
+            .collect()
+    }
+    // Stage 0: one file a byte over the file cap. Stage 1: five files at the file cap, over the
+    // stage's.
+    let over = "#".repeat(MAX_CONFIGURATION_FILE);
+    let small = "print(1)";
+    let files = curriculum(
+        [&over, small, small, small, small],
+        [&full, &full, &full, &full, &full],
+    );
+    let stage_total = 5 * MAX_CONFIGURATION_FILE;
+    assert!(stage_total > MAX_CONFIGURATION_STAGE);
+    let file_error = format!(
+        "lessons/one/lesson.meta.yaml: lesson `one`: `endpoints[0].configurationType`: `stage0/configs/a.py` holds {} bytes, over the 256 KiB a configuration file may hold",
+        MAX_CONFIGURATION_FILE + 1
+    );
+    let stage_error = format!(
+        "lessons/one/lesson.meta.yaml: lesson `one`: `stages[1]`: the configuration files of `stage1/configs/` hold {stage_total} bytes together, over the 1024 KiB a stage's may hold"
+    );
+    check(&borrowed(&files), Tier::Prod, &[&file_error, &stage_error]);
+    // At the caps (a file of 256 KiB; a stage's files making 1 MiB exactly), it loads.
+    let rest = "#".repeat(MAX_CONFIGURATION_STAGE - 3 * MAX_CONFIGURATION_FILE - small.len() - 2);
+    let files = curriculum(
+        [&full, small, small, small, small],
+        [&full, &full, &full, &rest, small],
+    );
+    check(&borrowed(&files), Tier::Prod, &[]);
+}
+
+#[test]
 fn jupyter_guides_are_read_capped_and_get_their_own_endpoint_name() {
     let big = format!(
         "{{\"cells\": [], \"pad\": \"{}\"}}",

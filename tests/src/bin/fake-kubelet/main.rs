@@ -8,10 +8,14 @@
 //!   real SSH servers (password login with the test images' credentials, a shell on a
 //!   pseudo-terminal: `ssh.rs`), `http-*`
 //!   answer HTTP with a page naming the pod, others accept and close. Then it is Running.
-//! - a Job's pod succeeds, unless its command contains `--fail-marker`: then it fails with exit
-//!   code 1 (the Job controller retries it up to the Job's backoffLimit), or `--hang-marker`:
-//!   then it runs until something deletes it (the Job controller does, at the Job's
-//!   `activeDeadlineSeconds`; a real kubelet would also end it at the pod's own).
+//! - a Job's pod succeeds, unless its command or a file it mounts from a ConfigMap (a
+//!   configurator's script) contains `--fail-marker`: then it fails with exit code 1 (the Job
+//!   controller retries it up to the Job's backoffLimit) and, when its container's
+//!   `terminationMessagePolicy` is `FallbackToLogsOnError`, a termination message holding the
+//!   lines that name the marker (what a script printing its marker line would leave as its log's
+//!   tail); or `--hang-marker`: then it runs until something deletes it (the Job controller
+//!   does, at the Job's `activeDeadlineSeconds`; a real kubelet would also end it at the pod's
+//!   own).
 //! - a pod whose image contains `--missing-image` stays Waiting with ErrImagePull.
 //! - a pod being deleted (its namespace is) is removed at once, listeners closed.
 //!
@@ -24,7 +28,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -197,7 +201,7 @@ impl Kubelet {
             .flatten()
             .any(|o| o.kind == "Job");
         let status = if job {
-            let command = container
+            let mut command = container
                 .command
                 .iter()
                 .flatten()
@@ -205,7 +209,20 @@ impl Kubelet {
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(" ");
+            command.push('\n');
+            command.push_str(&self.mounted_files(&namespace, &spec).await);
             let failed = command.contains(&self.args.fail_marker);
+            let output = if failed
+                && container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError")
+            {
+                command
+                    .lines()
+                    .filter(|line| line.contains(&self.args.fail_marker))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            } else {
+                String::new()
+            };
             self.running.insert(uid, vec![]);
             if command.contains(&self.args.hang_marker) {
                 json!({
@@ -228,7 +245,7 @@ impl Kubelet {
                         "state": { "terminated": {
                             "exitCode": if failed { 1 } else { 0 },
                             "reason": if failed { "Error" } else { "Completed" },
-                            "message": if failed { "the script failed (fake-kubelet fail marker)" } else { "" },
+                            "message": output,
                             "startedAt": now, "finishedAt": now,
                         } },
                     }],
@@ -314,6 +331,51 @@ impl Kubelet {
         .await
         .with_context(|| format!("updating the status of {namespace}/{name}"))?;
         Ok(())
+    }
+}
+
+impl Kubelet {
+    /// The text of every ConfigMap item a pod mounts (the configurator's scripts), one after
+    /// the other; a ConfigMap that cannot be read counts as empty (the pod would not start on
+    /// a real node either, and the Job's outcome then shows it).
+    async fn mounted_files(
+        &self,
+        namespace: &str,
+        spec: &k8s_openapi::api::core::v1::PodSpec,
+    ) -> String {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let mut text = String::new();
+        for volume in spec.volumes.iter().flatten() {
+            let Some(source) = &volume.config_map else {
+                continue;
+            };
+            let Ok(configmap) = api.get(&source.name).await else {
+                eprintln!(
+                    "fake-kubelet: ConfigMap {namespace}/{} unreadable",
+                    source.name
+                );
+                continue;
+            };
+            let wanted = |key: &String| {
+                source
+                    .items
+                    .as_ref()
+                    .is_none_or(|items| items.iter().any(|i| &i.key == key))
+            };
+            for (key, value) in configmap.data.iter().flatten() {
+                if wanted(key) {
+                    text.push_str(value);
+                    text.push('\n');
+                }
+            }
+            for (key, value) in configmap.binary_data.iter().flatten() {
+                if wanted(key) {
+                    text.push_str(&String::from_utf8_lossy(&value.0));
+                    text.push('\n');
+                }
+            }
+        }
+        text
     }
 }
 
