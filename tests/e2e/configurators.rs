@@ -4,7 +4,8 @@
 //! both built by `tests/docker/configurator.sh` (tests/run calls it).
 //!
 //! agent-docker: the python script and the ansible playbook each log in to their endpoint and
-//! leave a file there, which the test reads with `docker exec`; the napalm driver logs in to its
+//! leave a file there, which the test reads with `docker exec`, and leave another at stage 1
+//! after SetStage (the configurator runs again with stage 1's files); the napalm driver logs in to its
 //! endpoint's port 22 with the image's config credentials (dropbear's log says so) and its
 //! failure is the FAILED reason; a script that exits non-zero and one that hangs past the
 //! timeout are FAILED with the reason; a lesson with Jupyter guides gets a guide endpoint
@@ -220,6 +221,47 @@ async fn docker_python_ansible_and_napalm_configure_endpoints_over_ssh() {
             log.contains("Password auth succeeded for 'antidote'"),
             "{endpoint}: {log}"
         );
+    }
+    // A stage change runs the configurator again, with stage 1's files
+    // (`/antidote/stage1/configs/`), and is removed after it too.
+    c.lessons
+        .clone()
+        .set_stage(with_token(
+            api::SetStageRequest {
+                id: both.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&both.id),
+        ))
+        .await
+        .unwrap();
+    let (_, staged) = c
+        .follow(&both.id, Duration::from_secs(240), |l| {
+            l.generation == 2 && matches!(l.status(), S::Ready | S::Failed)
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    assert_eq!(
+        staged.status(),
+        S::Ready,
+        "{}\n{}",
+        staged.failure_reason,
+        env.logs()
+    );
+    for (endpoint, file, mark) in [
+        (
+            "pybox",
+            "/tmp/python-stage",
+            "configured-by-python-at-stage-1",
+        ),
+        (
+            "ansiblebox",
+            "/tmp/ansible-stage",
+            "configured-by-ansible-at-stage-1",
+        ),
+    ] {
+        let (ok, text) = docker(&["exec", &container(&both.id, endpoint), "cat", file]);
+        assert!(ok && text.trim() == mark, "{endpoint}: {text}");
     }
 
     // NAPALM: the junos driver logs in to port 22 with the config credentials; the endpoint is
@@ -770,4 +812,61 @@ async fn k8s_jupyter_guide_holds_the_current_stages_notebook() {
     assert!(!text.contains("notebook-of-stage-zero"), "{text}");
 
     env.delete_all(&[&live.id]).await;
+}
+
+/// deploy/k8s/agent-k8s.yaml's agent offers every configuration type and Jupyter guides: its
+/// Deployment's environment names both images (the real agent-k8s, started with those
+/// variables, claims them in its handshake). The test control plane's fake kubelet pulls no
+/// image, so the references there are what an operator replaces with the pushed ones.
+#[tokio::test]
+async fn k8s_agent_of_deploy_k8s_offers_configurators_and_jupyter_guides() {
+    use antidote_proto::agent::v1 as agent;
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/agent-k8s.yaml");
+    let docs = crate::deploy::documents(&manifest);
+    let env = crate::deploy::container_env(crate::deploy::find(&docs, "Deployment", "agent-k8s"));
+    let mut chosen: Vec<(&str, String)> = env
+        .iter()
+        .filter(|(k, _)| {
+            k == "ANTIDOTE_K8S_CONFIGURATOR_IMAGE" || k == "ANTIDOTE_K8S_JUPYTER_IMAGE"
+        })
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    assert_eq!(chosen.len(), 2, "{env:?}");
+    assert!(chosen.iter().all(|(_, v)| !v.is_empty()), "{chosen:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let client = crate::k8s::admin().await;
+    let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
+    chosen.push(("KUBECONFIG", kubeconfig.display().to_string()));
+    let agent_process = Process::spawn_with_env(
+        &workspace_bin("agent-k8s"),
+        &["--listen".into(), "127.0.0.1:0".into()],
+        &chosen,
+        dir.path().join("agent-k8s.log"),
+    )
+    .await
+    .expect("agent-k8s starts");
+    let mut client = agent::backend_client::BackendClient::connect(agent_process.url())
+        .await
+        .unwrap();
+    let answer = client
+        .handshake(agent::HandshakeRequest {
+            supported_majors: vec![1],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for capability in [
+        "configuration.shell",
+        "configuration.python",
+        "configuration.ansible",
+        "configuration.napalm",
+        "guide.jupyter",
+    ] {
+        assert!(
+            answer.capabilities.iter().any(|c| c == capability),
+            "{capability} not in {:?}",
+            answer.capabilities
+        );
+    }
 }
