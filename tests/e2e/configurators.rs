@@ -870,3 +870,51 @@ async fn k8s_agent_of_deploy_k8s_offers_configurators_and_jupyter_guides() {
         );
     }
 }
+
+/// The conformance suite's configurator checks against agent-docker with its configurator and
+/// the SSH endpoint image: `configuration-python` and `configuration-ansible` (which logs in to
+/// the endpoint with the credentials `--config-user`/`--config-password` put in the spec) pass.
+/// `configuration-napalm` needs an image NAPALM can configure (`--napalm-image`), which cannot
+/// be built here: it is skipped, and the napalm path is covered above.
+#[tokio::test]
+async fn agent_docker_passes_the_conformance_configurator_checks() {
+    let env = DockerEnv::start("e2e-configurators-conformance", &[]).await;
+    let output = tokio::process::Command::new(workspace_bin("antidote-conformance"))
+        .args([
+            "--agent",
+            &env.agent.url(),
+            "--image",
+            "sshd",
+            "--config-user",
+            "antidote",
+            "--config-password",
+            "antidotepassword",
+            "--check",
+            "configuration-python",
+            "--check",
+            "configuration-ansible",
+            "--check",
+            "configuration-napalm",
+        ])
+        .output()
+        .await
+        .expect("antidote-conformance runs");
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    let logs = || {
+        format!(
+            "{report}\n{}\n--- agent-docker ---\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            env.agent.log_text()
+        )
+    };
+    assert!(output.status.success(), "{}", logs());
+    for line in [
+        "PASS  configuration-python",
+        "PASS  configuration-ansible",
+        "SKIP  configuration-napalm",
+    ] {
+        assert!(report.contains(line), "{line:?}:\n{}", logs());
+    }
+    assert!(report.contains(" 0 failed"), "{}", logs());
+    assert!(!report.contains("antidotepassword"), "{report}");
+}

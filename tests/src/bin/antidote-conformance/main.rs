@@ -4,7 +4,7 @@
 //! antidote-conformance --agent http://127.0.0.1:7071 [--restart-cmd CMD] [--image busybox]
 //!     [--http-port 8080] [--ssh-port 22] [--bad-image ghost] [--failing-config SCRIPT]
 //!     [--silent-port 9] [--napalm-image SLUG [--napalm-driver eos]] [--ready-timeout 180s]
-//!     [--instance ID]
+//!     [--config-user USER --config-password PASSWORD] [--instance ID]
 //!     [--check NAME]...
 //! antidote-conformance --list [--check NAME]...
 //! ```
@@ -177,6 +177,13 @@ struct Args {
     /// is skipped).
     #[arg(long, default_value_t = 9)]
     silent_port: u32,
+    /// The configuration user `--image` admits over SSH (the spec's `image.config_user`), for
+    /// configurators that log in to the endpoint (`configuration-ansible`); empty: none.
+    #[arg(long, default_value = "")]
+    config_user: String,
+    /// Its password (`image.config_password`). Sent to the agent in specs only.
+    #[arg(long, default_value = "")]
+    config_password: String,
     /// A curriculum image slug NAPALM can configure (for agents claiming
     /// `configuration.napalm`).
     #[arg(long)]
@@ -292,6 +299,8 @@ async fn check(
         bad_image: args.bad_image,
         failing_config: args.failing_config,
         silent_port: args.silent_port,
+        config_user: args.config_user,
+        config_password: args.config_password,
         napalm_image: args.napalm_image,
         napalm_driver: args.napalm_driver,
         restart_cmd: args.restart_cmd,

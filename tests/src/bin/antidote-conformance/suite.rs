@@ -32,6 +32,11 @@ pub struct Settings {
     pub failing_config: String,
     /// A port where the image accepts and never answers (`failed-probe`); 0 when there is none.
     pub silent_port: u32,
+    /// The configuration credentials of the image (`image.config_user`/`config_password`),
+    /// for configurators that log in to the endpoint; empty when not given.
+    pub config_user: String,
+    /// The configuration password.
+    pub config_password: String,
     /// An image slug NAPALM can configure (`configuration-napalm`), if any.
     pub napalm_image: Option<String>,
     /// The NAPALM driver of that image.
@@ -206,6 +211,8 @@ impl Suite {
             image: Some(proto::Image {
                 slug: self.settings.image.clone(),
                 flavor: proto::Flavor::Untrusted as i32,
+                config_user: self.settings.config_user.clone(),
+                config_password: self.settings.config_password.clone(),
                 ..Default::default()
             }),
             additional_ports: vec![],
