@@ -510,8 +510,11 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
             args: list,
         });
     }
-    let mut env = FleetEnv::start(dir, members, "2s").await;
+    // The grace outlasts a quick restart of `a` below (it must not be lost then), and is
+    // still short enough for the loss after its kill -9.
+    let mut env = FleetEnv::start(dir, members, "8s").await;
     let instance = instance(&env.config);
+    let c = env.scheduler.clients.clone();
 
     // Three live lessons prefer `a`; one requires a label only `a` carries.
     let mut moving = Vec::new();
@@ -522,11 +525,91 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
     }
     let solo = env.ready("anywhere", requires(&[("solo", "yes")])).await;
     assert_eq!(solo.agent, "a");
+    // One moved on to stage 1: it must come back at stage 1, not at its first stage.
+    let staged = env.ready("two-stages", prefers(&[("pin", "a")])).await;
+    assert_eq!(staged.agent, "a");
+    c.lessons
+        .clone()
+        .set_stage(with_token(
+            api::SetStageRequest {
+                id: staged.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&staged.id),
+        ))
+        .await
+        .unwrap();
+    let (_, staged) = c
+        .follow(&staged.id, PATIENCE, |l| {
+            l.stage == 1 && matches!(l.status(), S::Ready | S::Failed)
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    assert_eq!(staged.status(), S::Ready, "{staged:?}");
+    let staged = env.admin_view(&staged.id).await.live_lesson.unwrap();
     let mut on_a = held(&env.member("a").process, &instance).await;
     on_a.sort();
-    assert_eq!(on_a.len(), 4, "{on_a:?}");
+    assert_eq!(on_a.len(), 5, "{on_a:?}");
 
+    // `a` restarts (its objects kept in its state dir, adopted by Recover) with every new
+    // live lesson held in BOOTING: one is still booting there when `a` is lost.
     let addr = env.member("a").process.addr;
+    let before = env
+        .agents()
+        .await
+        .into_iter()
+        .find(|a| a.name == "a")
+        .unwrap()
+        .instance_id;
+    env.member("a").process.kill9().await;
+    let journal = env.dir.path().join("a.journal");
+    let mut slow = env.member("a").args.clone();
+    slow.extend(args(&["--boot-delay", "3600s"]));
+    let slow: Vec<&str> = slow.iter().map(String::as_str).collect();
+    env.member("a").process =
+        start_agent_with_env(&env.dir, &slow, &journal, Some(addr), &[]).await;
+    env.until_agents(|agents| {
+        agents.iter().any(|a| {
+            a.name == "a" && a.state() == api::AgentState::Ready && a.instance_id != before
+        })
+    })
+    .await;
+    for live in moving.iter().chain([&solo, &staged]) {
+        let (_, now) = c
+            .follow(&live.id, PATIENCE, |l| l.status() == S::Ready)
+            .await
+            .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+        assert_eq!(now.generation, live.generation, "not moved: {now:?}");
+    }
+    let session = c.session().await.unwrap();
+    let booting = c
+        .request_placed(&session, "anywhere", 0, prefers(&[("pin", "a")]))
+        .await
+        .unwrap();
+    let (_, booting) = c
+        .follow(&booting.id, PATIENCE, |l| l.status() == S::Booting)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    assert_eq!(
+        env.admin_view(&booting.id).await.live_lesson.unwrap().agent,
+        "a"
+    );
+    // The scheduler marks it BOOTING before its Provision call: wait until `a` has taken it
+    // (it lists it), so that the kill below finds it booting there, not in flight.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !held(&env.member("a").process, &instance)
+        .await
+        .contains(&booting.id)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "`a` never took {}\n{}",
+            booting.id,
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     env.member("a").process.kill9().await;
 
     // After the grace period the agent is LOST...
@@ -536,9 +619,9 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
             .any(|a| a.name == "a" && a.state() == api::AgentState::Lost)
     })
     .await;
-    // ...and its live lessons are READY on the others, with the move in their events.
-    let c = env.scheduler.clients.clone();
-    for live in &moving {
+    // ...and its live lessons are READY on the others, with the move in their events: the
+    // READY ones, the one at stage 1 and the one still booting there.
+    for live in moving.iter().chain([&staged, &booting]) {
         // Moved: READY again in a later generation (on another agent, which only the
         // operators' view names).
         c.follow(&live.id, PATIENCE, |l| {
@@ -566,6 +649,30 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
         assert_eq!(placement.agent, after.agent);
         assert_eq!(excluded(&placement, "a"), "lost");
     }
+    // Stage 1 where it went: its page says so.
+    let after = env.admin_view(&staged.id).await.live_lesson.unwrap();
+    let page = antidote_tests::fetch(antidote_tests::presentation(&after, "web", "page")).await;
+    assert!(page.contains("two-stages web stage 1"), "{page}");
+    // Each moved live lesson was created once where it went, at its new generation.
+    let mut creates = Vec::new();
+    for name in ["b", "c"] {
+        let journal = env.dir.path().join(format!("{name}.journal"));
+        creates.extend(
+            std::fs::read_to_string(&journal)
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>(),
+        );
+    }
+    for live in moving.iter().chain([&staged, &booting]) {
+        let mine: Vec<&String> = creates
+            .iter()
+            .filter(|line| line.starts_with(&format!("create {} ", live.id)))
+            .collect();
+        assert_eq!(mine.len(), 1, "{}: {creates:#?}", live.id);
+    }
+
     // The one nothing else can take FAILED, saying why.
     let (_, failed) = c
         .follow(&solo.id, PATIENCE, |l| l.status() == S::Failed)
@@ -578,15 +685,15 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
     );
 
     // The agent comes back on its address with what it held; all of it was moved or failed,
-    // so all of it is removed (orphans judged per agent and live lesson).
-    let journal = env.dir.path().join("a.journal");
+    // so all of it is removed (orphans judged per agent and live lesson). The booting one had
+    // no objects yet.
     let list = env.member("a").args.clone();
     let list: Vec<&str> = list.iter().map(String::as_str).collect();
     let process = start_agent_with_env(&env.dir, &list, &journal, Some(addr), &[]).await;
     env.member("a").process = process;
     assert_eq!(
         held(&env.member("a").process, &instance).await.len(),
-        4,
+        5,
         "the restarted agent still holds what it had"
     );
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -609,7 +716,7 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
     })
     .await;
     // The moved live lessons were not disturbed: still READY where they went.
-    for live in &moving {
+    for live in moving.iter().chain([&staged, &booting]) {
         let now = env.admin_view(&live.id).await.live_lesson.unwrap();
         assert_eq!(now.status(), S::Ready, "{now:?}");
         let holder = env
@@ -624,6 +731,62 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
             live.id
         );
     }
+}
+
+/// A live lesson whose only fitting agent is full waits PENDING and is placed once room is
+/// made; it never FAILs for it (only its deadline could do that).
+#[tokio::test]
+async fn a_lesson_whose_agents_are_full_stays_pending_until_room_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = test_agent(&dir, "small", &args(&["--max-live-lessons", "1"])).await;
+    let members = vec![Member {
+        name: "small",
+        configured: "",
+        process: small,
+        args: vec![],
+    }];
+    let env = FleetEnv::start(dir, members, "60s").await;
+    let c = env.scheduler.clients.clone();
+    let first = env.ready("anywhere", None).await;
+    assert_eq!(first.agent, "small");
+
+    let session = c.session().await.unwrap();
+    let waiting = c
+        .request_placed(&session, "anywhere", 0, None)
+        .await
+        .expect("a full agent is no reason to refuse");
+    // It waits unplaced: PENDING, on no agent, no placement decided, the agent full. (Why it
+    // waits, `no agent can take lesson `anywhere` now: `small`: full 1/1`, is kept in the
+    // store but no API shows it while the live lesson is PENDING.)
+    let view = env.admin_view(&waiting.id).await;
+    let live = view.live_lesson.as_ref().unwrap();
+    assert_eq!(
+        (live.status(), live.agent.as_str()),
+        (S::Pending, ""),
+        "{view:?}"
+    );
+    assert!(view.placement.is_none(), "{view:?}");
+    let agents = env.agents().await;
+    assert!(
+        agents
+            .iter()
+            .any(|a| a.name == "small" && a.live_lessons == 1 && a.max_live_lessons == 1),
+        "{agents:#?}"
+    );
+
+    // Room made: it is placed there and READY, never FAILED on the way.
+    c.delete(&first.id, PATIENCE)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    let (seen, ready) = c
+        .follow(&waiting.id, PATIENCE, |l| {
+            matches!(l.status(), S::Ready | S::Failed)
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    assert_eq!(ready.status(), S::Ready, "{ready:?}\n{}", env.logs());
+    assert!(!seen.contains(&S::Failed), "{seen:?}");
+    assert_eq!(c.agent_of(&waiting.id).await.unwrap(), "small");
 }
 
 #[tokio::test]
@@ -711,16 +874,57 @@ async fn a_drained_agent_takes_nothing_new_keeps_its_own_and_stays_drained_acros
     assert_eq!(again.agent, "b");
 
     // Resumed, it takes live lessons again.
-    let resumed = env
+    // This time through the admin listener's JSON routes: drain again, then resume.
+    let admin_http = env
         .scheduler
-        .clients
-        .admin
-        .clone()
-        .resume_agent(api::ResumeAgentRequest { name: "a".into() })
+        .process
+        .extra_url("admin http")
+        .expect("the admin HTTP listener is up");
+    let bearer = format!("Bearer {}", antidote_tests::ADMIN_TOKEN);
+    for (action, drained) in [("drain", true), ("resume", false)] {
+        let answer = Web::default()
+            .send(
+                hyper::Method::POST,
+                &format!("{admin_http}/v1/admin/agents/a/{action}"),
+                &[
+                    ("authorization", &bearer),
+                    ("content-type", "application/json"),
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status, hyper::StatusCode::OK, "{}", answer.body);
+        let json = answer.json().unwrap();
+        assert_eq!(
+            (json["name"].as_str(), json["drained"].as_bool()),
+            (Some("a"), Some(drained)),
+            "{json}"
+        );
+    }
+    let answer = Web::default()
+        .send(
+            hyper::Method::POST,
+            &format!("{admin_http}/v1/admin/agents/ghost/drain"),
+            &[
+                ("authorization", &bearer),
+                ("content-type", "application/json"),
+            ],
+            None,
+        )
         .await
-        .unwrap()
-        .into_inner();
-    assert!(!resumed.drained, "{resumed:?}");
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        hyper::StatusCode::NOT_FOUND,
+        "{}",
+        answer.body
+    );
+    let agents = env.agents().await;
+    assert!(
+        agents.iter().any(|a| a.name == "a" && !a.drained),
+        "{agents:#?}"
+    );
     let back = env.ready("anywhere", prefers(&[("pin", "a")])).await;
     assert_eq!(back.agent, "a");
 
