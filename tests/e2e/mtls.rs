@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use antidote_proto::api::v1 as api;
 use antidote_tests::pki::{Ca, Leaf, Validity};
-use antidote_tests::{Clients, Process, Scheduler, example_curriculum, workspace_bin};
+use antidote_tests::{Clients, Process, Restartable, Scheduler, example_curriculum, workspace_bin};
 use tempfile::TempDir;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -310,6 +310,14 @@ async fn mtls_runs_lessons_and_refuses_every_other_caller_before_any_rpc() {
     }
     let plaintext = wait_agent(c, "plaintext", |a| !a.last_error.is_empty(), logs).await;
     assert_ne!(plaintext.state(), api::AgentState::Ready, "{plaintext:?}");
+    // It says what is likely wrong, not only the frame error a TLS alert makes in HTTP/2.
+    assert!(
+        plaintext.last_error.contains(
+            "no answer in plaintext: the agent may serve TLS (use an https:// address and its \
+             `tls` settings: ca, cert, key)"
+        ),
+        "{plaintext:?}"
+    );
 
     // The test's own plaintext client fares no better.
     let refused = antidote_proto::agent::v1::backend_client::BackendClient::connect(format!(
@@ -488,10 +496,39 @@ async fn conformance_passes_over_mtls() {
     let until = Validity::Until(2030, 6, 1);
     write_leaf(&dir, "suite", &scheduler_ca.issue(&[SCHEDULER_ID], until));
     write_leaf(&dir, "stranger", &other_ca.issue(&[SCHEDULER_ID], until));
-    let agent = tls_agent(&dir, "agent.log").await;
+    // Restartable (the restart checks run too): the harness starts it again on the same
+    // address, with the same certificates and state dir.
+    let arg = |name: &str| file(&dir, name).display().to_string();
+    let agent = Restartable::spawn(
+        &workspace_bin("test-agent"),
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--tls-cert".into(),
+            arg("agent.crt"),
+            "--tls-key".into(),
+            arg("agent.key"),
+            "--tls-client-ca".into(),
+            arg("client-ca.pem"),
+            "--tls-require-identity".into(),
+            SCHEDULER_ID.into(),
+            "--state-dir".into(),
+            arg("state"),
+            "--max-live-lessons".into(),
+            "3".into(),
+            "--probe-timeout".into(),
+            "5s".into(),
+        ],
+        &[],
+        dir.path(),
+        "tls-agent",
+    )
+    .await
+    .expect("the mTLS test agent starts");
+    let restart = agent.restart_cmd();
     let suite = |client: &str| {
         let (dir, addr) = (dir.path().to_owned(), agent.addr);
-        let client = client.to_owned();
+        let (client, restart) = (client.to_owned(), restart.clone());
         async move {
             let path = |name: String| dir.join(name).display().to_string();
             tokio::process::Command::new(workspace_bin("antidote-conformance"))
@@ -506,6 +543,8 @@ async fn conformance_passes_over_mtls() {
                     path(format!("{client}.key")),
                     "--tls-server-name".into(),
                     AGENT_NAME.into(),
+                    "--restart-cmd".into(),
+                    restart,
                 ])
                 .output()
                 .await
@@ -521,6 +560,30 @@ async fn conformance_passes_over_mtls() {
         String::from_utf8_lossy(&output.stderr),
         agent.log_text()
     );
+    // Every check ran but those no agent here can run, the restart checks included.
+    let skipped: Vec<&str> = report
+        .lines()
+        .filter_map(|line| line.strip_prefix("  SKIP  "))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            "watch-resync",
+            "configuration-python",
+            "configuration-ansible",
+            "configuration-napalm"
+        ],
+        "{report}"
+    );
+    for passed in [
+        "PASS  handshake",
+        "PASS  restart-recover",
+        "PASS  restart-adopt",
+        "PASS  capacity-refusal",
+    ] {
+        assert!(report.contains(passed), "{report}");
+    }
     // A client the agent does not trust cannot even begin.
     let output = suite("stranger").await;
     let stderr = String::from_utf8_lossy(&output.stderr);

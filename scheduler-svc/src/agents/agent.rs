@@ -317,6 +317,24 @@ impl Agent {
     }
 
     pub(super) fn fail(&self, call: &'static str, status: tonic::Status) -> Error {
+        // A TLS agent answers a plaintext HTTP/2 preface with a TLS alert, which HTTP/2 reads
+        // as a broken frame: say what is likely wrong instead of leaving only the frame error.
+        let status = if self.tls.is_none()
+            && self.inbound.is_none()
+            && self.address.starts_with("http://")
+            && status.message().starts_with("h2 protocol error")
+        {
+            tonic::Status::new(
+                status.code(),
+                format!(
+                    "{}; no answer in plaintext: the agent may serve TLS (use an https:// \
+                     address and its `tls` settings: ca, cert, key)",
+                    status.message()
+                ),
+            )
+        } else {
+            status
+        };
         Error::Agent {
             agent: self.name.clone(),
             call,
