@@ -1,7 +1,8 @@
 //! Dial-in: test agents with no listening socket dial the scheduler's agent intake over mutual
 //! TLS (certificates made here with rcgen), and the scheduler drives them over the connections
 //! they opened: a lesson end to end, kill -9 of the scheduler (the agent dials in again, its
-//! lessons stay READY and are still driven) and of the agent (Recover on its new instance),
+//! lessons stay READY and are still driven) and of the agent (Recover on its new instance:
+//! provisioned again when its objects died with it, adopted when its state dir kept them),
 //! refusals (another CA, a name not admitted, the name of a dialled agent), two agents whose
 //! handshake labels steer placement, the conformance suite over the flipped transport, and one
 //! agent dialling in to two scheduler replicas on PostgreSQL (`--connect` twice), used by both
@@ -319,6 +320,79 @@ async fn a_dial_in_agent_runs_a_lesson_and_survives_kill_9_of_either_side() {
         .map(|line| line.split(' ').nth(1).unwrap_or_default().to_owned())
         .collect();
     assert_eq!(created, vec![lesson.id.clone(), lesson.id.clone()]);
+}
+
+/// A dial-in agent whose objects outlive it (`--state-dir`): after its kill -9 the scheduler's
+/// Recover on the new instance, over the new connection, adopts the live lesson, which keeps
+/// its endpoints and is not created again.
+#[tokio::test]
+async fn a_dial_in_agent_restarted_with_its_objects_has_them_recovered_by_the_scheduler() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let name = "edge-2.agents.test";
+    let scheduler = Scheduler::start(
+        dir.path(),
+        &scheduler_config(&pki.intake_config(0, &["*.agents.test"], &[])),
+    )
+    .await
+    .unwrap();
+    let journal = dir.path().join("journal");
+    let (mut args, _) = dial_args(&pki, intake(&scheduler), name, false);
+    args.extend(
+        [
+            "--journal",
+            &journal.display().to_string(),
+            "--state-dir",
+            &dir.path().join("state").display().to_string(),
+        ]
+        .map(str::to_owned),
+    );
+    let agent = dial_in_agent(dir.path(), &args).await;
+    let first_instance = agent_when(&scheduler, name, ready).await.instance_id;
+
+    let c = scheduler.clients.clone();
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "routing-basics", 0).await.unwrap();
+    let before = c
+        .ready(&lesson.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler, &[&agent])));
+
+    let mut agent = agent;
+    agent.kill9().await;
+    let agent = dial_in_agent(dir.path(), &args).await;
+    let listed = agent_when(&scheduler, name, |a| {
+        ready(a) && a.instance_id != first_instance
+    })
+    .await;
+    assert_eq!(listed.transport(), api::AgentTransport::DialIn);
+    // Adopted: the journal says so (the test agent writes it when Recover finds the objects).
+    let adopted = format!("adopt {} ", lesson.id);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&journal)
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.starts_with(&adopted))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Recover adopted {}\n{}",
+            lesson.id,
+            logs(&scheduler, &[&agent])
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, after) = c
+        .follow(&lesson.id, PATIENCE, |l| {
+            l.status() == api::LiveLessonStatus::Ready
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler, &[&agent])));
+    assert_eq!(after.endpoints, before.endpoints);
+    assert_eq!(after.generation, before.generation);
+    let page = fetch(presentation(&after, "server", "web")).await;
+    assert!(page.contains("routing-basics server stage 0"), "{page}");
+    assert_eq!(created(&journal), vec![lesson.id.clone()]);
 }
 
 #[tokio::test]
