@@ -323,3 +323,53 @@ async fn the_admin_api_needs_its_listener_a_token_and_the_scope() {
         "no table scans for anyone on the learners' listener"
     );
 }
+
+/// A stranger who reaches the admin listener cannot grow the audit log at will: its refusals
+/// are audited a few per client network and minute (the rest only logged), while operators'
+/// calls and refusals with a known identity are always audited.
+#[tokio::test]
+async fn unauthenticated_refusals_are_audited_a_few_per_address() {
+    let env = Env::start(&[], Knobs::default()).await;
+    let c = &env.scheduler.clients;
+    let mut admin = api::admin_service_client::AdminServiceClient::new(c.admin_channel.clone());
+    for n in 0..50 {
+        let token = (n % 2 == 0).then(|| format!("guess-{n}"));
+        assert_eq!(
+            refusal(
+                admin
+                    .list_sessions(with_token(api::ListSessionsRequest {}, token))
+                    .await
+            )
+            .0,
+            Code::Unauthenticated
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            refusal(
+                admin
+                    .kill_live_lesson(with_token(
+                        api::KillLiveLessonRequest {
+                            id: "00000000-0000-0000-0000-000000000000".into(),
+                        },
+                        Some(ADMIN_READ_TOKEN.into()),
+                    ))
+                    .await
+            )
+            .0,
+            Code::PermissionDenied
+        );
+    }
+    let audit = admin
+        .list_audit(with_token(
+            api::ListAuditRequest { limit: 1000 },
+            Some(ADMIN_READ_TOKEN.into()),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    let count = |outcome: &str| audit.iter().filter(|e| e.outcome == outcome).count();
+    assert_eq!(count("UNAUTHENTICATED"), 10, "{audit:#?}");
+    assert_eq!(count("PERMISSION_DENIED"), 3, "{audit:#?}");
+}

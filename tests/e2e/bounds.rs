@@ -173,3 +173,55 @@ async fn slowloris_and_a_flood_of_watches_leave_a_learner_unharmed() {
     assert!(ready, "the learner's lesson became READY over SSE");
     drop(open);
 }
+
+/// A client that connects and sends nothing is closed after `limits.header_read_timeout`, on
+/// every listener (learners' gRPC and HTTP, admin gRPC and HTTP), while calls go on meanwhile.
+/// (hyper-util's protocol sniffing and tonic's wait for the HTTP/2 preface have no timer of
+/// their own: before the first-byte guard such sockets stayed open for good.)
+#[tokio::test]
+async fn silent_connections_are_closed_on_every_listener() {
+    let env = Env::start(
+        &[],
+        Knobs {
+            limits_extra: "header_read_timeout = \"2s\"",
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let process = &env.scheduler.process;
+    let listeners = [
+        ("grpc", process.addr),
+        ("http", process.extra["http"]),
+        ("admin", process.extra["admin"]),
+        ("admin http", process.extra["admin http"]),
+    ];
+    let mut silent = Vec::new();
+    for (i, (name, addr)) in listeners.iter().enumerate() {
+        for n in 0..25u8 {
+            let from = Ipv4Addr::new(127, 3, i as u8, n + 1);
+            silent.push((*name, connect_from(from, *addr).await.unwrap()));
+        }
+    }
+    // Meanwhile a learner's calls are answered, over gRPC and HTTP.
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let live = c.request(&session, "hello-web", 0).await.unwrap();
+    c.ready(&live.id).await.unwrap();
+    let lessons = Web::default()
+        .get(&format!(
+            "{}/v1/lessons",
+            process.extra_url("http").unwrap()
+        ))
+        .await
+        .unwrap();
+    assert_eq!(lessons.status, StatusCode::OK, "{}", lessons.body);
+    // Every silent socket is closed by the server (EOF or reset), not by us.
+    for (name, stream) in &mut silent {
+        assert!(
+            closed_within(stream, PATIENCE).await,
+            "a silent connection to the {name} listener is still open"
+        );
+    }
+    // And the learner's own connection still serves.
+    c.delete(&live.id, PATIENCE).await.unwrap();
+}

@@ -75,6 +75,8 @@ pub struct AdminAuth {
     tokens: HashMap<[u8; 32], (String, Vec<Scope>)>,
     /// The operators' single sign-on, if `admin.oidc` is set.
     oidc: Option<Oidc>,
+    /// Unauthenticated refusals audited per client network and minute.
+    pub refusals: super::limits::Refusals,
 }
 
 impl AdminAuth {
@@ -94,7 +96,11 @@ impl AdminAuth {
             .oidc
             .as_ref()
             .map(|oidc| Oidc::new(oidc.clone(), Instant::now()));
-        AdminAuth { tokens, oidc }
+        AdminAuth {
+            tokens,
+            oidc,
+            refusals: Default::default(),
+        }
     }
 
     /// Who the caller is, if its token allows `scope`: UNAUTHENTICATED without a known token

@@ -160,9 +160,24 @@ impl Api {
             }
         };
         tracing::info!(target: "audit", %identity, action, target, %outcome, "admin call");
-        self.store
-            .audit(Millis::now(), &identity, action, target, &outcome)
-            .await?;
+        // An unauthenticated caller's refusals are written a few per network and minute only.
+        let recorded = match &refusal {
+            Some(err) if err.code() == tonic::Code::Unauthenticated => {
+                let network = request
+                    .remote_addr()
+                    .map(|peer| crate::store::network(peer.ip()))
+                    .unwrap_or_default();
+                self.admin_auth
+                    .refusals
+                    .audit(network, std::time::Instant::now())
+            }
+            _ => true,
+        };
+        if recorded {
+            self.store
+                .audit(Millis::now(), &identity, action, target, &outcome)
+                .await?;
+        }
         match refusal {
             Some(err) => Err(err),
             None => Ok(identity),

@@ -21,8 +21,6 @@ use antidote_proto::sdk::Cuttable;
 use antidote_proto::sdk::errors::RequestTooLarge;
 pub use grpc::{Api, Watches};
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// Largest request the public API decodes: every request is a few ids and slugs.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -121,25 +119,49 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     // Watch streams, reflection streams) are cut, so shutdown is bounded.
     let cut = tokio_util::sync::CancellationToken::new();
     let cut_connections = cut.clone();
-    let incoming = TcpListenerStream::new(listener).filter_map(move |stream| {
-        let stream = match stream {
-            Ok(stream) => stream,
-            Err(err) => return Some(Err(err)),
-        };
-        if let Err(err) = stream.set_nodelay(true) {
-            return Some(Err(err));
-        }
-        match limits::Limited::admit(stream, &quota) {
-            Some(limited) => Some(Ok::<_, std::io::Error>(Cuttable::new(
-                limited,
-                &cut_connections,
-            ))),
-            None => {
-                tracing::debug!("connection refused: its address holds its share");
-                None
+    // Our accept loop: a connection is handed to the server only once its client has sent a
+    // byte within `limits.header_read_timeout` (tonic would wait for the HTTP/2 preface
+    // forever); the wait runs in a task of its own, so silent clients never hold accepting up.
+    let (admitted, incoming) = tokio::sync::mpsc::channel(64);
+    let first_byte = api.config.limits.header_read_timeout;
+    let accepting = api.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                () = accepting.cancelled() => break,
+                () = admitted.closed() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        // Out of descriptors, say: pause instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            if let Err(err) = stream.set_nodelay(true) {
+                tracing::debug!(error = %err, "cannot set TCP_NODELAY");
             }
+            let Some(limited) = limits::Limited::admit(stream, &quota) else {
+                tracing::debug!("connection refused: its address holds its share");
+                continue;
+            };
+            let (admitted, cut) = (admitted.clone(), cut_connections.clone());
+            tokio::spawn(async move {
+                if limited.speaks_within(first_byte).await {
+                    let _ = admitted
+                        .send(Ok::<_, std::io::Error>(Cuttable::new(limited, &cut)))
+                        .await;
+                } else {
+                    tracing::debug!(
+                        "connection closed: nothing sent within limits.header_read_timeout"
+                    );
+                }
+            });
         }
     });
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
     let shutdown = api.shutdown.clone();
     let grace = api.config.shutdown_grace;
     let server = tonic::transport::Server::builder()

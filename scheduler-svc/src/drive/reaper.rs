@@ -139,6 +139,16 @@ impl Reaper {
         if let Err(err) = self.store.prune_placements().await {
             tracing::error!(error = %err, "placement pruning failed");
         }
+        // The audit log is kept as long as events (by an index on its time, so no scan).
+        match self
+            .store
+            .prune_audit(Millis::now().minus(self.config.event_retention))
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(entries = n, "pruned old audit entries"),
+            Err(err) => tracing::error!(error = %err, "audit pruning failed"),
+        }
         let now = Instant::now();
         suspects.begin();
         for agent in self.fleet.agents() {

@@ -1,5 +1,7 @@
 //! The audit log: every admin call and every refused one, with the caller's identity (never the
-//! token), what it asked for, on what, and how it ended.
+//! token), what it asked for, on what, and how it ended. Kept for `reaper.event_retention`
+//! (the reaper prunes it); refusals of unauthenticated callers are written at most
+//! [`crate::api`]'s few per client address and minute, so a stranger cannot grow it.
 
 use super::backend::Statement;
 use super::{Result, Store};
@@ -47,6 +49,13 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes the entries older than `cutoff` (the reaper, at `reaper.event_retention`); the
+    /// number deleted.
+    pub async fn prune_audit(&self, cutoff: Millis) -> Result<u64> {
+        self.write_execute(Statement::new("DELETE FROM audit WHERE at < $1").bind(cutoff.0))
+            .await
+    }
+
     /// The newest `limit` entries, newest first.
     pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>> {
         let rows = self
@@ -71,5 +80,28 @@ impl Store {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing::on_both;
+
+    on_both! {
+    async fn old_audit_entries_are_pruned_and_new_ones_kept(database, store) {
+        for at in [10, 20, 30] {
+            store.audit(Millis(at), "anonymous", "ListSessions", "", "UNAUTHENTICATED").await.unwrap();
+        }
+        store.audit(Millis(40), "token:ops", "KillLiveLesson", "x", "ok").await.unwrap();
+        assert_eq!(store.prune_audit(Millis(30)).await.unwrap(), 2);
+        let kept = store.audit_log(10).await.unwrap();
+        assert_eq!(kept.iter().map(|e| e.at).collect::<Vec<_>>(), [Millis(40), Millis(30)]);
+        assert_eq!(store.prune_audit(Millis(30)).await.unwrap(), 0, "nothing older is left");
+        // New entries go on after the pruned ones.
+        store.audit(Millis(50), "token:ops", "ListAgents", "", "ok").await.unwrap();
+        let log = store.audit_log(1).await.unwrap();
+        assert!(log[0].seq > kept[0].seq);
+    }
     }
 }

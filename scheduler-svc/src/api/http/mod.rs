@@ -375,8 +375,9 @@ pub fn message(name: &str) -> MessageDescriptor {
 ///
 /// The accept loop is ours (not `axum::serve`) for the bounds axum does not offer: each client
 /// address (its network) holds at most `limits.connections_per_address` connections (more are
-/// closed at once), a client must send a request's headers within `limits.header_read_timeout`
-/// (the slowloris guard), and every connection gets TCP_NODELAY (small answers and events must
+/// closed at once), a client must send its first byte, and then a request's headers, within
+/// `limits.header_read_timeout` each (the silent-client and slowloris guards), HTTP/2 clients
+/// get at most `limits.streams_per_connection` streams per connection, and every connection gets TCP_NODELAY (small answers and events must
 /// leave at once: without it Nagle's algorithm and delayed ACKs held them ~40 ms; api-bench
 /// measured 88 ms per lifecycle). At shutdown, connections finish their requests (bounded).
 pub async fn serve(
@@ -397,6 +398,13 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
+    // HTTP/2 (h2c) clients get the gRPC listener's bounds: streams per connection, and pings
+    // that close a connection whose peer is gone.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.streams_per_connection)
+        .keep_alive_interval(Duration::from_secs(30));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -418,22 +426,29 @@ pub async fn serve(
             tracing::debug!(%peer, "connection refused: its address holds its share");
             continue;
         };
-        let app = app.clone();
-        let service = hyper::service::service_fn(
-            move |mut request: hyper::Request<hyper::body::Incoming>| {
-                request.extensions_mut().insert(ConnectInfo(peer));
-                tower::ServiceExt::oneshot(app.clone(), request.map(axum::body::Body::new))
-            },
-        );
-        let connection = builder
-            .serve_connection_with_upgrades(
+        let (app, builder, cut) = (app.clone(), builder.clone(), cut.clone());
+        // Counted by the graceful shutdown from now on, so a connection whose first byte
+        // arrives during shutdown is drained like the others.
+        let watcher = graceful.watcher();
+        let first_byte = limits.header_read_timeout;
+        tokio::spawn(async move {
+            // The handshake guard: hyper-util's protocol sniffing has no timer (hyper#3756), so
+            // a client that connects and sends nothing would hold its socket forever.
+            if !stream.speaks_within(first_byte).await {
+                tracing::debug!(%peer, "connection closed: nothing sent within limits.header_read_timeout");
+                return;
+            }
+            let service = hyper::service::service_fn(
+                move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    tower::ServiceExt::oneshot(app.clone(), request.map(axum::body::Body::new))
+                },
+            );
+            let connection = builder.serve_connection_with_upgrades(
                 TokioIo::new(antidote_proto::sdk::Cuttable::new(stream, &cut)),
                 service,
-            )
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
+            );
+            if let Err(err) = watcher.watch(connection).await {
                 tracing::debug!(error = %err, %peer, "HTTP connection ended");
             }
         });
@@ -849,11 +864,19 @@ async fn create_session(api: Api, mut call: Call) -> Response {
             Ok(decoded) => decoded,
             Err(status) => return status_response(&status),
         };
-    match api.create_session(request(decoded, &call)).await {
+    let timeout = api.config.limits.request_timeout;
+    match bounded(timeout, api.create_session(request(decoded, &call))).await {
         Ok(response) => {
             let session = response.into_inner();
+            // `Secure` when the learner reached us over TLS: the scheduler serves plain HTTP, so
+            // TLS is a proxy's (an ingress or mesh), which says so in `X-Forwarded-Proto`.
+            let secure = if over_tls(&call.headers) {
+                "; Secure"
+            } else {
+                ""
+            };
             let cookie = format!(
-                "{}={}; Path=/v1; HttpOnly; SameSite=Strict; Max-Age={}",
+                "{}={}; Path=/v1; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
                 auth::SESSION_COOKIE,
                 session.token,
                 api.config.ttl.session.as_secs()
@@ -868,6 +891,41 @@ async fn create_session(api: Api, mut call: Call) -> Response {
     }
 }
 
+/// `call`, or DEADLINE_EXCEEDED once it has run `timeout` (`limits.request_timeout`, as on the
+/// gRPC listener).
+async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!(
+                "the call ran longer than limits.request_timeout ({timeout:?})"
+            )))
+        })
+}
+
+/// Whether the request reached the proxy in front of us over TLS (`X-Forwarded-Proto: https`
+/// or `Forwarded: proto=https`).
+fn over_tls(headers: &HeaderMap) -> bool {
+    let says_https = |value: &str| value.trim().eq_ignore_ascii_case("https");
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').next().is_some_and(says_https))
+        || headers
+            .get(header::FORWARDED)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split([';', ','])
+                    .filter_map(|pair| pair.trim().split_once('='))
+                    .any(|(k, v)| {
+                        k.eq_ignore_ascii_case("proto") && says_https(v.trim_matches('"'))
+                    })
+            })
+}
+
 /// Runs a unary RPC: decodes the request, calls the handler, answers its response as JSON.
 fn unary<Req, Resp>(api: Api, mut call: Call, rpc: Rpc<Req, Resp>) -> BoxFuture<'static, Response>
 where
@@ -879,7 +937,8 @@ where
             Ok(decoded) => decoded,
             Err(status) => return status_response(&status),
         };
-        match rpc(&api, request(decoded, &call)).await {
+        let timeout = api.config.limits.request_timeout;
+        match bounded(timeout, rpc(&api, request(decoded, &call))).await {
             Ok(response) => {
                 axum::Json(encode(&message(call.route.output), response.get_ref())).into_response()
             }
