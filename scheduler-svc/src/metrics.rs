@@ -21,7 +21,9 @@
 //!   every look at the pools), `antidote_pool_members{lesson, stage, status}` (unclaimed
 //!   members, counted in the store at each scrape; `TERMINATING` for those being removed) and
 //!   `antidote_pool_claims_total{lesson, result}` (requests for a pooled lesson: `hit` claimed
-//!   a READY member, `miss` was provisioned; per process).
+//!   a READY member, `miss` found none and was provisioned; a session that could take none,
+//!   having the lesson already, at its limit or expired, is neither; per process). A deleted
+//!   pool's target goes at the next look.
 
 use std::time::Duration;
 
@@ -316,6 +318,14 @@ impl Metrics {
                 stage: stage.to_string(),
             })
             .set(i64::from(target));
+    }
+
+    /// Drops the target of a pool that no longer exists.
+    pub fn forget_pool_target(&self, lesson: &str, stage: u32) {
+        self.pool_target.remove(&PoolLabels {
+            lesson: lesson.to_owned(),
+            stage: stage.to_string(),
+        });
     }
 
     /// Counts a request for a pooled lesson: `hit` when it claimed a member.

@@ -405,8 +405,20 @@ async fn failed_members_are_replaced_and_shrinking_removes_unclaimed_only() {
 
 #[tokio::test]
 async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicates_none() {
+    // The agent keeps a record per live lesson it holds (its objects), so the test can see
+    // that a member being removed at the kill was deleted on the agent afterwards. Stages
+    // take 2s to configure, so a stage change is still running at the kill.
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().display().to_string();
     let mut env = Env::start(
-        &["--boot-delay", "2s", "--configure-delay", "300ms"],
+        &[
+            "--boot-delay",
+            "2s",
+            "--configure-delay",
+            "2s",
+            "--state-dir",
+            &state_dir,
+        ],
         Knobs {
             extra_config: pools_config(
                 "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n",
@@ -446,6 +458,10 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
         tokio::time::sleep(POLL).await;
     };
     let ready = before.iter().find(|l| l.status() == S::Ready).unwrap();
+    assert!(
+        state.path().join(format!("{}.json", ready.id)).exists(),
+        "the agent holds the member about to be removed"
+    );
     c.admin
         .clone()
         .kill_live_lesson(api::KillLiveLessonRequest {
@@ -466,6 +482,16 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
             .any(|s| matches!(s, S::Pending | S::Booting)),
         "{statuses:?}"
     );
+    // Another learner asks for stage 1: the last READY member is claimed and is changing
+    // stage (CONFIGURING) at the kill.
+    let other = c.session().await.unwrap();
+    let theirs = c.request(&other, "routing-basics", 1).await.unwrap();
+    assert_eq!(
+        (theirs.status(), theirs.stage),
+        (S::Configuring, 1),
+        "{theirs:?}"
+    );
+    let owned = HashSet::from([mine.id.clone(), theirs.id.clone()]);
     env.scheduler.process.kill9().await;
 
     env.scheduler = Scheduler::start(env.dir.path(), &env.config).await.unwrap();
@@ -483,12 +509,54 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
     assert_eq!(after.len(), 5, "{statuses:?} before the kill");
     // Every member alive before the kill is still one (none lost) and only the killed one
     // was replaced (none doubled).
-    for member in before.iter().filter(|l| l.id != ready.id) {
+    for member in before
+        .iter()
+        .filter(|l| l.id != ready.id && l.id != theirs.id)
+    {
         assert!(after.contains(&member.id), "{} lost", member.id);
     }
     assert!(!after.contains(&ready.id));
     let created = creations(&env);
     assert!(created.values().all(|n| *n == 1), "{created:?}");
+    // The member being removed at the kill was deleted on the agent; every live one is there.
+    assert!(
+        !state.path().join(format!("{}.json", ready.id)).exists(),
+        "{} still on the agent",
+        ready.id
+    );
+    for id in after.iter().chain([&mine.id, &theirs.id]) {
+        assert!(
+            state.path().join(format!("{id}.json")).exists(),
+            "{id} not on the agent"
+        );
+    }
+    // The stage change cut short by the kill finished: READY at stage 1, the learner's.
+    let start = tokio::time::Instant::now();
+    let their_view = loop {
+        let view = c
+            .admin
+            .clone()
+            .get_live_lesson(api::AdminGetLiveLessonRequest {
+                id: theirs.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .live_lesson
+            .unwrap();
+        if view.stage == 1 && matches!(view.status(), S::Ready | S::Failed) {
+            break view;
+        }
+        assert!(start.elapsed() < PATIENCE, "{view:?}");
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(
+        their_view.status(),
+        S::Ready,
+        "{}",
+        their_view.failure_reason
+    );
+    assert_eq!(their_view.session_id, other);
     // The learner's lesson is still the learner's, READY.
     let admin_view = c
         .admin
@@ -793,6 +861,38 @@ fn docker(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The container agent-docker names for `endpoint` of live lesson `id`.
+fn endpoint_container(id: &str, endpoint: &str) -> String {
+    let hex: String = id
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(12)
+        .collect();
+    format!("antidote-{hex}-{endpoint}")
+}
+
+/// Whether one ping from container `from` reaches `to`.
+fn pinged(from: &str, to: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["exec", from, "ping", "-c", "1", "-W", "2", to])
+        .env("DOCKER_HOST", std::env::var("DOCKER_HOST").unwrap())
+        .output()
+        .expect("the docker CLI runs")
+        .status
+        .success()
+}
+
+/// The first four bytes `endpoint`'s `cli` presentation sends.
+async fn ssh_banner(lesson: &api::LiveLesson, endpoint: &str) -> [u8; 4] {
+    use tokio::io::AsyncReadExt as _;
+    let mut ssh = tokio::net::TcpStream::connect(&presentation(lesson, endpoint, "cli").address)
+        .await
+        .unwrap();
+    let mut banner = [0u8; 4];
+    ssh.read_exact(&mut banner).await.unwrap();
+    banner
+}
+
 /// Labels of the containers of live lesson `id`, one map per container.
 fn container_labels(instance: &str, id: &str) -> Vec<HashMap<String, String>> {
     let names = docker(&[
@@ -877,6 +977,22 @@ async fn agent_docker_pool_members_are_claimed_at_their_stage_or_moved_on() {
     assert_eq!(mine.status(), S::Ready, "{mine:?}");
     let page = fetch(presentation(&mine, "server", "web")).await;
     assert!(page.starts_with("HTTP/1."), "{page}");
+    assert!(
+        page.contains("Stage 0: no route back"),
+        "the page stage 0 wrote: {page}"
+    );
+    for endpoint in ["client", "router", "server"] {
+        assert_eq!(
+            &ssh_banner(&mine, endpoint).await,
+            b"SSH-",
+            "{endpoint}'s cli"
+        );
+    }
+    // Stage 0 has no route from the client to the server's network.
+    assert!(!pinged(
+        &endpoint_container(&mine.id, "client"),
+        "10.10.2.10"
+    ));
     // Its containers are never relabelled: they carry the pool's mark and the pool session;
     // the scheduler records the learner's session.
     let labels = container_labels(instance, &mine.id);
@@ -921,6 +1037,14 @@ async fn agent_docker_pool_members_are_claimed_at_their_stage_or_moved_on() {
         staged.failure_reason,
         logs()
     );
+    // Stage 1 took effect on the member moved on: its routes, its page.
+    assert!(
+        pinged(&endpoint_container(&theirs.id, "client"), "10.10.2.10"),
+        "stage 1 routes the client to the server\n{}",
+        logs()
+    );
+    let page = fetch(presentation(&staged, "server", "web")).await;
+    assert!(page.contains("Stage 1: routed"), "{page}");
 
     // Deleting a claimed lesson removes its containers and nothing of the pool's.
     let start = tokio::time::Instant::now();
@@ -995,8 +1119,20 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
     let owned = HashSet::from([mine.id.clone()]);
     let before = ready_members(&scheduler, owned.clone()).await;
 
-    // The lesson changes while the scheduler is down.
+    // The curriculum moves to another path (another replica's mount) and only its description
+    // changes while the scheduler is down: agents would get the same specs, so the members
+    // stay.
     scheduler.process.terminate().await.unwrap();
+    let moved = dir.path().join("mounted-elsewhere");
+    std::fs::rename(&curriculum, &moved).unwrap();
+    let curriculum = moved;
+    let config = config.replace(
+        &format!(
+            "curriculum = \"{}\"",
+            dir.path().join("curriculum").display()
+        ),
+        &format!("curriculum = \"{}\"", curriculum.display()),
+    );
     let meta = curriculum.join("lessons/hello-web/lesson.meta.yaml");
     let text = std::fs::read_to_string(&meta).unwrap();
     let edited = text.replace(
@@ -1005,6 +1141,19 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
     );
     assert_ne!(text, edited);
     std::fs::write(&meta, edited).unwrap();
+    scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    // Long enough for several looks (interval 200ms) to have replaced them, had they differed.
+    for _ in 0..10 {
+        assert_eq!(ready_members(&scheduler, owned.clone()).await, before);
+        tokio::time::sleep(POLL).await;
+    }
+
+    // The stage's configuration (what agents run) changes: the members are replaced.
+    scheduler.process.terminate().await.unwrap();
+    let config_file = curriculum.join("lessons/hello-web/stage0/configs/web.sh");
+    let mut script = std::fs::read_to_string(&config_file).unwrap();
+    script.push_str("\n# edited\n");
+    std::fs::write(&config_file, script).unwrap();
     scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let start = tokio::time::Instant::now();
     let after = loop {
@@ -1190,4 +1339,116 @@ async fn unclaimed_members_outlive_the_ttl_and_a_claimed_one_lives_by_it() {
         events.iter().any(|e| e.starts_with("expired")),
         "{events:?}"
     );
+}
+
+#[tokio::test]
+async fn identical_requests_at_once_get_one_lesson_and_a_session_at_its_limit_takes_no_member() {
+    let env = Env::start(
+        &[],
+        Knobs {
+            lessons_per_session: 1,
+            extra_config: pools_config(
+                "[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n\
+                 [[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 1\n",
+            ),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    until_pool(&env, "hello-web", 0, "had 2 READY", |p| p.ready == 2).await;
+    until_pool(&env, "routing-basics", 0, "had 1 READY", |p| p.ready == 1).await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    // One session asks for the pooled lesson four times at once: one live lesson, one hit.
+    let answers =
+        futures::future::join_all((0..4).map(|_| c.request(&session, "hello-web", 0))).await;
+    let ids: HashSet<String> = answers
+        .into_iter()
+        .map(|answer| answer.expect("every identical request succeeds").id)
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let theirs: Vec<api::LiveLesson> = c
+        .admin
+        .clone()
+        .list_live_lessons(api::AdminListLiveLessonsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .live_lessons
+        .into_iter()
+        .filter(|l| l.session_id == session)
+        .collect();
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert_eq!(theirs[0].status(), S::Ready, "claimed, READY at once");
+    // At its limit (1), the session asks for another pooled lesson: refused, the member stays.
+    let refused = c
+        .request(&session, "routing-basics", 0)
+        .await
+        .expect_err("the session holds its limit");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let routing = pool(&env, "routing-basics", 0).await.unwrap();
+    assert_eq!((routing.ready, routing.hits, routing.misses), (1, 0, 0));
+    let hello = until_pool(&env, "hello-web", 0, "refilled", |p| p.ready == 2).await;
+    assert_eq!(
+        (hello.hits, hello.misses),
+        (1, 0),
+        "the duplicates and the refused request are neither hits nor misses"
+    );
+    let metrics = Web::default()
+        .get(&format!(
+            "{}/metrics",
+            env.scheduler.process.extra_url("admin http").unwrap()
+        ))
+        .await
+        .unwrap()
+        .body;
+    assert!(
+        metrics.contains("antidote_pool_claims_total{lesson=\"hello-web\",result=\"hit\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("result=\"miss\""),
+        "no request found the pool empty:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_member_s_replacement_reaches_ready() {
+    // The agent fails the lesson's first two provisions, then provisions it.
+    let env = Env::start(
+        &["--fail-lesson", "hello-web", "--fail-first", "2"],
+        Knobs {
+            extra_config: pools_config("[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n"),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let full = until_pool(&env, "hello-web", 0, "had 2 READY", |p| {
+        p.ready == 2 && p.failed == 0 && p.starting == 0 && p.removing == 0
+    })
+    .await;
+    assert_eq!(full.target, 2);
+    let ready: HashSet<String> = members(&env.scheduler.clients, "hello-web", &HashSet::new())
+        .await
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    assert_eq!(ready.len(), 2);
+    // Two members failed and were replaced: four made in all, each once, the failed ones gone.
+    let created = creations(&env);
+    assert!(created.values().all(|n| *n == 1), "{created:?}");
+    assert_eq!(created.len(), 4, "{created:?}");
+    let failed: Vec<&String> = created.keys().filter(|id| !ready.contains(*id)).collect();
+    assert_eq!(failed.len(), 2, "{created:?}");
+    for id in failed {
+        let events = events(&env, id).await;
+        assert!(
+            events.iter().any(|e| e.contains("warm pool member failed")),
+            "{id}: {events:?}"
+        );
+    }
 }

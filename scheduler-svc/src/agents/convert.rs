@@ -129,6 +129,48 @@ pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
     }
 }
 
+/// What agents are sent for `lesson` at `stage`, whoever the live lesson is: its spec with the
+/// identity (ids, session, generation, labels) left out, in the wire's encoding. Warm pools hash
+/// it (crate::drive::pools::fingerprint): it names no path on the scheduler's disk and no Rust
+/// type's layout, only what reaches an agent (images, presentations, connections, the stage's
+/// configuration files' names and contents, notebooks, the ready delay).
+pub fn stage_spec_bytes(
+    lesson: &crate::catalog::Lesson,
+    catalog: &crate::catalog::Catalog,
+    stage: u32,
+) -> Vec<u8> {
+    let nobody = uuid::Uuid::nil();
+    let live = crate::model::LiveLesson {
+        id: LiveLessonId(nobody),
+        session_id: crate::model::SessionId(nobody),
+        lesson_slug: lesson.slug.clone(),
+        stage,
+        generation: 0,
+        observed_generation: 0,
+        status: Status::Pending,
+        reason: String::new(),
+        deleting: false,
+        agent: None,
+        handle: Vec::new(),
+        endpoints: Vec::new(),
+        persistent: false,
+        created_at: crate::model::Millis(0),
+        last_active: crate::model::Millis(0),
+        pool_session: None,
+    };
+    let mut spec = lesson_spec(&Desired {
+        instance_id: "",
+        cluster_id: "",
+        live: &live,
+        lesson,
+        catalog,
+    });
+    spec.labels.clear();
+    spec.live_lesson_id.clear();
+    spec.session_id.clear();
+    prost::Message::encode_to_vec(&spec)
+}
+
 /// What a stage without a notebook shows on the guide endpoint of a lesson whose other stages
 /// have one: a valid notebook saying so.
 const NO_NOTEBOOK: &str = r#"{"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["This stage's guide is not a notebook."]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}"#;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use antidote_proto::sdk::dial::Link;
 
 pub use agent::{Agent, Observer, Transport};
-pub use convert::{lost_it, retryable};
+pub use convert::{lost_it, retryable, stage_spec_bytes};
 pub use supervisor::{SCHEDULER_CAPABILITIES, SupervisorContext};
 
 use crate::catalog::{Catalog, Lesson};

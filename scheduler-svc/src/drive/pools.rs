@@ -52,7 +52,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{LiveLesson, Millis, PoolWindow, SessionId, Status, Wishes, pool_target};
 use crate::settings::PoolsConfig;
-use crate::store::{PoolCount, Requested, Store, WarmPool};
+use crate::store::{Claim, PoolCount, Requested, Store, WarmPool};
 
 /// Pool sessions older than this without a live lesson are swept (a creation cut short).
 const SWEEP_AFTER: Duration = Duration::from_secs(60);
@@ -111,6 +111,8 @@ struct Inner {
     claims: Mutex<HashMap<String, (u64, u64)>>,
     /// When empty pool sessions were last swept (once per [`SWEEP_AFTER`]).
     swept: Mutex<Option<Instant>>,
+    /// The pools whose target `/metrics` shows.
+    targets_shown: Mutex<HashSet<(String, u32)>>,
 }
 
 impl Pools {
@@ -147,6 +149,7 @@ impl Pools {
                 failures: Mutex::new(HashMap::new()),
                 claims: Mutex::new(HashMap::new()),
                 swept: Mutex::new(None),
+                targets_shown: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -229,6 +232,18 @@ impl Pools {
         let inner = &self.inner;
         let (pools, keys) = self.refresh().await?;
         let minute = self.minute_now();
+        // A deleted pool's target goes (its members, if any, are shown by status until gone).
+        {
+            let current: HashSet<(String, u32)> = pools
+                .iter()
+                .map(|p| (p.lesson_slug.clone(), p.stage))
+                .collect();
+            let mut shown = lock(&inner.targets_shown);
+            for (lesson, stage) in shown.difference(&current) {
+                inner.metrics.forget_pool_target(lesson, *stage);
+            }
+            *shown = current;
+        }
         if keys.is_empty() {
             return Ok(());
         }
@@ -283,7 +298,7 @@ impl Pools {
         waiting: i64,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        let fingerprint = definition.map(|d| fingerprint(&inner.catalog, d));
+        let fingerprint = definition.map(|d| fingerprint(&inner.catalog, d, stage));
         let members = inner.store.pool_members(lesson, stage).await?;
         // An operator drains an agent to empty it: its members go, and are made elsewhere.
         let drained: HashSet<String> = inner
@@ -428,25 +443,36 @@ impl Pools {
         }
         let agents = accepting(&inner.reconciler.roster().candidates(), &needs);
         let now = Millis::now();
-        let claimed = inner
+        let claim = inner
             .store
             .claim_pool_member(
                 session,
                 &lesson.slug,
                 pool_stage,
-                &fingerprint(&inner.catalog, lesson),
+                &fingerprint(&inner.catalog, lesson, pool_stage),
                 &agents,
                 limit,
                 now,
             )
             .await?;
-        inner.metrics.pool_claim(&lesson.slug, claimed.is_some());
-        {
+        // A hit takes a member; a miss found none to take. A session that could take none
+        // (it has the lesson already, holds its limit, or expired) is neither: its request
+        // fails or touches what it has, whatever the pool holds.
+        let hit = match &claim {
+            Claim::Claimed(_) => Some(true),
+            Claim::NoMember => Some(false),
+            Claim::Declined(why) => {
+                tracing::debug!(lesson = %lesson.slug, ?why, "pools: the session takes no member");
+                None
+            }
+        };
+        if let Some(hit) = hit {
+            inner.metrics.pool_claim(&lesson.slug, hit);
             let mut claims = lock(&inner.claims);
             let (hits, misses) = claims.entry(lesson.slug.clone()).or_default();
-            *if claimed.is_some() { hits } else { misses } += 1;
+            *if hit { hits } else { misses } += 1;
         }
-        let Some(member) = claimed else {
+        let Some(member) = claim.member() else {
             return Ok(None);
         };
         tracing::info!(live_lesson.id = %member.id, lesson = %lesson.slug, stage = pool_stage, "claimed from the warm pool");
@@ -562,13 +588,30 @@ fn check_lesson(catalog: &Catalog, lesson: &str, stage: u32) -> Result<(), Strin
     Ok(())
 }
 
-/// What a member is made from: the lesson's definition and its images, hashed. A member of
-/// another fingerprint is replaced and never claimed.
-pub fn fingerprint(catalog: &Catalog, lesson: &Lesson) -> String {
+/// What a member of `lesson`'s pool at `stage` is made from, hashed: the spec agents are sent
+/// for that stage without its identity ([`crate::agents::stage_spec_bytes`]: images,
+/// presentations, connections, the stage's configuration files' contents, notebooks, the
+/// ready delay) and the lesson's placement labels. No path (the same curriculum mounted
+/// elsewhere, on another replica, gives the same fingerprint) and no Rust type's layout; an
+/// edit agents never see (a description, a guide) keeps the members. A member of another
+/// fingerprint is replaced and never claimed.
+pub fn fingerprint(catalog: &Catalog, lesson: &Lesson, stage: u32) -> String {
     let mut hasher = Sha256::new();
-    hasher.update(format!("{lesson:?}"));
-    for endpoint in &lesson.endpoints {
-        hasher.update(format!("{:?}", catalog.image(&endpoint.image)));
+    let mut part = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_be_bytes());
+        hasher.update(bytes);
+    };
+    part(b"antidote pool member v2");
+    part(&crate::agents::stage_spec_bytes(lesson, catalog, stage));
+    for (kind, labels) in [
+        ("requires", &lesson.placement.requires),
+        ("prefers", &lesson.placement.prefers),
+    ] {
+        for (key, value) in labels {
+            part(kind.as_bytes());
+            part(key.as_bytes());
+            part(value.as_bytes());
+        }
     }
     hex::encode(&hasher.finalize()[..12])
 }
@@ -583,8 +626,9 @@ pub fn minute_of_day(at: Millis, zone: &jiff::tz::TimeZone) -> u16 {
 }
 
 /// The agents a claim may take a member from: those placement would accept for `needs` if
-/// load did not count (the member is there already).
-fn accepting(candidates: &[Candidate], needs: &Needs) -> Vec<String> {
+/// load did not count (the member is there already), each with how many of the preferred
+/// labels it carries (a member is taken from one carrying the most).
+fn accepting(candidates: &[Candidate], needs: &Needs) -> Vec<(String, usize)> {
     candidates
         .iter()
         .filter(|c| {
@@ -595,7 +639,14 @@ fn accepting(candidates: &[Candidate], needs: &Needs) -> Vec<String> {
             };
             placement::choose(&[unloaded], needs).is_ok()
         })
-        .map(|c| c.name.clone())
+        .map(|c| {
+            let preferred = needs
+                .prefers
+                .iter()
+                .filter(|(key, value)| c.labels.get(*key) == Some(*value))
+                .count();
+            (c.name.clone(), preferred)
+        })
         .collect()
 }
 
@@ -704,8 +755,20 @@ mod tests {
         };
         let all = [full.clone(), roomy.clone(), drained, down];
         // A member on a full agent can still be claimed; not from a drained or down one.
-        assert_eq!(accepting(&all, &eu(&[])), ["a", "b"]);
-        assert_eq!(accepting(&all, &eu(&[("region", "eu")])), ["a"]);
+        let names = |agents: Vec<(String, usize)>| -> Vec<String> {
+            agents.into_iter().map(|(name, _)| name).collect()
+        };
+        assert_eq!(names(accepting(&all, &eu(&[]))), ["a", "b"]);
+        assert_eq!(names(accepting(&all, &eu(&[("region", "eu")]))), ["a"]);
+        // Preferred labels rank agents, they exclude none.
+        let prefers_us = Needs {
+            prefers: BTreeMap::from([("region".to_owned(), "us".to_owned())]),
+            ..eu(&[])
+        };
+        assert_eq!(
+            accepting(&all, &prefers_us),
+            [("a".to_owned(), 0), ("b".to_owned(), 1)]
+        );
         // Growth: only the room agents that fit have.
         assert_eq!(room_for(&all, &eu(&[])), 3);
         assert_eq!(room_for(&all, &eu(&[("region", "eu")])), 0);
@@ -724,5 +787,137 @@ mod tests {
         assert_eq!(minute_of_day(at, &jiff::tz::TimeZone::UTC), 8 * 60 + 50);
         let paris = jiff::tz::TimeZone::get("Europe/Paris").unwrap();
         assert_eq!(minute_of_day(at, &paris), 9 * 60 + 50, "UTC+1 in January");
+    }
+
+    /// A change to a test curriculum's files.
+    type Edit = fn(&mut BTreeMap<&'static str, String>);
+
+    /// A two-stage lesson's curriculum, with `edit` applied to its files, loaded as if it lived
+    /// at `root`.
+    fn curriculum(root: &str, edit: impl Fn(&mut BTreeMap<&'static str, String>)) -> Catalog {
+        let mut files: BTreeMap<&'static str, String> = BTreeMap::from([
+            (
+                "curriculum.meta.yaml",
+                "name: test\ndescription: fingerprints\n".to_owned(),
+            ),
+            (
+                "images/box/image.meta.yaml",
+                "slug: box\ndescription: a box\nflavor: untrusted\nsshUser: antidote\n\
+                 sshPassword: antidote\nnetworkInterfaces: [eth1]\n"
+                    .to_owned(),
+            ),
+            (
+                "lessons/two/lesson.meta.yaml",
+                "slug: two\nname: Two\ncategory: fundamentals\ntier: prod\n\
+                 shortDescription: two stages\n\
+                 endpoints:\n- name: web\n  image: box\n  configurationType: shell\n\
+                 \x20 presentations:\n  - {name: page, port: 8080, type: http}\n\
+                 - name: cli\n  image: box\n  presentations:\n  - {name: cli, port: 22, type: ssh}\n\
+                 connections:\n- {a: web, b: cli}\n\
+                 stages:\n- {description: first, guideType: markdown}\n\
+                 - {description: second, guideType: markdown}\n"
+                    .to_owned(),
+            ),
+            ("lessons/two/stage0/guide.md", "# Stage 0\n".to_owned()),
+            ("lessons/two/stage0/configs/web.sh", "echo zero > /www/index.html\n".to_owned()),
+            ("lessons/two/stage1/guide.md", "# Stage 1\n".to_owned()),
+            ("lessons/two/stage1/configs/web.sh", "echo one > /www/index.html\n".to_owned()),
+        ]);
+        edit(&mut files);
+        Catalog::from_files(
+            std::path::Path::new(root),
+            files,
+            crate::catalog::Tier::Prod,
+        )
+        .expect("the test curriculum loads")
+    }
+
+    fn fingerprint_of(catalog: &Catalog, stage: u32) -> String {
+        let lesson = catalog.lesson("two").expect("the lesson `two`");
+        fingerprint(catalog, lesson, stage)
+    }
+
+    #[test]
+    fn fingerprints_name_what_agents_get_not_where_the_curriculum_lives() {
+        let here = curriculum("/srv/curriculum", |_| {});
+        let there = curriculum("/mnt/replica-2/antidote/curriculum", |_| {});
+        assert_ne!(
+            here.lesson("two").unwrap().dir,
+            there.lesson("two").unwrap().dir,
+            "the test needs two paths"
+        );
+        for stage in [0, 1] {
+            assert_eq!(
+                fingerprint_of(&here, stage),
+                fingerprint_of(&there, stage),
+                "the same lesson at another path, stage {stage}"
+            );
+        }
+        assert_ne!(
+            fingerprint_of(&here, 0),
+            fingerprint_of(&here, 1),
+            "stages differ"
+        );
+        // What agents never see keeps the members: descriptions, guides.
+        let described = curriculum("/srv/curriculum", |files| {
+            let meta = files.get_mut("lessons/two/lesson.meta.yaml").unwrap();
+            *meta = meta.replace("two stages", "two stages, described again");
+            files.insert(
+                "lessons/two/stage0/guide.md",
+                "# Stage 0, rewritten\n".into(),
+            );
+        });
+        assert_eq!(fingerprint_of(&here, 0), fingerprint_of(&described, 0));
+        // What agents get replaces them: a configuration's contents, a presentation's port, an
+        // image's credentials, a connection, the ready delay, the placement labels.
+        let changes: [(&str, Edit); 6] = [
+            ("stage 0's configuration", |files| {
+                files.insert(
+                    "lessons/two/stage0/configs/web.sh",
+                    "echo 0 > /www/index.html\n".into(),
+                );
+            }),
+            ("a port", |files| {
+                let meta = files.get_mut("lessons/two/lesson.meta.yaml").unwrap();
+                *meta = meta.replace("port: 8080", "port: 8081");
+            }),
+            ("the image", |files| {
+                let meta = files.get_mut("images/box/image.meta.yaml").unwrap();
+                *meta = meta.replace("sshPassword: antidote", "sshPassword: changed");
+            }),
+            ("the connections", |files| {
+                let meta = files.get_mut("lessons/two/lesson.meta.yaml").unwrap();
+                *meta = meta.replace(
+                    "- {a: web, b: cli}",
+                    "- {a: web, b: cli, subnet: 10.9.0.0/24}",
+                );
+            }),
+            ("the ready delay", |files| {
+                let meta = files.get_mut("lessons/two/lesson.meta.yaml").unwrap();
+                meta.push_str("readyDelay: 5\n");
+            }),
+            ("the placement", |files| {
+                let meta = files.get_mut("lessons/two/lesson.meta.yaml").unwrap();
+                meta.push_str("placement:\n  requires: {region: eu}\n");
+            }),
+        ];
+        for (what, change) in changes {
+            let changed = curriculum("/srv/curriculum", change);
+            assert_ne!(
+                fingerprint_of(&here, 0),
+                fingerprint_of(&changed, 0),
+                "a change of {what} must replace stage 0's members"
+            );
+        }
+        // Stage 1's configuration is not stage 0's members' business: moved on, they are sent
+        // stage 1 as it is then.
+        let later = curriculum("/srv/curriculum", |files| {
+            files.insert(
+                "lessons/two/stage1/configs/web.sh",
+                "echo 1 > /www/index.html\n".into(),
+            );
+        });
+        assert_eq!(fingerprint_of(&here, 0), fingerprint_of(&later, 0));
+        assert_ne!(fingerprint_of(&here, 1), fingerprint_of(&later, 1));
     }
 }

@@ -224,7 +224,7 @@ const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 pub use audit::AuditEntry;
 pub use changes::{Change, Changes};
 pub use live_lessons::{LessonFilter, Observation, Requested};
-pub use pools::{PoolCount, WarmPool};
+pub use pools::{Claim, Declined, PoolCount, WarmPool};
 pub use sessions::network;
 
 impl Store {

@@ -24,6 +24,38 @@ const POOL_NET: &str = "pool";
 /// Unclaimed members only.
 const UNCLAIMED: &str = "pool_session = session_id";
 
+/// What a claim did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The member, now the session's.
+    Claimed(Box<LiveLesson>),
+    /// No READY member of the current definition on an agent the request accepts: a miss.
+    NoMember,
+    /// The session could take none, whatever the pool holds: neither a hit nor a miss.
+    Declined(Declined),
+}
+
+impl Claim {
+    /// The claimed member, if any.
+    pub fn member(self) -> Option<LiveLesson> {
+        match self {
+            Claim::Claimed(member) => Some(*member),
+            Claim::NoMember | Claim::Declined(_) => None,
+        }
+    }
+}
+
+/// Why a session could take no member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declined {
+    /// The session has a live lesson of the lesson already (asked twice, maybe at once).
+    HasLesson,
+    /// The session holds its limit of live lessons.
+    AtLimit,
+    /// The session expired or does not exist.
+    SessionGone,
+}
+
 /// A pool as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmPool {
@@ -305,9 +337,10 @@ impl Store {
 
     /// Hands a READY member of pool (`lesson`, `pool_stage`) made from `fingerprint` and placed
     /// on one of `agents` to `session`, unless the session already has a live lesson of
-    /// `lesson`, is expired, or holds `limit` live lessons (0: no limit). The member's TTL
-    /// counts from `now` and follows the session's persistence from then on. `None` when no
-    /// member could be claimed.
+    /// `lesson`, is expired, or holds `limit` live lessons (0: no limit). Each agent comes with
+    /// how many of the request's preferred labels it carries: the member is taken from an agent
+    /// carrying the most, the oldest there. The member's TTL counts from `now` and follows the
+    /// session's persistence from then on.
     #[allow(clippy::too_many_arguments)]
     pub async fn claim_pool_member(
         &self,
@@ -315,14 +348,20 @@ impl Store {
         lesson: &str,
         pool_stage: u32,
         fingerprint: &str,
-        agents: &[String],
+        agents: &[(String, usize)],
         limit: u32,
         now: Millis,
-    ) -> Result<Option<LiveLesson>> {
+    ) -> Result<Claim> {
         if agents.is_empty() {
-            return Ok(None);
+            return Ok(Claim::NoMember);
         }
         let placeholders: Vec<String> = (0..agents.len()).map(|i| format!("${}", i + 7)).collect();
+        // Rank by preferred labels carried (numbers of ours, never the request's text).
+        let rank: String = placeholders
+            .iter()
+            .zip(agents)
+            .map(|(placeholder, (_, matched))| format!(" WHEN {placeholder} THEN {matched}"))
+            .collect();
         let mut claim = Statement::new(format!(
             "UPDATE live_lessons SET session_id = $1, \
              persistent = (SELECT persistent FROM sessions WHERE id = $1), \
@@ -330,7 +369,7 @@ impl Store {
              WHERE id = (SELECT id FROM live_lessons WHERE lesson_slug = $2 AND stage = $3 \
                  AND {UNCLAIMED} AND status = 'READY' AND observed_generation = generation \
                  AND deleting = 0 AND pool_fingerprint = $4 AND agent IN ({agents}) \
-                 ORDER BY created_at, id LIMIT 1) \
+                 ORDER BY CASE agent{rank} ELSE 0 END DESC, created_at, id LIMIT 1) \
              AND {UNCLAIMED} AND deleting = 0 \
              AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND expired = 0) \
              AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = $1 \
@@ -345,22 +384,48 @@ impl Store {
         .bind(fingerprint)
         .bind(now.0)
         .bind(limit);
-        for agent in agents {
+        for (agent, _) in agents {
             claim = claim.bind(agent.as_str());
         }
+        // Why nothing was claimed, read under the same locks: the session's doing, or no member.
+        let declined = Statement::new(
+            "SELECT (SELECT COUNT(*) FROM sessions WHERE id = $1 AND expired = 0), \
+             (SELECT COUNT(*) FROM live_lessons WHERE session_id = $1 AND lesson_slug = $2), \
+             (SELECT COUNT(*) FROM live_lessons WHERE session_id = $1)",
+        )
+        .bind(session.to_string())
+        .bind(lesson);
         let pool = format!("pool {lesson} {pool_stage}");
-        let row = self
+        let (row, why) = self
             .write(move |mut conn| {
                 Box::pin(async move {
                     // The session first, as every request does, then the pool: claims of one
                     // pool take turns, each choosing among members the previous left.
                     conn.lock_session(session).await?;
                     conn.lock_name(&pool).await?;
-                    conn.fetch_optional(claim).await
+                    match conn.fetch_optional(claim).await? {
+                        Some(row) => Ok((Some(row), None)),
+                        None => Ok((None, conn.fetch_optional(declined).await?)),
+                    }
                 })
             })
             .await?;
-        row.map(|row| lesson_from_row(&row)).transpose()
+        if let Some(row) = row {
+            return Ok(Claim::Claimed(Box::new(lesson_from_row(&row)?)));
+        }
+        let Some(why) = why else {
+            return Ok(Claim::NoMember);
+        };
+        let (open, has_lesson, held): (i64, i64, i64) = (why.at(0)?, why.at(1)?, why.at(2)?);
+        Ok(if open == 0 {
+            Claim::Declined(Declined::SessionGone)
+        } else if has_lesson > 0 {
+            Claim::Declined(Declined::HasLesson)
+        } else if limit > 0 && held >= i64::from(limit) {
+            Claim::Declined(Declined::AtLimit)
+        } else {
+            Claim::NoMember
+        })
     }
 
     /// Whether `session` has a live lesson of `lesson`.
@@ -438,7 +503,7 @@ mod tests {
     use super::super::Observation;
     use super::super::testing::on_both;
     use crate::model::{Millis, PoolWindow, Status, clock_time};
-    use crate::store::Requested;
+    use crate::store::{Claim, Declined, Requested};
 
     const FP: &str = "fp1";
 
@@ -448,10 +513,17 @@ mod tests {
         lesson: &str,
         agent: &str,
     ) -> crate::model::LiveLesson {
-        let member = store
-            .add_pool_member(lesson, 0, FP, Millis(1_000))
-            .await
-            .unwrap();
+        ready_member_at(store, lesson, agent, Millis(1_000)).await
+    }
+
+    /// [`ready_member`] created at `at`.
+    async fn ready_member_at(
+        store: &crate::store::Store,
+        lesson: &str,
+        agent: &str,
+        at: Millis,
+    ) -> crate::model::LiveLesson {
+        let member = store.add_pool_member(lesson, 0, FP, at).await.unwrap();
         store
             .observe(
                 member.id,
@@ -526,11 +598,12 @@ mod tests {
 
             let alice = learner(&store, 1).await;
             // Only on an agent the request accepts.
-            let only_two = ["two".to_owned()];
+            let only_two = [("two".to_owned(), 0)];
             let claimed = store
                 .claim_pool_member(alice, "lesson", 0, FP, &only_two, 3, Millis(5_000))
                 .await
                 .unwrap()
+                .member()
                 .expect("a READY member on `two`");
             assert_eq!(claimed.id, second.id);
             assert_eq!(claimed.session_id, alice);
@@ -543,12 +616,14 @@ mod tests {
             assert_eq!(events.last().unwrap().detail, "claimed from the warm pool");
             assert_eq!(store.session_live_lessons(alice).await.unwrap().len(), 1);
             // Asking again in the same session claims nothing more: it has that lesson.
-            let both = ["one".to_owned(), "two".to_owned()];
-            assert!(store
-                .claim_pool_member(alice, "lesson", 0, FP, &both, 3, Millis(5_001))
-                .await
-                .unwrap()
-                .is_none());
+            let both = [("one".to_owned(), 0), ("two".to_owned(), 0)];
+            assert_eq!(
+                store
+                    .claim_pool_member(alice, "lesson", 0, FP, &both, 3, Millis(5_001))
+                    .await
+                    .unwrap(),
+                Claim::Declined(Declined::HasLesson)
+            );
             let (again, outcome) = store
                 .request_live_lesson(alice, "lesson", 0, 3, Millis(5_002))
                 .await
@@ -556,11 +631,13 @@ mod tests {
             assert_eq!((again.id, outcome), (second.id, Requested::Touched));
             // A member of another definition, or none READY: nothing.
             let bob = learner(&store, 2).await;
-            assert!(store
-                .claim_pool_member(bob, "lesson", 0, "fp2", &both, 3, Millis(5_003))
-                .await
-                .unwrap()
-                .is_none());
+            assert_eq!(
+                store
+                    .claim_pool_member(bob, "lesson", 0, "fp2", &both, 3, Millis(5_003))
+                    .await
+                    .unwrap(),
+                Claim::NoMember
+            );
             // A claimed lesson is never removed as a member.
             assert!(store
                 .remove_pool_member(second.id, "pool shrank", Millis(6_000))
@@ -573,11 +650,14 @@ mod tests {
                 .unwrap()
                 .expect("unclaimed");
             assert!(removed.deleting);
-            assert!(store
-                .claim_pool_member(bob, "lesson", 0, FP, &both, 3, Millis(6_001))
-                .await
-                .unwrap()
-                .is_none(), "a member being removed is never handed out");
+            assert_eq!(
+                store
+                    .claim_pool_member(bob, "lesson", 0, FP, &both, 3, Millis(6_001))
+                    .await
+                    .unwrap(),
+                Claim::NoMember,
+                "a member being removed is never handed out"
+            );
             // Forgetting it takes its pool session along.
             store.forget(first.id).await.unwrap();
             assert!(store.pool_members("lesson", 0).await.unwrap().is_empty());
@@ -595,7 +675,7 @@ mod tests {
             for n in 0..12 {
                 sessions.push(learner(&store, n + 10).await);
             }
-            let agents = vec!["a".to_owned(), "b".to_owned()];
+            let agents = vec![("a".to_owned(), 0), ("b".to_owned(), 0)];
             let claims = sessions.iter().map(|session| {
                 let (store, agents, session) = (store.clone(), agents.clone(), *session);
                 tokio::spawn(async move {
@@ -608,7 +688,7 @@ mod tests {
             let won: Vec<_> = futures::future::join_all(claims)
                 .await
                 .into_iter()
-                .filter_map(|claim| claim.unwrap())
+                .filter_map(|claim| claim.unwrap().member())
                 .collect();
             assert_eq!(won.len(), 4, "every member claimed once: {won:?}");
             let ids: HashSet<_> = won.iter().map(|l| l.id).collect();
@@ -630,13 +710,100 @@ mod tests {
                         .unwrap()
                 })
             });
-            let got: Vec<_> = futures::future::join_all(twice)
+            let twice: Vec<_> = futures::future::join_all(twice)
                 .await
                 .into_iter()
-                .filter_map(|claim| claim.unwrap())
+                .map(|claim| claim.unwrap())
+                .collect();
+            assert!(
+                twice.contains(&Claim::Declined(Declined::HasLesson)),
+                "the loser is declined, not a miss: {twice:?}"
+            );
+            let twice = twice.into_iter().map(Ok::<_, tokio::task::JoinError>);
+            let got: Vec<_> = twice
+                .filter_map(|claim| claim.unwrap().member())
                 .collect();
             assert_eq!(got.len(), 1, "{got:?}");
             assert_eq!(store.pool_members("lesson", 0).await.unwrap().len(), 1);
+        }
+    }
+
+    on_both! {
+        async fn a_session_at_its_limit_or_expired_takes_no_member(database, store) {
+            let member = ready_member(&store, "lesson", "a").await;
+            let agents = [("a".to_owned(), 0)];
+            let dave = learner(&store, 3).await;
+            store
+                .request_live_lesson(dave, "other", 0, 1, Millis(4_000))
+                .await
+                .unwrap();
+            assert_eq!(
+                store
+                    .claim_pool_member(dave, "lesson", 0, FP, &agents, 1, Millis(4_100))
+                    .await
+                    .unwrap(),
+                Claim::Declined(Declined::AtLimit)
+            );
+            let nobody = crate::model::SessionId::new();
+            assert_eq!(
+                store
+                    .claim_pool_member(nobody, "lesson", 0, FP, &agents, 1, Millis(4_200))
+                    .await
+                    .unwrap(),
+                Claim::Declined(Declined::SessionGone)
+            );
+            let left = store.pool_members("lesson", 0).await.unwrap();
+            assert_eq!(left.len(), 1);
+            assert!(left[0].0.unclaimed() && left[0].0.id == member.id, "{left:?}");
+            // Under its limit (or with none), the same session takes it.
+            let claimed = store
+                .claim_pool_member(dave, "lesson", 0, FP, &agents, 2, Millis(4_300))
+                .await
+                .unwrap()
+                .member()
+                .expect("under the limit");
+            assert_eq!((claimed.id, claimed.session_id), (member.id, dave));
+        }
+    }
+
+    on_both! {
+        async fn a_claim_takes_from_the_agent_carrying_most_preferred_labels(database, store) {
+            let old = ready_member_at(&store, "lesson", "plain", Millis(900)).await;
+            let preferred = ready_member_at(&store, "lesson", "ssd", Millis(1_000)).await;
+            let erin = learner(&store, 4).await;
+            let claimed = store
+                .claim_pool_member(
+                    erin,
+                    "lesson",
+                    0,
+                    FP,
+                    &[("plain".to_owned(), 0), ("ssd".to_owned(), 1)],
+                    3,
+                    Millis(5_000),
+                )
+                .await
+                .unwrap()
+                .member()
+                .unwrap();
+            assert_eq!(claimed.id, preferred.id, "the preferred agent's, though newer");
+            // Without preferences, the oldest.
+            ready_member_at(&store, "lesson", "ssd", Millis(1_000)).await;
+            let frank = learner(&store, 5).await;
+            let claimed = store
+                .claim_pool_member(
+                    frank,
+                    "lesson",
+                    0,
+                    FP,
+                    &[("plain".to_owned(), 0), ("ssd".to_owned(), 0)],
+                    3,
+                    Millis(5_100),
+                )
+                .await
+                .unwrap()
+                .member()
+                .unwrap();
+            assert_eq!(claimed.id, old.id);
         }
     }
 }

@@ -1,5 +1,7 @@
-//! `pool-bench`: request→READY through the public API for a lesson with a warm pool against the
-//! same lesson without one, in the same run (issue 20's benchmark; not a test).
+//! `pool-bench`: request→READY through the public API for a lesson with a warm pool against a
+//! lesson without one (`--cold-lesson`, by default another lesson: hello-web, one endpoint, so
+//! on agent-docker the cold side boots less than the pooled lesson would), in the same run
+//! (issue 20's benchmark; not a test).
 //!
 //! One scheduler and one agent (the test agent with `--boot-delay` standing for a lesson's boot
 //! time, or agent-docker with `--docker`). `--lesson` has a warm pool as large as a round's

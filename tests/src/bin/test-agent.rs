@@ -20,8 +20,8 @@
 //!
 //! Test knobs: `--boot-delay`/`--configure-delay` hold live lessons in BOOTING/CONFIGURING,
 //! `--journal` appends one line per object creation (so tests can prove nothing was created
-//! twice), `--fail-lesson` makes a lesson fail, `--null` does no work at all (READY at once, no
-//! sockets: the load generator's agent).
+//! twice), `--fail-lesson` makes a lesson fail (`--fail-first N`: its first N provisions
+//! only), `--null` does no work at all (READY at once, no sockets: the load generator's agent).
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -63,6 +63,10 @@ struct Args {
     /// Lessons whose provisioning fails (after booting), with a reason naming them.
     #[arg(long)]
     fail_lesson: Vec<String>,
+    /// With `--fail-lesson`: only the first N provisions of those lessons fail (0: all do), so
+    /// a test can watch a failed live lesson's replacement succeed.
+    #[arg(long, default_value_t = 0)]
+    fail_first: u64,
     /// Do no work: READY at once, no sockets, no probes.
     #[arg(long)]
     null: bool,
@@ -157,6 +161,8 @@ impl Drop for Entry {
 struct Loopback {
     args: Args,
     entries: Mutex<HashMap<String, Entry>>,
+    /// Provisions failed by `--fail-lesson` so far (for `--fail-first`).
+    failed: std::sync::atomic::AtomicU64,
 }
 
 impl Loopback {
@@ -436,7 +442,13 @@ impl Backend for Loopback {
         if let Some(entry) = self.entries().get(&spec.live_lesson_id) {
             *entry.stage.lock().unwrap_or_else(|p| p.into_inner()) = spec.stage;
         }
-        if self.args.fail_lesson.contains(&spec.lesson_slug) {
+        if self.args.fail_lesson.contains(&spec.lesson_slug)
+            && (self.args.fail_first == 0
+                || self
+                    .failed
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    < self.args.fail_first)
+        {
             return Err(format!(
                 "lesson `{}` is configured to fail in this test agent",
                 spec.lesson_slug
@@ -583,6 +595,7 @@ async fn main() -> anyhow::Result<()> {
     let agent = Agent::new(Loopback {
         args,
         entries: Mutex::new(HashMap::new()),
+        failed: std::sync::atomic::AtomicU64::new(0),
     });
     let shutdown = sdk::shutdown_signal();
     println!("{}", transport.announce());
