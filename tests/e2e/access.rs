@@ -373,3 +373,96 @@ async fn unauthenticated_refusals_are_audited_a_few_per_address() {
     assert_eq!(count("UNAUTHENTICATED"), 10, "{audit:#?}");
     assert_eq!(count("PERMISSION_DENIED"), 3, "{audit:#?}");
 }
+
+/// The session cookie is `Secure` when the learner came over TLS (to the proxy in front of the
+/// scheduler, which says so in `X-Forwarded-Proto` or `Forwarded`), and only then.
+#[tokio::test]
+async fn the_session_cookie_is_secure_behind_an_https_proxy() {
+    let env = Env::start(&[], Knobs::default()).await;
+    let base = env.scheduler.process.extra_url("http").unwrap();
+    let web = Web::default();
+    let cookie = |headers: &'static [(&'static str, &'static str)]| {
+        let (web, url) = (web.fresh_jar(), format!("{base}/v1/sessions"));
+        async move {
+            let answer = web
+                .send(Method::POST, &url, headers, Some(""))
+                .await
+                .unwrap();
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+            answer.headers["set-cookie"].to_str().unwrap().to_owned()
+        }
+    };
+    for headers in [
+        &[("x-forwarded-proto", "https")][..],
+        &[("forwarded", "for=192.0.2.1;proto=https")][..],
+    ] {
+        let set = cookie(headers).await;
+        assert!(
+            set.contains("; Secure") && set.contains("HttpOnly"),
+            "{headers:?}: {set}"
+        );
+    }
+    for headers in [&[][..], &[("x-forwarded-proto", "http")][..]] {
+        let set = cookie(headers).await;
+        assert!(!set.contains("Secure"), "{headers:?}: {set}");
+    }
+}
+
+/// deploy/k8s: Prometheus scrapes `/metrics` where the scheduler serves it, the admin HTTP
+/// listener (the learners' port answers 404 for it), and the container declares that port.
+/// (`deploy::deploy_scheduler_configurations_start_the_scheduler` starts this ConfigMap.)
+#[test]
+fn deploy_k8s_scrapes_metrics_on_the_admin_listener() {
+    let docs = crate::deploy::documents(&crate::deploy::k8s_dir().join("scheduler.yaml"));
+    let config = crate::deploy::scheduler_config(&docs);
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the scheduler's Deployment");
+    let template = &deployment["spec"]["template"];
+    let annotations = &template["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let port = annotations["prometheus.io/port"]
+        .as_str()
+        .expect("a prometheus.io/port annotation");
+    // The port of `listen = "…"` in the TOML table `[table]`.
+    let listen = |table: &str, key: &str| {
+        let body = config
+            .split(&format!("[{table}]\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no [{table}] in:\n{config}"));
+        let line = body
+            .lines()
+            .take_while(|l| !l.trim_start().starts_with('['))
+            .find(|l| l.trim_start().starts_with(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("no {key} in [{table}]:\n{config}"));
+        line.trim()
+            .trim_end_matches('"')
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        port,
+        listen("admin", "http_listen"),
+        "the scrape misses the admin listener"
+    );
+    assert_ne!(
+        port,
+        listen("http", "listen"),
+        "the learners' port has no /metrics"
+    );
+    let declared = template["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| {
+            p["containerPort"]
+                .as_u64()
+                .map(|n| n.to_string())
+                .as_deref()
+                == Some(port)
+        });
+    assert!(declared, "the container does not declare port {port}");
+}
