@@ -20,6 +20,11 @@ pub struct Tokens {
     ttl: Duration,
     /// Agents' entrypoint URLs from the configuration, by agent name.
     urls: BTreeMap<String, String>,
+    /// `[entrypoint] backend_addresses`: learners see backend addresses where they get no
+    /// entrypoint URL.
+    backend_addresses: bool,
+    /// `[entrypoint] revoked`: key ids agents refuse and end what they admitted.
+    revoked: Vec<String>,
 }
 
 impl Tokens {
@@ -50,7 +55,20 @@ impl Tokens {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.trim_end_matches('/').to_owned()))
                 .collect(),
+            backend_addresses: config.backend_addresses,
+            revoked: config.revoked.clone(),
         })
+    }
+
+    /// The revoked key ids, for handshakes.
+    pub fn revoked(&self) -> &[String] {
+        &self.revoked
+    }
+
+    /// Whether learners see backend addresses where they get no entrypoint URL
+    /// (`[entrypoint] backend_addresses`).
+    pub fn backend_addresses(&self) -> bool {
+        self.backend_addresses
     }
 
     /// Whether tokens are signed at all.

@@ -145,6 +145,7 @@ pub async fn run(
                 config.reconciler.backoff_max,
             ),
             entrypoint_keys: entrypoint.public_keys(),
+            revoked_entrypoint_keys: entrypoint.revoked().to_vec(),
         },
     );
     if let (Some(intake), Some(listener)) = (intake, listeners.agent_intake) {

@@ -96,14 +96,23 @@ pub struct EntrypointConfig {
     /// an older key keep verifying while it is listed; every replica lists the same keys.
     pub keys: Vec<EntrypointKeyConfig>,
     /// The id of the key that signs; unset: the last listed. Rotation: add the new key, make it
-    /// current, remove the old one once its tokens expired.
+    /// current, remove the old one once its tokens expired (a removed key admits nothing new;
+    /// what it admitted, such as open terminals, goes on).
     pub current: Option<String>,
+    /// Key ids revoked (a leaked key): agents refuse their tokens and end what they admitted
+    /// (open terminals close with 1008). Not in `keys`.
+    pub revoked: Vec<String>,
     /// How long a token admits (its `exp`): learners get a fresh one with every answer.
     #[serde(with = "humantime_serde")]
     pub token_ttl: Duration,
     /// Agents' entrypoint base URLs by agent name (`{ docker = "https://lab.example:8443" }`),
     /// over what their handshakes say.
     pub urls: std::collections::BTreeMap<String, String>,
+    /// Whether learners see their presentations' backend `address`/`url` where they get no
+    /// entrypoint URL (no keys, or the agent has no entrypoint). Off: learners never see a
+    /// backend address (operators do, through the admin API). Where an entrypoint URL is
+    /// issued, learners never get backend addresses, whatever this says.
+    pub backend_addresses: bool,
 }
 
 impl Default for EntrypointConfig {
@@ -111,8 +120,10 @@ impl Default for EntrypointConfig {
         EntrypointConfig {
             keys: Vec::new(),
             current: None,
+            revoked: Vec::new(),
             token_ttl: Duration::from_secs(600),
             urls: Default::default(),
+            backend_addresses: false,
         }
     }
 }
@@ -953,6 +964,17 @@ impl Config {
             return invalid(
                 "entrypoint.current",
                 &format!("`{current}` is not the id of a key in entrypoint.keys"),
+            );
+        }
+        if let Some(id) = self
+            .entrypoint
+            .revoked
+            .iter()
+            .find(|id| ids.contains(&id.as_str()))
+        {
+            return invalid(
+                "entrypoint.revoked",
+                &format!("`{id}` is revoked but still in entrypoint.keys: remove it from keys"),
             );
         }
         if self.entrypoint.token_ttl < Duration::from_secs(10) {

@@ -4,9 +4,11 @@
 //! signs; a WebSocket terminal runs a command and sees its output; the HTTP presentation's page
 //! arrives through the proxy; no token, an expired one, one for another live lesson or
 //! presentation are refused; typing keeps a lesson alive past its TTL, an idle open terminal does
-//! not; a key the restarted scheduler no longer offers stops admitting (and ends the terminal it
-//! admitted) while the agent runs on; a terminal to routing-basics' client (on `antidote/sshd`)
-//! sees the stage's routes.
+//! not; a key the restarted scheduler no longer offers stops admitting while the terminal it
+//! admitted stays open, and a key it revokes ends that terminal, while the agent runs on; a
+//! terminal to routing-basics' client (on `antidote/sshd`) sees the stage's routes; learners
+//! never see backend addresses (operators do); the per-client connection cap, directly and
+//! behind a trusted proxy.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -94,16 +96,17 @@ struct EntryEnv {
 
 impl EntryEnv {
     async fn start(instance: &str, lesson_ttl: &str) -> EntryEnv {
-        EntryEnv::start_with(instance, lesson_ttl, None, &[("k1", KEY)]).await
+        EntryEnv::start_with(instance, lesson_ttl, None, &[("k1", KEY)], &[]).await
     }
 
-    /// agent-docker with its entrypoint, and a scheduler on `curriculum` (default: the fixture)
-    /// signing with `keys` (id, private PEM; the last one signs).
+    /// agent-docker with its entrypoint (and `agent_args`), and a scheduler on `curriculum`
+    /// (default: the fixture) signing with `keys` (id, private PEM; the last one signs).
     async fn start_with(
         instance: &str,
         lesson_ttl: &str,
         curriculum: Option<&dyn Fn(&Path) -> PathBuf>,
         keys: &[(&str, &str)],
+        agent_args: &[&str],
     ) -> EntryEnv {
         std::env::var("DOCKER_HOST").expect(
             "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
@@ -120,6 +123,7 @@ impl EntryEnv {
             "500ms",
         ]
         .iter()
+        .chain(agent_args)
         .map(|a| a.to_string())
         .collect();
         let agent = Process::spawn(
@@ -158,6 +162,11 @@ impl EntryEnv {
     /// keeps running); learners' session tokens carry over. Returns once the new process has
     /// handshaken with the agent (ListAgents shows it READY).
     async fn restart_scheduler(&mut self, keys: &[(&str, &str)]) {
+        self.restart_scheduler_revoking(keys, &[]).await;
+    }
+
+    /// [`EntryEnv::restart_scheduler`] with `[entrypoint] revoked` = `revoked`.
+    async fn restart_scheduler_revoking(&mut self, keys: &[(&str, &str)], revoked: &[&str]) {
         self.scheduler
             .process
             .terminate()
@@ -170,6 +179,10 @@ impl EntryEnv {
             &self.curriculum,
             keys,
             &self.agent.url(),
+        )
+        .replace(
+            "token_ttl = ",
+            &format!("revoked = {revoked:?}\ntoken_ttl = "),
         );
         let tokens = self.scheduler.clients.tokens.clone();
         self.scheduler = Scheduler::start(self.dir.path(), &config)
@@ -633,8 +646,10 @@ async fn closed(terminal: &mut Terminal) -> Option<(u16, String)> {
 }
 
 #[tokio::test]
-async fn entrypoint_a_key_the_scheduler_stops_offering_stops_admitting_without_an_agent_restart() {
-    let mut env = EntryEnv::start_with("e2e-entrypoint-keys", "30m", None, &[("k1", KEY)]).await;
+async fn entrypoint_a_retired_key_stops_admitting_keeps_open_terminals_and_a_revoked_one_ends_them()
+{
+    let mut env =
+        EntryEnv::start_with("e2e-entrypoint-keys", "30m", None, &[("k1", KEY)], &[]).await;
     let agent_pid = env.agent.pid();
     let a = env.lesson().await;
     let k1 = Signer::from_pem("k1", KEY.as_bytes()).unwrap();
@@ -686,10 +701,37 @@ async fn entrypoint_a_key_the_scheduler_stops_offering_stops_admitting_without_a
         .unwrap_or_else(|status| panic!("k2's terminal refused with {status}\n{}", env.logs()));
     run(&mut by_k2, "echo three-$((1+3))", "three-4").await;
 
-    // Step two: the scheduler restarts offering k2 alone. The agent, never restarted, refuses
-    // k1's tokens and cookie from then on and ends the terminal k1 admitted (close 1008); k2's
-    // terminal and tokens go on.
+    // Step two (k1 retired): the scheduler restarts offering k2 alone. The agent, never
+    // restarted, refuses k1's tokens and cookie for new requests from then on, but the terminal
+    // k1 admitted stays open; k2's terminal and tokens go on.
     env.restart_scheduler(&[("k2", KEY2)]).await;
+    assert_eq!(env.agent.pid(), agent_pid, "the agent was not restarted");
+    assert_eq!(
+        websocket(&with_token(&cli, Some(&sign(&k1, "cli"))))
+            .await
+            .err(),
+        Some(401),
+        "a terminal with a token of the retired key"
+    );
+    let refused = get(&with_token(&web, Some(&sign(&k1, "web"))), &[]).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    let refused = get(&with_token(&web, None), &[("Cookie", &k1_cookie)]).await;
+    assert_eq!(refused.status, 401, "k1's cookie: {}", refused.body);
+    run(&mut by_k1, "echo kept-$((2+2))", "kept-4").await;
+    run(&mut by_k2, "echo four-$((1+4))", "four-5").await;
+    let fresh = env.get(&a.id).await;
+    let page = get(&presentation(&fresh, "box", "web").entrypoint_url, &[]).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        websocket(&with_token(&cli, Some(&sign(&k2, "cli"))))
+            .await
+            .is_ok()
+    );
+
+    // Revocation (the emergency path): the scheduler restarts with `revoked = ["k1"]`. The
+    // terminal k1 admitted ends (close 1008); k2's goes on; k1's tokens stay refused.
+    env.restart_scheduler_revoking(&[("k2", KEY2)], &["k1"])
+        .await;
     assert_eq!(env.agent.pid(), agent_pid, "the agent was not restarted");
     let close = closed(&mut by_k1).await;
     assert_eq!(
@@ -703,21 +745,9 @@ async fn entrypoint_a_key_the_scheduler_stops_offering_stops_admitting_without_a
             .await
             .err(),
         Some(401),
-        "a terminal with a token of the removed key"
+        "a terminal with a token of the revoked key"
     );
-    let refused = get(&with_token(&web, Some(&sign(&k1, "web"))), &[]).await;
-    assert_eq!(refused.status, 401, "{}", refused.body);
-    let refused = get(&with_token(&web, None), &[("Cookie", &k1_cookie)]).await;
-    assert_eq!(refused.status, 401, "k1's cookie: {}", refused.body);
-    run(&mut by_k2, "echo four-$((1+4))", "four-5").await;
-    let fresh = env.get(&a.id).await;
-    let page = get(&presentation(&fresh, "box", "web").entrypoint_url, &[]).await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    assert!(
-        websocket(&with_token(&cli, Some(&sign(&k2, "cli"))))
-            .await
-            .is_ok()
-    );
+    run(&mut by_k2, "echo five-$((1+5))", "five-6").await;
 
     env.delete(&a.id).await;
 }
@@ -729,6 +759,7 @@ async fn entrypoint_terminal_to_routing_basics_client_sees_the_stage_routes() {
         "30m",
         Some(&routing_curriculum),
         &[("k1", KEY)],
+        &[],
     )
     .await;
     let lesson = env.lesson_of("routing-basics").await;
@@ -791,5 +822,208 @@ async fn entrypoint_terminal_to_routing_basics_client_sees_the_stage_routes() {
     )
     .await;
     assert!(out.contains(route), "stage 1's route: {out}");
+    env.delete(&lesson.id).await;
+}
+
+/// What the admin API answers for a live lesson.
+async fn admin_view(env: &EntryEnv, id: &str) -> api::LiveLesson {
+    env.scheduler
+        .clients
+        .admin
+        .clone()
+        .get_live_lesson(api::AdminGetLiveLessonRequest { id: id.into() })
+        .await
+        .unwrap_or_else(|err| panic!("admin GetLiveLesson {id}: {err}\n{}", env.logs()))
+        .into_inner()
+        .live_lesson
+        .expect("the admin answer holds the live lesson")
+}
+
+/// The learner's JSON answer for a live lesson (`GET /v1/live-lessons/{id}`).
+async fn learner_json(env: &EntryEnv, id: &str) -> Answer {
+    let http = env.scheduler.process.extra_url("http").unwrap();
+    let token = env.scheduler.clients.tokens.of_lesson(id).unwrap();
+    get(
+        &format!("{http}/v1/live-lessons/{id}"),
+        &[("authorization", &format!("Bearer {token}"))],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn entrypoint_learners_never_see_backend_addresses_and_operators_do() {
+    let mut env = EntryEnv::start("e2e-entrypoint-addresses", "30m").await;
+    let lesson = env.lesson().await;
+    let admin = admin_view(&env, &lesson.id).await;
+    for (endpoint, name) in [("box", "cli"), ("box", "web")] {
+        let learner = presentation(&lesson, endpoint, name);
+        let operator = presentation(&admin, endpoint, name);
+        assert!(
+            learner.address.is_empty() && learner.url.is_empty(),
+            "the learner got a backend address beside the entrypoint URL: {learner:?}"
+        );
+        assert!(!learner.entrypoint_url.is_empty(), "{learner:?}");
+        assert!(
+            !operator.address.is_empty(),
+            "operators keep the backend address: {operator:?}"
+        );
+        assert!(
+            operator.entrypoint_url.is_empty(),
+            "operators get no learner's token: {operator:?}"
+        );
+    }
+    let web = presentation(&admin, "box", "web");
+    assert!(
+        !web.url.is_empty(),
+        "operators keep the backend URL: {web:?}"
+    );
+    let json = learner_json(&env, &lesson.id).await;
+    assert_eq!(json.status, 200, "{}", json.body);
+    assert!(json.body.contains("antidote_token="), "{}", json.body);
+    for backend in [&web.address, &presentation(&admin, "box", "cli").address] {
+        assert!(
+            !json.body.contains(backend.as_str()),
+            "the learner's JSON names the backend address {backend}: {}",
+            json.body
+        );
+    }
+
+    // Without signing keys learners get no entrypoint URL, and still no backend address
+    // (`[entrypoint] backend_addresses` is off by default).
+    env.restart_scheduler(&[]).await;
+    let without = env.get(&lesson.id).await;
+    let admin = admin_view(&env, &lesson.id).await;
+    for (endpoint, name) in [("box", "cli"), ("box", "web")] {
+        let learner = presentation(&without, endpoint, name);
+        assert!(
+            learner.address.is_empty()
+                && learner.url.is_empty()
+                && learner.entrypoint_url.is_empty(),
+            "{learner:?}"
+        );
+        assert!(!presentation(&admin, endpoint, name).address.is_empty());
+    }
+    env.delete(&lesson.id).await;
+}
+
+/// Opens a WebSocket at an `http://` URL from the local address `from` (any 127/8 address is
+/// this host's), with `headers`; the refusal's HTTP status when answered, 0 when the
+/// connection closed unanswered (the entrypoint's connection cap).
+async fn websocket_from(from: &str, url: &str, headers: &[(&str, &str)]) -> Result<Terminal, u16> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let ws_url = url.replacen("http://", "ws://", 1);
+    let authority: std::net::SocketAddr = ws_url
+        .strip_prefix("ws://")
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(format!("{from}:0").parse().unwrap())
+        .unwrap_or_else(|err| panic!("bind {from}: {err}"));
+    let stream = socket.connect(authority).await.unwrap();
+    let mut request = ws_url.into_client_request().unwrap();
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    match tokio_tungstenite::client_async(request, stream).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            Err(response.status().as_u16())
+        }
+        Err(_) => Err(0),
+    }
+}
+
+#[tokio::test]
+async fn entrypoint_caps_connections_per_client_address_and_per_forwarded_client_behind_a_trusted_proxy()
+ {
+    let env = EntryEnv::start_with(
+        "e2e-entrypoint-caps",
+        "30m",
+        None,
+        &[("k1", KEY)],
+        &[
+            "--entrypoint-max-per-client",
+            "2",
+            "--entrypoint-trusted-proxy",
+            "127.0.0.3",
+        ],
+    )
+    .await;
+    let lesson = env.lesson().await;
+    let cli = presentation(&lesson, "box", "cli").entrypoint_url.clone();
+    let open = |from: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        let cli = cli.clone();
+        async move { websocket_from(from, &cli, headers).await }
+    };
+
+    // Two terminals from 127.0.0.2 hold its two places: the third connection is closed
+    // unanswered, while another address is served.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            open("127.0.0.2", &[])
+                .await
+                .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs())),
+        );
+    }
+    assert_eq!(
+        open("127.0.0.2", &[]).await.err(),
+        Some(0),
+        "the 3rd connection from one address"
+    );
+    let mut other = open("127.0.0.4", &[])
+        .await
+        .unwrap_or_else(|status| panic!("another address refused with {status}\n{}", env.logs()));
+    run(&mut other, "echo other-$((2+3))", "other-5").await;
+    // X-Forwarded-For from an untrusted address changes nothing.
+    assert_eq!(
+        open("127.0.0.2", &[("x-forwarded-for", "198.51.100.99")])
+            .await
+            .err(),
+        Some(0)
+    );
+
+    // Through the trusted proxy (127.0.0.3) each client its X-Forwarded-For names has its own
+    // two places; the proxy itself is not one client.
+    let client_a: &'static [(&str, &str)] = &[("x-forwarded-for", "6.6.6.6, 198.51.100.7")];
+    let mut proxied = Vec::new();
+    for _ in 0..2 {
+        proxied.push(open("127.0.0.3", client_a).await.unwrap_or_else(|status| {
+            panic!("proxied terminal refused with {status}\n{}", env.logs())
+        }));
+    }
+    assert_eq!(
+        open("127.0.0.3", client_a).await.err(),
+        Some(429),
+        "the 3rd request of one forwarded client"
+    );
+    let mut client_b = open("127.0.0.3", &[("x-forwarded-for", "198.51.100.8")])
+        .await
+        .unwrap_or_else(|status| panic!("another forwarded client refused with {status}"));
+    run(&mut client_b, "echo proxied-$((3+4))", "proxied-7").await;
+
+    // A place is given back when its terminal closes.
+    let mut first = held.remove(0);
+    first.close(None).await.unwrap();
+    drop(first);
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(mut again) = open("127.0.0.2", &[]).await {
+            run(&mut again, "echo again-$((1+5))", "again-6").await;
+            break;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "127.0.0.2 never got its place back\n{}",
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     env.delete(&lesson.id).await;
 }

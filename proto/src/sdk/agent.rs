@@ -646,13 +646,15 @@ impl<B: Backend> BackendRpc for AgentService<B> {
                     entrypoint_url: match agent.entrypoint.get() {
                         Some((url, keys)) => {
                             // This scheduler instance's keys are now exactly these: a key it
-                            // stopped offering stops verifying (PROTOCOL.md, "Entrypoint").
-                            keys.offer(
+                            // stopped offering stops admitting, one it revokes also ends what
+                            // it admitted (PROTOCOL.md, "Entrypoint").
+                            keys.offer_revoking(
                                 &request.scheduler_instance_id,
                                 request
                                     .entrypoint_keys
                                     .iter()
                                     .map(|k| (k.key_id.as_str(), k.public_key.as_slice())),
+                                request.revoked_entrypoint_keys.iter().map(String::as_str),
                             );
                             url.clone()
                         }

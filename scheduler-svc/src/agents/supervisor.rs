@@ -60,6 +60,8 @@ pub struct SupervisorContext {
     pub backoff: (Duration, Duration),
     /// The entrypoint key set's ids and public keys, sent in every handshake.
     pub entrypoint_keys: Vec<(String, Vec<u8>)>,
+    /// The entrypoint key ids revoked (`[entrypoint] revoked`), sent in every handshake.
+    pub revoked_entrypoint_keys: Vec<String>,
 }
 
 // Debug level: it lasts as long as the process, so as a trace it would never end.
@@ -129,6 +131,7 @@ async fn connect_and_follow(agent: &Agent, ctx: &SupervisorContext) -> Result<()
                 public_key: public_key.clone(),
             })
             .collect(),
+        revoked_entrypoint_keys: ctx.revoked_entrypoint_keys.clone(),
     };
     let handshake = match agent.handshake(request).await {
         Ok(handshake) => handshake,

@@ -95,12 +95,24 @@ pub fn live_lesson(lesson: &LiveLesson, ttl: Duration) -> api::LiveLesson {
     }
 }
 
-/// What a learner may see of a live lesson: everything but the backend it runs on (the agent's
-/// name is for operators; the admin API keeps it). Failure reasons and events still name the
-/// agent where it failed (operators read them too); presentations' addresses are backend ones
-/// until the entrypoint issue gives learners their own way in.
-pub fn for_learner(mut lesson: api::LiveLesson) -> api::LiveLesson {
+/// What a learner may see of a live lesson: everything but the backend it runs on. The agent's
+/// name is for operators (the admin API keeps it), and so are presentations' backend `address`
+/// and `url`: blanked unless `backend_addresses` (`[entrypoint] backend_addresses`, off by
+/// default), and even then [`crate::api::grpc`] blanks them wherever it issues an entrypoint
+/// URL. Failure reasons and events still name the agent where it failed (operators read them
+/// too).
+pub fn for_learner(mut lesson: api::LiveLesson, backend_addresses: bool) -> api::LiveLesson {
     lesson.agent.clear();
+    if !backend_addresses {
+        for presentation in lesson
+            .endpoints
+            .iter_mut()
+            .flat_map(|e| e.presentations.iter_mut())
+        {
+            presentation.address.clear();
+            presentation.url.clear();
+        }
+    }
     lesson
 }
 

@@ -984,7 +984,7 @@ fn learner_view(
     tokens: &crate::entrypoint::Tokens,
     fleet: &Fleet,
 ) -> api::LiveLesson {
-    let mut view = wire::for_learner(wire::live_lesson(lesson, ttl));
+    let mut view = wire::for_learner(wire::live_lesson(lesson, ttl), tokens.backend_addresses());
     if !tokens.enabled() {
         return view;
     }
@@ -1007,6 +1007,9 @@ fn learner_view(
             let ssh = presentation.r#type == "ssh";
             if let Some(url) = tokens.url(&base, &id, &endpoint.name, &presentation.name, ssh) {
                 presentation.entrypoint_url = url;
+                // The learner's way in replaces the backend's: never both.
+                presentation.address.clear();
+                presentation.url.clear();
             }
         }
     }

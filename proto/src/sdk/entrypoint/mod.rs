@@ -13,16 +13,18 @@
 //! presentation ([`token`]): in the `antidote_token` query parameter (the URL the scheduler
 //! hands out; the entrypoint then sets a cookie scoped to the prefix so the page's own requests
 //! carry it), an `Authorization: Bearer` header, or that cookie. No token, a bad or expired one:
-//! 401; a good token for something else: 403. A token's expiry does not end what it admitted;
-//! its key leaving the key set does (terminals and proxied WebSockets close with 1008, see
-//! [`token::Keys`]). Each client address holds at most
-//! [`Settings::per_client`] connections (upgraded ones included). Bytes from learners
-//! (requests, keystrokes, WebSocket frames) mark the live lesson active; the marks are handed
-//! to [`Lessons::active`] in batches.
+//! 401; a good token for something else: 403. Neither a token's expiry nor its key leaving the
+//! key set (retired) ends what it admitted; its key's revocation does (terminals and proxied
+//! WebSockets close with 1008, see [`token::Keys`]). Each client (an address, an IPv6 /64;
+//! behind a trusted proxy the client `X-Forwarded-For` names) holds at most
+//! [`Settings::per_client`] connections (upgraded ones included). Learners' requests and
+//! bytes (keystrokes, WebSocket data frames; never pongs, pings or closes: [`frames`]) mark the
+//! live lesson active; the marks are handed to [`Lessons::active`] in batches.
 //!
 //! An agent implements [`Lessons`] (the SDK's [`super::Agent`] does, from its specs and
 //! reported states) and calls [`serve`]; [`EntrypointArgs`] are the flags.
 
+pub mod frames;
 pub mod proxy;
 pub mod terminal;
 pub mod token;
@@ -98,8 +100,14 @@ pub trait Lessons: Send + Sync + 'static {
 /// How an entrypoint behaves.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Connections one client address may hold at once (upgraded ones included).
+    /// Connections one client address (its [`network`]: an IPv6 /64) may hold at once
+    /// (upgraded ones included); for connections from [`Settings::trusted_proxies`], requests
+    /// in flight (WebSockets included) of the client `X-Forwarded-For` names.
     pub per_client: usize,
+    /// Proxies (an ingress, a load balancer) whose `X-Forwarded-For` names the client: their
+    /// connections are not capped as one client's; each request counts against the client the
+    /// header's last entry (the one the proxy added) names. Empty: the header is ignored.
+    pub trusted_proxies: Vec<Cidr>,
     /// How often activity is handed to [`Lessons::active`].
     pub activity_interval: Duration,
     /// Set the `Secure` attribute on the token cookie (the listener serves TLS).
@@ -109,33 +117,131 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            per_client: 32,
+            per_client: PER_CLIENT,
+            trusted_proxies: Vec::new(),
             activity_interval: Duration::from_secs(5),
             secure_cookies: false,
         }
     }
 }
 
-/// Connections per client address.
+/// Connections one client address may hold by default: the scheduler API's
+/// `limits.connections_per_address`.
+pub const PER_CLIENT: usize = 256;
+
+/// What a client address counts as, as the scheduler's API counts it: an IPv4 address itself
+/// (an IPv4-mapped IPv6 one as that IPv4 address), an IPv6 address its /64 (one subscriber's
+/// allocation; any address in it is the same client).
+pub fn network(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !u128::from(u64::MAX),
+            )),
+        },
+    }
+}
+
+/// An address block, `10.0.0.0/8` or a single address (`--entrypoint-trusted-proxy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Cidr, String> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (text, None),
+        };
+        let addr: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not an address or ADDRESS/PREFIX"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("`{text}`: the prefix must be 0 to {max}"))?,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl Cidr {
+    /// Whether `ip` is in the block (an IPv4-mapped IPv6 address as its IPv4 address).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            IpAddr::V4(_) => ip,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(block), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(block) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(block), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(block) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The client a trusted proxy names in `X-Forwarded-For`: the last entry, the one the proxy
+/// added (earlier ones come from the client and could be anything). `None`: no header, or not
+/// an address.
+fn forwarded_client(headers: &http::HeaderMap) -> Option<IpAddr> {
+    let last = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .next_back()?
+        .to_str()
+        .ok()?
+        .rsplit(',')
+        .next()?
+        .trim();
+    last.parse().ok()
+}
+
+/// Connections per client network ([`network`]).
 #[derive(Debug, Default)]
 struct Clients {
-    /// Open connections by address.
+    /// Open connections by network.
     held: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// One connection's place; given back when the last clone (the connection, its upgrades) drops.
+/// A trusted proxy's connection holds none (`ip` unset): its requests take their clients'.
 pub struct Permit {
     clients: Arc<Clients>,
-    ip: IpAddr,
+    ip: Option<IpAddr>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        let Some(ip) = self.ip else {
+            return;
+        };
         let mut held = self.clients.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.ip) {
+        if let Some(n) = held.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.ip);
+                held.remove(&ip);
             }
         }
     }
@@ -143,6 +249,7 @@ impl Drop for Permit {
 
 impl Clients {
     fn admit(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<Arc<Permit>> {
+        let ip = network(ip);
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let n = held.entry(ip).or_default();
         if *n >= max {
@@ -151,8 +258,16 @@ impl Clients {
         *n += 1;
         Some(Arc::new(Permit {
             clients: self.clone(),
-            ip,
+            ip: Some(ip),
         }))
+    }
+
+    /// A place for a trusted proxy's connection: uncounted.
+    fn proxy(self: &Arc<Self>) -> Arc<Permit> {
+        Arc::new(Permit {
+            clients: self.clone(),
+            ip: None,
+        })
     }
 }
 
@@ -251,7 +366,17 @@ pub async fn serve(
                 continue;
             }
         };
-        let Some(permit) = entry.clients.admit(peer.ip(), entry.settings.per_client) else {
+        let trusted = entry
+            .settings
+            .trusted_proxies
+            .iter()
+            .any(|p| p.contains(peer.ip()));
+        let permit = if trusted {
+            Some(entry.clients.proxy())
+        } else {
+            entry.clients.admit(peer.ip(), entry.settings.per_client)
+        };
+        let Some(permit) = permit else {
             tracing::warn!(peer = %peer, "entrypoint: client at its connection cap; refused");
             continue;
         };
@@ -410,6 +535,23 @@ async fn handle(
     permit: Arc<Permit>,
     request: Request<Incoming>,
 ) -> Response<Body> {
+    // Through a trusted proxy: the client its X-Forwarded-For names (else the proxy itself)
+    // is the peer, and this request (with its upgrade) takes one of the client's places.
+    let (peer, permit) = if permit.ip.is_none() {
+        let client = forwarded_client(request.headers()).unwrap_or(peer.ip());
+        match entry.clients.admit(client, entry.settings.per_client) {
+            Some(permit) => (SocketAddr::new(client, peer.port()), permit),
+            None => {
+                tracing::warn!(client = %client, proxy = %peer, "entrypoint: client at its connection cap; refused");
+                return reply(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many connections from your address",
+                );
+            }
+        }
+    } else {
+        (peer, permit)
+    };
     let Some(route) = Route::parse(request.uri().path()) else {
         return reply(StatusCode::NOT_FOUND, "not a presentation");
     };
@@ -552,9 +694,20 @@ pub struct EntrypointArgs {
     /// scheduler's handshake adds its own keys.
     #[arg(long = "entrypoint-key", value_name = "KID=PEM")]
     pub entrypoint_keys: Vec<String>,
-    /// Connections one client address may hold at once.
-    #[arg(long = "entrypoint-max-per-client", default_value_t = 32)]
+    /// Connections one client address (an IPv6 /64) may hold at once: the scheduler API's
+    /// `limits.connections_per_address` by default.
+    #[arg(long = "entrypoint-max-per-client", default_value_t = PER_CLIENT)]
     pub entrypoint_max_per_client: usize,
+    /// A proxy (ingress, load balancer) whose `X-Forwarded-For` names the client, as
+    /// ADDRESS or ADDRESS/PREFIX; repeatable (the variable: comma-separated). Unset: the header
+    /// is ignored and each connection counts against its peer's address.
+    #[arg(
+        long = "entrypoint-trusted-proxy",
+        env = "ANTIDOTE_AGENT_ENTRYPOINT_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub entrypoint_trusted_proxies: Vec<String>,
     /// How often learners' activity is reported (on the live lessons' states).
     #[arg(long = "entrypoint-activity-interval", value_parser = humantime::parse_duration, default_value = "5s")]
     pub entrypoint_activity_interval: Duration,
@@ -621,6 +774,14 @@ impl EntrypointArgs {
                 reason: err.to_string(),
             })?;
         }
+        let trusted_proxies = self
+            .entrypoint_trusted_proxies
+            .iter()
+            .map(|p| {
+                p.parse::<Cidr>()
+                    .map_err(|err| TlsError::Flags(format!("--entrypoint-trusted-proxy {err}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = self
             .entrypoint_url
@@ -632,6 +793,7 @@ impl EntrypointArgs {
             listener,
             settings: Settings {
                 per_client: self.entrypoint_max_per_client.max(1),
+                trusted_proxies,
                 activity_interval: self.entrypoint_activity_interval,
                 secure_cookies: tls.is_some(),
             },
@@ -683,5 +845,50 @@ mod tests {
         drop(upgraded);
         assert!(clients.admit(ip, 2).is_some());
         drop(b);
+
+        // An IPv6 client is its /64, as the API counts it; an IPv4-mapped one its IPv4.
+        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        let c = clients.admit(v6("2001:db8:1:2::1"), 2).unwrap();
+        let d = clients.admit(v6("2001:db8:1:2:ffff::9"), 2).unwrap();
+        assert!(clients.admit(v6("2001:db8:1:2::77"), 2).is_none());
+        assert!(clients.admit(v6("2001:db8:1:3::1"), 2).is_some());
+        assert_eq!(network(v6("::ffff:10.0.0.1")), ip);
+        // A trusted proxy's connection holds no place.
+        let proxied = clients.proxy();
+        drop((c, d, proxied));
+        assert!(clients.held.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn trusted_proxies_and_forwarded_clients() {
+        let block: Cidr = "10.1.0.0/16".parse().unwrap();
+        assert!(block.contains("10.1.200.3".parse().unwrap()));
+        assert!(block.contains("::ffff:10.1.0.1".parse().unwrap()));
+        assert!(!block.contains("10.2.0.1".parse().unwrap()));
+        let one: Cidr = "fd00::1".parse().unwrap();
+        assert!(one.contains("fd00::1".parse().unwrap()));
+        assert!(!one.contains("fd00::2".parse().unwrap()));
+        assert!(
+            "0.0.0.0/0"
+                .parse::<Cidr>()
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
+        for bad in ["10.0.0.0/33", "ingress", "10.0.0.0/x"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(forwarded_client(&headers), None);
+        headers.insert(
+            "x-forwarded-for",
+            "6.6.6.6, 198.51.100.2 , 203.0.113.7".parse().unwrap(),
+        );
+        assert_eq!(
+            forwarded_client(&headers),
+            Some("203.0.113.7".parse().unwrap()),
+            "a spoofed first entry is ignored"
+        );
+        headers.insert("x-forwarded-for", "not-an-address".parse().unwrap());
+        assert_eq!(forwarded_client(&headers), None);
     }
 }

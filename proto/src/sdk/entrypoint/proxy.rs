@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use super::frames::Frames;
 use super::{Activity, Body, COOKIE, Permit, Route, TOKEN_PARAM, reply};
 
 /// Headers that belong to one hop (RFC 9110 7.6.1), never forwarded as such.
@@ -152,6 +153,11 @@ pub(super) async fn forward(
     withdrawn: CancellationToken,
 ) -> Response<Body> {
     let upgrade = is_upgrade(request.headers());
+    let websocket = request
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let prefix = route.prefix();
     let (parts, body) = request.into_parts();
@@ -241,6 +247,7 @@ pub(super) async fn forward(
                 inner: client_read,
                 activity,
                 live_lesson,
+                frames: websocket.then(Frames::default),
             };
             let up = tokio::io::copy(&mut client_read, &mut server_write);
             let down = tokio::io::copy(&mut server_read, &mut client_write);
@@ -279,11 +286,14 @@ pub(super) async fn forward(
     Response::from_parts(parts, body.boxed())
 }
 
-/// A reader that marks its live lesson active whenever learner bytes arrive.
+/// A reader that marks its live lesson active when learner data arrives: for a WebSocket, its
+/// data frames only ([`Frames`]: pongs, pings and closes are no activity); for another
+/// upgrade, any bytes.
 struct Touching<R> {
     inner: R,
     activity: Arc<Activity>,
     live_lesson: String,
+    frames: Option<Frames>,
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Touching<R> {
@@ -292,10 +302,16 @@ impl<R: AsyncRead + Unpin> AsyncRead for Touching<R> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.activity.touch(&self.live_lesson);
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = &buf.filled()[before..];
+        let active = match &mut this.frames {
+            Some(frames) => frames.feed(read),
+            None => !read.is_empty(),
+        };
+        if active {
+            this.activity.touch(&this.live_lesson);
         }
         polled
     }

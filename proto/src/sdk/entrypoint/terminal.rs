@@ -8,8 +8,9 @@
 //!   `{"type":"resize","cols":120,"rows":40}`.
 //! - entrypoint → learner: binary frames are the terminal's output; a text frame
 //!   `{"type":"exit","status":0}` when the shell exits, then a close. When the key of the token
-//!   that opened the terminal leaves the key set, a close with code 1008 (policy) and
-//!   [`WITHDRAWN`] ends it (a client may reconnect with a fresh token).
+//!   that opened the terminal is revoked, a close with code 1008 (policy) and [`WITHDRAWN`]
+//!   ends it (a client may reconnect with a fresh token); a key merely retired from the key
+//!   set ends nothing.
 //!
 //! The terminal's first size comes from the `cols` and `rows` query parameters (default
 //! 80×24). The SSH session is opened before the upgrade is answered, so a presentation that does
@@ -44,8 +45,8 @@ use super::{Activity, Body, Permit, Route, reply};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The reason of the close (code 1008, policy) that ends a terminal whose admitting token's key
-/// left the key set.
-pub const WITHDRAWN: &str = "the key of the token that opened this terminal was withdrawn";
+/// was revoked.
+pub const WITHDRAWN: &str = "the key of the token that opened this terminal was revoked";
 
 /// A control message from the learner.
 #[derive(Debug, Deserialize, PartialEq, Eq)]
@@ -214,7 +215,7 @@ async fn pump<S>(
     loop {
         tokio::select! {
             () = withdrawn.cancelled() => {
-                tracing::info!(%live_lesson, "web terminal ended: its token's key was withdrawn");
+                tracing::info!(%live_lesson, "web terminal ended: its token's key was revoked");
                 close = Some(CloseFrame {
                     code: CloseCode::Policy,
                     reason: WITHDRAWN.into(),

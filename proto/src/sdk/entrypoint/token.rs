@@ -184,8 +184,9 @@ type KeyRef = (String, [u8; 32]);
 /// process's life) and, per scheduler instance id, the set that instance's latest handshake
 /// offered (replaced wholesale by its next handshake). Replicas of one scheduler share an
 /// instance id and one configured key set, so their latest handshake is their set; independent
-/// schedulers sharing the agent each keep theirs. A key no set holds any more is withdrawn:
-/// its tokens are refused from then on and what it admitted is told to end
+/// schedulers sharing the agent each keep theirs. A key no set holds any more is retired: its
+/// tokens are refused from then on, but what it admitted goes on. A key a scheduler's handshake
+/// revokes is refused whatever set holds it, and what it admitted is told to end
 /// ([`Admitted::withdrawn`]). Shared: handshakes change it while the listener verifies.
 #[derive(Debug, Default)]
 pub struct Keys {
@@ -198,13 +199,24 @@ struct KeySets {
     configured: HashMap<String, [u8; 32]>,
     /// Each scheduler instance's latest offer, by instance id, then `kid`.
     offered: HashMap<String, HashMap<String, [u8; 32]>>,
-    /// One token per trusted key, cancelled when the key leaves every set.
+    /// The key ids each scheduler instance's latest handshake revoked.
+    revoked: HashMap<String, HashSet<String>>,
+    /// One token per key that admitted or admits (trusted or retired), cancelled when the key
+    /// is revoked.
     withdrawn: HashMap<KeyRef, CancellationToken>,
 }
 
 impl KeySets {
-    /// Every public key of `kid`, in any set (normally one).
+    /// Whether some scheduler instance revoked `kid`.
+    fn is_revoked(&self, kid: &str) -> bool {
+        self.revoked.values().any(|ids| ids.contains(kid))
+    }
+
+    /// Every public key of `kid`, in any set (normally one); none once it is revoked.
     fn candidates(&self, kid: &str) -> Vec<[u8; 32]> {
+        if self.is_revoked(kid) {
+            return Vec::new();
+        }
         let mut found: Vec<[u8; 32]> = self.configured.get(kid).copied().into_iter().collect();
         for set in self.offered.values() {
             if let Some(public) = set.get(kid)
@@ -216,8 +228,10 @@ impl KeySets {
         found
     }
 
-    /// Brings `withdrawn` in line with the sets: new keys get a token, keys no set holds any
-    /// more have theirs cancelled. Returns the ids of the withdrawn keys.
+    /// Brings `withdrawn` in line with the sets: new keys get a token; revoked keys have
+    /// theirs cancelled (and are forgotten); keys no set holds any more (retired) keep theirs,
+    /// so what they admitted goes on until a revocation. Returns the ids of the revoked keys
+    /// whose tokens were cancelled now.
     fn settle(&mut self) -> Vec<String> {
         let mut trusted: HashSet<KeyRef> = self
             .configured
@@ -227,9 +241,11 @@ impl KeySets {
         for set in self.offered.values() {
             trusted.extend(set.iter().map(|(kid, public)| (kid.clone(), *public)));
         }
+        let revoked: HashSet<String> = self.revoked.values().flatten().cloned().collect();
+        trusted.retain(|(kid, _)| !revoked.contains(kid));
         let mut gone = Vec::new();
         self.withdrawn.retain(|key, token| {
-            let kept = trusted.contains(key);
+            let kept = !revoked.contains(&key.0);
             if !kept {
                 token.cancel();
                 gone.push(key.0.clone());
@@ -249,8 +265,9 @@ impl KeySets {
 pub struct Admitted {
     /// The token's claims.
     pub claims: Claims,
-    /// Cancelled when the key that verified the token leaves the key set: connections it
-    /// admitted (terminals, proxied WebSockets) end then.
+    /// Cancelled when the key that verified the token is revoked: connections it admitted
+    /// (terminals, proxied WebSockets) end then. A key that merely leaves the key set
+    /// (retired) cancels nothing.
     pub withdrawn: CancellationToken,
 }
 
@@ -287,10 +304,23 @@ impl Keys {
         self.insert_bytes(key_id, &der[12..])
     }
 
-    /// A handshake from scheduler instance `instance` offered `keys` (`kid`, 32 raw bytes):
-    /// they replace that instance's previous offer. Keys no set holds any more are withdrawn.
-    /// A key that is not 32 bytes is left out (and logged).
+    /// [`Keys::offer_revoking`] revoking nothing.
     pub fn offer<'a>(&self, instance: &str, keys: impl IntoIterator<Item = (&'a str, &'a [u8])>) {
+        self.offer_revoking(instance, keys, []);
+    }
+
+    /// A handshake from scheduler instance `instance` offered `keys` (`kid`, 32 raw bytes) and
+    /// revoked the key ids `revoked`: they replace that instance's previous offer and
+    /// revocations. Keys no set holds any more are retired (refused; what they admitted goes
+    /// on); revoked keys are refused and what they admitted ends. A key that is not 32 bytes is
+    /// left out (and logged).
+    pub fn offer_revoking<'a>(
+        &self,
+        instance: &str,
+        keys: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+        revoked: impl IntoIterator<Item = &'a str>,
+    ) {
+        let revoked: HashSet<String> = revoked.into_iter().map(str::to_owned).collect();
         let mut offer = HashMap::new();
         for (kid, public) in keys {
             match raw_key(public) {
@@ -315,16 +345,25 @@ impl Keys {
         } else {
             sets.offered.insert(instance.to_owned(), offer);
         }
+        if revoked.is_empty() {
+            sets.revoked.remove(instance);
+        } else {
+            sets.revoked.insert(instance.to_owned(), revoked);
+        }
         let withdrawn = sets.settle();
         drop(sets);
         if before.as_ref() != Some(&ids) || !withdrawn.is_empty() {
-            tracing::info!(scheduler_instance = %instance, offered = ?ids, ?withdrawn, "entrypoint keys from the scheduler's handshake");
+            tracing::info!(scheduler_instance = %instance, offered = ?ids, revoked = ?withdrawn, "entrypoint keys from the scheduler's handshake");
         }
     }
 
-    /// How many keys it holds.
+    /// How many keys it trusts.
     pub fn len(&self) -> usize {
-        self.sets().withdrawn.len()
+        let sets = self.sets();
+        let mut trusted: HashSet<&String> = sets.configured.keys().collect();
+        trusted.extend(sets.offered.values().flat_map(|set| set.keys()));
+        trusted.retain(|kid| !sets.is_revoked(kid));
+        trusted.len()
     }
 
     /// Whether it holds none (then nothing is admitted).
@@ -461,7 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn handshakes_replace_their_instances_keys_and_withdraw_the_rest() {
+    fn handshakes_replace_their_instances_keys_retire_the_rest_and_revoke_what_they_name() {
         let (k1, k2, k3) = (
             Signer::generate("k1"),
             Signer::generate("k2"),
@@ -472,41 +511,59 @@ mod tests {
         let configured = Signer::generate("op");
         keys.insert("op", configured.public_key());
         let (p1, p2, p3) = (k1.public_key(), k2.public_key(), k3.public_key());
-        keys.offer("a", [("k1", &p1[..])]);
+        keys.offer_revoking("a", [("k1", &p1[..])], []);
         let admitted = keys.admit(&token(&k1)).unwrap();
         // Rotation: adding k2 keeps k1 and what it admitted.
-        keys.offer("a", [("k1", &p1[..]), ("k2", &p2[..])]);
+        keys.offer_revoking("a", [("k1", &p1[..]), ("k2", &p2[..])], []);
         assert!(!admitted.withdrawn.is_cancelled());
         assert!(keys.verify(&token(&k1)).is_ok());
         let by_k2 = keys.admit(&token(&k2)).unwrap();
         // Another scheduler instance's offer leaves instance a's keys alone.
-        keys.offer("b", [("k3", &p3[..]), ("bad", &[1u8, 2][..])]);
+        keys.offer_revoking("b", [("k3", &p3[..]), ("bad", &[1u8, 2][..])], []);
         assert!(keys.verify(&token(&k1)).is_ok() && keys.verify(&token(&k3)).is_ok());
         assert_eq!(keys.len(), 4);
-        // k1 removed from instance a's set: refused from now on, what it admitted is told.
-        keys.offer("a", [("k2", &p2[..])]);
-        assert!(admitted.withdrawn.is_cancelled());
+        // k1 removed from instance a's set (retired): refused from now on, but what it
+        // admitted goes on.
+        keys.offer_revoking("a", [("k2", &p2[..])], []);
+        assert!(!admitted.withdrawn.is_cancelled());
         assert_eq!(
             keys.verify(&token(&k1)),
             Err(TokenError::UnknownKey("k1".into()))
         );
         assert!(!by_k2.withdrawn.is_cancelled());
         assert!(keys.verify(&token(&k2)).is_ok());
-        // A kid offered again with other bytes is another key: the old one is withdrawn.
+        assert_eq!(keys.len(), 3);
+        // k1 revoked: what it admitted is told to end; k2's goes on.
+        keys.offer_revoking("a", [("k2", &p2[..])], ["k1"]);
+        assert!(admitted.withdrawn.is_cancelled());
+        assert!(!by_k2.withdrawn.is_cancelled());
+        // A revoked key is refused even while a set still holds it (here instance b's).
+        keys.offer_revoking("b", [("k3", &p3[..]), ("k1", &p1[..])], []);
+        assert_eq!(
+            keys.verify(&token(&k1)),
+            Err(TokenError::UnknownKey("k1".into()))
+        );
+        // Revoking a key that admitted nothing and is held nowhere is harmless.
+        keys.offer_revoking("a", [("k2", &p2[..])], ["k1", "never-seen"]);
+        assert!(keys.verify(&token(&k2)).is_ok());
+        // A kid offered again with other bytes is another key: the old one is retired.
         let impostor = Signer::generate("k2");
         let pi = impostor.public_key();
-        keys.offer("a", [("k2", &pi[..])]);
-        assert!(by_k2.withdrawn.is_cancelled());
+        keys.offer_revoking("a", [("k2", &pi[..])], ["k1"]);
+        assert!(!by_k2.withdrawn.is_cancelled());
         assert!(matches!(
             keys.verify(&token(&k2)),
             Err(TokenError::Invalid(_))
         ));
         // An empty offer empties the instance's set; the operator's keys stay.
-        keys.offer("a", []);
-        keys.offer("b", []);
+        keys.offer_revoking("a", [], []);
+        keys.offer_revoking("b", [], []);
         assert!(keys.verify(&token(&impostor)).is_err());
         assert!(keys.verify(&token(&configured)).is_ok());
         assert_eq!(keys.len(), 1);
+        // Revoking the retired k2 ends what it admitted.
+        keys.offer_revoking("a", [], ["k2"]);
+        assert!(by_k2.withdrawn.is_cancelled());
     }
 
     #[test]

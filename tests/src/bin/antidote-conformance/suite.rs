@@ -177,6 +177,7 @@ impl Suite {
             .to_vec(),
             // The suite signs no entrypoint tokens.
             entrypoint_keys: Vec::new(),
+            revoked_entrypoint_keys: Vec::new(),
         }
     }
 
