@@ -1105,6 +1105,13 @@ mod tests {
         }
         let err = load_toml("[telemetry]\notlp_endpoint = \"127.0.0.1:4317\"\n").unwrap_err();
         assert!(err.to_string().contains("telemetry.otlp_endpoint"), "{err}");
+        // A revoked key must leave the key set (else it would still sign and be offered).
+        let err = load_toml(
+            "[entrypoint]\nkeys = [{ id = \"k1\", file = \"k1.pem\" }]\nrevoked = [\"k1\"]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("entrypoint.revoked"), "{err}");
+        assert!(err.to_string().contains("`k1`"), "{err}");
     }
 
     #[test]
