@@ -11,7 +11,8 @@
 //!   one keep-alive client pool) and straight to the published port (the same client);
 //!   throughput and latency percentiles.
 //!
-//! It prints each round and the totals with their ratios (goal: ≤ 1.2× and p99 added < 5 ms).
+//! It prints each round, the totals with their ratios (goal: ≤ 1.2× and p99 added < 5 ms), and
+//! the median and spread of the rounds' p50 ratios (the machine may be shared: rounds vary).
 //! Needs DOCKER_HOST (tests/docker/dockerd.sh start) and `antidote/sshd`
 //! (tests/docker/configurator.sh sshd). Build with `cargo build --release --workspace --bins`.
 
@@ -20,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use antidote_proto::api::v1 as api;
 use antidote_tests::{Process, Scheduler, presentation, workspace_bin};
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -104,14 +106,29 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("the lesson never got READY\n{}", agent.log_text()))?;
     let cli = presentation(&lesson, "box", "cli");
     let web = presentation(&lesson, "box", "web");
-    let ssh_addr: SocketAddr = cli
+    // Learners get entrypoint URLs only; the backend addresses are the operator's (admin) view.
+    let admin = c
+        .admin
+        .clone()
+        .get_live_lesson(api::AdminGetLiveLessonRequest {
+            id: lesson.id.clone(),
+        })
+        .await?
+        .into_inner()
+        .live_lesson
+        .context("the admin answer holds the live lesson")?;
+    let (cli_backend, web_backend) = (
+        presentation(&admin, "box", "cli"),
+        presentation(&admin, "box", "web"),
+    );
+    let ssh_addr: SocketAddr = cli_backend
         .address
         .parse()
-        .with_context(|| format!("the ssh presentation's address {:?}", cli.address))?;
-    let web_addr: SocketAddr = web
+        .with_context(|| format!("the ssh presentation's address {:?}", cli_backend.address))?;
+    let web_addr: SocketAddr = web_backend
         .address
         .parse()
-        .with_context(|| format!("the http presentation's address {:?}", web.address))?;
+        .with_context(|| format!("the http presentation's address {:?}", web_backend.address))?;
     let (entry_page, token) = web
         .entrypoint_url
         .split_once("?antidote_token=")
@@ -236,17 +253,42 @@ fn print_round(
     );
 }
 
-/// Every round's samples together.
+/// Every round's samples together, and each round's p50 ratios.
 #[derive(Default)]
 struct Totals {
     d_keys: Vec<Duration>,
     e_keys: Vec<Duration>,
     d_http: HttpRun,
     e_http: HttpRun,
+    /// Per round: the terminal's and HTTP's p50 ratio (entrypoint / direct).
+    ratios: Vec<(f64, f64)>,
+}
+
+/// The p50 of unsorted samples, in ms.
+fn p50(samples: &[Duration]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    quantile(&sorted, 0.5)
+}
+
+/// Min, median and max of `values`.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    };
+    (values[0], median, values[n - 1])
 }
 
 impl Totals {
     fn add(&mut self, d_keys: Vec<Duration>, e_keys: Vec<Duration>, d: HttpRun, e: HttpRun) {
+        self.ratios.push((
+            p50(&e_keys) / p50(&d_keys),
+            p50(&e.latencies) / p50(&d.latencies),
+        ));
         self.d_keys.extend(d_keys);
         self.e_keys.extend(e_keys);
         self.d_http.latencies.extend(d.latencies);
@@ -262,6 +304,12 @@ impl Totals {
             &self.e_keys,
             &self.d_http,
             &self.e_http,
+        );
+        let (t_min, t_med, t_max) = spread(self.ratios.iter().map(|r| r.0).collect());
+        let (h_min, h_med, h_max) = spread(self.ratios.iter().map(|r| r.1).collect());
+        println!(
+            "per-round p50 ratios (median, min–max): terminal {t_med:.2} ({t_min:.2}–{t_max:.2}), \
+             HTTP {h_med:.2} ({h_min:.2}–{h_max:.2})"
         );
     }
 }

@@ -28,6 +28,7 @@ pub mod frames;
 pub mod proxy;
 pub mod terminal;
 pub mod token;
+mod verified;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -305,6 +306,10 @@ pub struct Entrypoint {
     clients: Arc<Clients>,
     /// Activity not handed over yet.
     activity: Arc<Activity>,
+    /// Tokens verified lately.
+    verified: verified::Verified,
+    /// Pooled connections to HTTP presentations.
+    backends: proxy::Backends,
     settings: Settings,
 }
 
@@ -316,6 +321,8 @@ impl Entrypoint {
             keys,
             clients: Arc::default(),
             activity: Arc::default(),
+            verified: verified::Verified::default(),
+            backends: proxy::Backends::default(),
             settings,
         })
     }
@@ -560,7 +567,7 @@ async fn handle(
         Found::Held(token) => (token, false),
         Found::None => return reply(StatusCode::UNAUTHORIZED, "a token is required"),
     };
-    let (claims, withdrawn) = match entry.keys.admit(&token) {
+    let (claims, withdrawn) = match entry.verified.admit(&entry.keys, &token) {
         Ok(admitted) => (admitted.claims, admitted.withdrawn),
         Err(err) => {
             tracing::debug!(peer = %peer, error = %err, "entrypoint refused a token");
@@ -600,6 +607,7 @@ async fn handle(
     let mut response = match target.kind {
         Kind::Http => {
             proxy::forward(
+                &entry.backends,
                 request,
                 target.addr,
                 &route,

@@ -1,24 +1,55 @@
-//! HTTP presentations through the entrypoint: one HTTP/1.1 connection to the backend per
-//! request (presentations are lesson servers on the same network; no pool to go stale), the
-//! path below the prefix forwarded, WebSocket (any) upgrades spliced, and the answer's
-//! `Location` and `Set-Cookie` kept within the prefix.
+//! HTTP presentations through the entrypoint: HTTP/1.1 to the backend over keep-alive
+//! connections pooled per backend address ([`Backends`]: a few idle ones per address, closed
+//! after [`IDLE`] unused, so a gone lesson's connections do not linger), the path below the
+//! prefix forwarded, WebSocket (any) upgrades spliced, and the answer's `Location` and
+//! `Set-Cookie` kept within the prefix.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::frames::Frames;
 use super::{Activity, Body, COOKIE, Permit, Route, TOKEN_PARAM, reply};
+
+/// How long an idle backend connection stays in the pool.
+pub const IDLE: Duration = Duration::from_secs(15);
+/// Idle connections kept per backend address.
+const MAX_IDLE: usize = 32;
+/// How long connecting to a backend may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keep-alive HTTP/1.1 connections to presentations, pooled per backend address (a request
+/// takes an idle one or opens one; a server that closes after each answer gets a new one each
+/// time).
+pub(super) struct Backends {
+    client: Client<HttpConnector, Incoming>,
+}
+
+impl Default for Backends {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(IDLE)
+            .pool_max_idle_per_host(MAX_IDLE)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Backends { client }
+    }
+}
 
 /// Headers that belong to one hop (RFC 9110 7.6.1), never forwarded as such.
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -143,7 +174,9 @@ pub fn rewrite_set_cookie(value: &str, prefix: &str) -> String {
 }
 
 /// Forwards one request to the presentation at `backend`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn forward(
+    backends: &Backends,
     mut request: Request<Incoming>,
     backend: SocketAddr,
     route: &Route,
@@ -190,7 +223,10 @@ pub(super) async fn forward(
     if let Ok(value) = HeaderValue::from_str(&peer.ip().to_string()) {
         headers.insert("x-forwarded-for", value);
     }
-    let target = backend_target(route, parts.uri.query());
+    let target = format!(
+        "http://{backend}{}",
+        backend_target(route, parts.uri.query())
+    );
     let mut outgoing = Request::builder()
         .method(parts.method.clone())
         .uri(&target)
@@ -199,32 +235,15 @@ pub(super) async fn forward(
         .expect("a path from a parsed URI and a method from a parsed request build a request");
     *outgoing.headers_mut() = headers;
 
-    let stream = match TcpStream::connect(backend).await {
-        Ok(stream) => stream,
-        Err(err) => {
+    let mut response = match backends.client.request(outgoing).await {
+        Ok(response) => response,
+        Err(err) if err.is_connect() => {
             tracing::debug!(%backend, error = %err, "presentation unreachable");
             return reply(
                 StatusCode::BAD_GATEWAY,
                 "the presentation does not answer (yet)",
             );
         }
-    };
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(pair) => pair,
-        Err(err) => {
-            tracing::debug!(%backend, error = %err, "presentation handshake failed");
-            return reply(StatusCode::BAD_GATEWAY, "the presentation does not answer");
-        }
-    };
-    tokio::spawn(async move {
-        if let Err(err) = conn.with_upgrades().await {
-            tracing::debug!(error = %err, "presentation connection ended");
-        }
-    });
-    let mut response = match sender.send_request(outgoing).await {
-        Ok(response) => response,
         Err(err) => {
             tracing::debug!(%backend, error = %err, "presentation request failed");
             return reply(StatusCode::BAD_GATEWAY, "the presentation failed to answer");

@@ -101,6 +101,8 @@ async fn login(
 ) -> Result<(client::Handle<Trusting>, russh::Channel<client::Msg>), String> {
     let config = Arc::new(client::Config {
         keepalive_interval: Some(Duration::from_secs(30)),
+        // Keystrokes are single bytes: each goes out at once, never held for Nagle.
+        nodelay: true,
         ..Default::default()
     });
     let mut session = client::connect(config, addr, Trusting)

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -191,6 +192,8 @@ type KeyRef = (String, [u8; 32]);
 #[derive(Debug, Default)]
 pub struct Keys {
     inner: RwLock<KeySets>,
+    /// Bumped by every change of the sets ([`Keys::generation`]).
+    generation: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -276,8 +279,19 @@ impl Keys {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The sets, to change them: every change goes through here and bumps the generation
+    /// (while the write lock is held, so a reader that sees the new generation verifies
+    /// against the changed sets).
     fn sets_mut(&self) -> std::sync::RwLockWriteGuard<'_, KeySets> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
+        let sets = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        sets
+    }
+
+    /// A number that changes whenever the key set may have changed (keys added, replaced,
+    /// retired, revoked): what the entrypoint's cache of verified tokens is valid for.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Adds (or replaces) a key the operator configured.
