@@ -1264,6 +1264,39 @@ async fn a_claim_honours_the_request_s_placement_labels() {
         assert_eq!(c.agent_of(&claimed.id).await.unwrap(), region);
     }
 
+    // Preferred labels: once both agents hold a READY member, a request preferring the region
+    // of the newest one gets a member there, not the oldest member (on the other agent).
+    let start = tokio::time::Instant::now();
+    let newest = loop {
+        let mut ready: Vec<api::LiveLesson> = members(c, "routing-basics", &HashSet::new())
+            .await
+            .into_iter()
+            .filter(|l| l.status() == S::Ready && c.tokens.of_lesson(&l.id).is_none())
+            .collect();
+        ready.sort_by_key(|l| {
+            let at = l.created_at.clone().unwrap_or_default();
+            (at.seconds, at.nanos)
+        });
+        if let (Some(oldest), Some(newest)) = (ready.first(), ready.last())
+            && oldest.agent != newest.agent
+        {
+            break newest.agent.clone();
+        }
+        assert!(start.elapsed() < PATIENCE, "{ready:?}");
+        tokio::time::sleep(POLL).await;
+    };
+    let session = c.session().await.unwrap();
+    let placement = api::PlacementPreference {
+        prefers: HashMap::from([("region".to_owned(), newest.clone())]),
+        ..Default::default()
+    };
+    let claimed = c
+        .request_placed(&session, "routing-basics", 0, Some(placement))
+        .await
+        .unwrap();
+    assert_eq!(claimed.status(), S::Ready, "{claimed:?}");
+    assert_eq!(c.agent_of(&claimed.id).await.unwrap(), newest);
+
     // Draining an agent moves its unclaimed members to the others; claimed lessons stay.
     c.admin
         .clone()
