@@ -466,3 +466,94 @@ fn deploy_k8s_scrapes_metrics_on_the_admin_listener() {
         });
     assert!(declared, "the container does not declare port {port}");
 }
+
+/// The quickstart's admin path: the scheduler with deploy/local/antidote.toml plus the token
+/// block deploy/local/run appends (its own printf line, run here), and `antidotectl admin`
+/// without `--token` finds the token file from a directory below the checkout's root; from a
+/// directory outside it, the call is UNAUTHENTICATED.
+#[tokio::test]
+async fn the_quickstart_admin_token_is_found_from_any_directory_of_the_checkout() {
+    use sha2::Digest as _;
+    let repo = crate::deploy::repo();
+    let checkout = tempfile::tempdir().unwrap();
+    let quickstart = checkout.path().join("target/quickstart");
+    std::fs::create_dir_all(&quickstart).unwrap();
+    let token = hex::encode(sha2::Sha256::digest(
+        format!("{:?}{:?}", std::time::SystemTime::now(), checkout.path()).as_bytes(),
+    ));
+    std::fs::write(quickstart.join("admin-token"), &token).unwrap();
+    let hash = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    let run = std::fs::read_to_string(repo.join("deploy/local/run")).unwrap();
+    let append = run
+        .lines()
+        .find(|l| l.contains("[[admin.tokens]]"))
+        .expect("deploy/local/run appends an [[admin.tokens]] block");
+    let block = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("token_hash={hash}\n{append}"))
+        .output()
+        .unwrap();
+    assert!(block.status.success(), "{block:?}");
+    let config = std::fs::read_to_string(repo.join("deploy/local/antidote.toml")).unwrap()
+        + &String::from_utf8(block.stdout).unwrap();
+    let path = checkout.path().join("antidote.toml");
+    std::fs::write(&path, config).unwrap();
+    // Its addresses, database and curriculum moved here (the real quickstart may be running).
+    let any = || "127.0.0.1:0".to_owned();
+    let env = [
+        ("ANTIDOTE_LISTEN", any()),
+        ("ANTIDOTE_HTTP__LISTEN", any()),
+        ("ANTIDOTE_ADMIN__LISTEN", any()),
+        ("ANTIDOTE_ADMIN__HTTP_LISTEN", any()),
+        (
+            "ANTIDOTE_DATABASE",
+            checkout.path().join("antidote.db").display().to_string(),
+        ),
+        (
+            "ANTIDOTE_CURRICULUM",
+            repo.join("deploy/curriculum").display().to_string(),
+        ),
+    ];
+    let scheduler = antidote_tests::Process::spawn_with_env(
+        &antidote_tests::workspace_bin("scheduler-svc"),
+        &[
+            "serve".into(),
+            "--config".into(),
+            path.display().to_string(),
+        ],
+        &env,
+        checkout.path().join("scheduler.log"),
+    )
+    .await
+    .expect("the scheduler starts with the quickstart's configuration");
+    let ctl = |cwd: &std::path::Path| {
+        std::process::Command::new(antidote_tests::workspace_bin("antidotectl"))
+            .current_dir(cwd)
+            .arg("--server")
+            .arg(scheduler.url())
+            .arg("--admin-server")
+            .arg(scheduler.extra_url("admin").unwrap())
+            .env("ANTIDOTE_STATE_DIR", checkout.path().join("state"))
+            .env_remove("ANTIDOTE_TOKEN")
+            .args(["admin", "list"])
+            .output()
+            .expect("antidotectl runs")
+    };
+    let below = checkout.path().join("some/where/deep");
+    std::fs::create_dir_all(&below).unwrap();
+    let found = ctl(&below);
+    assert!(
+        found.status.success(),
+        "antidotectl admin from {} did not find the token: {}",
+        below.display(),
+        String::from_utf8_lossy(&found.stderr)
+    );
+    let outside = tempfile::tempdir().unwrap();
+    let refused = ctl(outside.path());
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("UNAUTHENTICATED"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

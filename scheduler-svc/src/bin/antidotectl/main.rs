@@ -50,8 +50,8 @@ struct Cli {
         default_value = "http://127.0.0.1:7072"
     )]
     admin_server: String,
-    /// The admin bearer token; default: the quickstart's (`target/quickstart/admin-token`)
-    /// when that file exists here.
+    /// The admin bearer token; default: the quickstart's (`target/quickstart/admin-token` in
+    /// this directory or a parent, else beside this binary's `target/`).
     #[arg(long, global = true, env = "ANTIDOTE_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// A learner's session token, overriding the ones `session create` kept.
@@ -306,13 +306,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// The quickstart's admin token ([`QUICKSTART_TOKEN`]): in the working directory or the nearest
+/// of its parents that has one (so any directory of the checkout works), else beside this
+/// binary's build (`target/release/antidotectl` → `target/quickstart/admin-token`).
+fn quickstart_token() -> Option<String> {
+    let cwd = std::env::current_dir().ok();
+    let built = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("quickstart/admin-token")));
+    cwd.iter()
+        .flat_map(|dir| dir.ancestors())
+        .map(|dir| dir.join(QUICKSTART_TOKEN))
+        .chain(built)
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .map(|token| token.trim().to_owned())
+        .filter(|token| !token.is_empty())
+}
+
 /// Connects, then runs the subcommand.
 async fn run(cli: Cli) -> Result<()> {
-    let token = cli.token.or_else(|| {
-        std::fs::read_to_string(QUICKSTART_TOKEN)
-            .ok()
-            .map(|t| t.trim().to_owned())
-    });
+    let token = cli.token.or_else(quickstart_token);
     let c = Clients::connect(
         &cli.server,
         &cli.admin_server,
