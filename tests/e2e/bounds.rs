@@ -225,3 +225,91 @@ async fn silent_connections_are_closed_on_every_listener() {
     // And the learner's own connection still serves.
     c.delete(&live.id, PATIENCE).await.unwrap();
 }
+
+/// Addresses added to the loopback interface for one test, removed when dropped.
+struct LoopbackAddresses(Vec<&'static str>);
+
+impl LoopbackAddresses {
+    fn add(addresses: &[&'static str]) -> LoopbackAddresses {
+        let mut added = LoopbackAddresses(Vec::new());
+        for address in addresses {
+            let status = std::process::Command::new("ip")
+                .args([
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{address}/64"),
+                    "dev",
+                    "lo",
+                    "nodad",
+                ])
+                .status()
+                .expect("ip runs");
+            assert!(
+                status.success(),
+                "ip -6 addr add {address}/64 dev lo: {status}"
+            );
+            added.0.push(address);
+        }
+        added
+    }
+}
+
+impl Drop for LoopbackAddresses {
+    fn drop(&mut self) {
+        for address in &self.0 {
+            let _ = std::process::Command::new("ip")
+                .args(["-6", "addr", "del", &format!("{address}/64"), "dev", "lo"])
+                .status();
+        }
+    }
+}
+
+/// The per-address session limit counts an IPv6 client by its /64: with a limit of 1, a second
+/// address of the same /64 is refused a session (429, TOO_MANY_SESSIONS), an address of
+/// another /64 is not. Real sockets bound to real addresses on the loopback interface.
+#[tokio::test]
+async fn a_second_session_from_the_same_ipv6_64_is_refused() {
+    let addresses = ["fd00:15:64:1::a", "fd00:15:64:1::b", "fd00:15:64:2::a"];
+    let _added = LoopbackAddresses::add(&addresses);
+    let env = Env::start(
+        &[],
+        Knobs {
+            sessions_per_ip: 1,
+            extra_config: "[http]\nlisten = \"[::]:0\"\n".into(),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let port = env.scheduler.process.extra["http"].port();
+    let create = |from: &'static str| async move {
+        let socket = TcpSocket::new_v6().unwrap();
+        socket
+            .bind(SocketAddr::new(from.parse().unwrap(), 0))
+            .unwrap();
+        let to = SocketAddr::new(addresses[0].parse().unwrap(), port);
+        let mut stream = socket.connect(to).await.unwrap();
+        stream
+            .write_all(
+                b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                  Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+            )
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(PATIENCE, stream.read_to_string(&mut answer))
+            .await
+            .expect("an answer")
+            .unwrap();
+        answer
+    };
+    let first = create(addresses[0]).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let same_64 = create(addresses[1]).await;
+    assert!(
+        same_64.starts_with("HTTP/1.1 429") && same_64.contains("TOO_MANY_SESSIONS"),
+        "a second address of the /64 got: {same_64}"
+    );
+    let other_64 = create(addresses[2]).await;
+    assert!(other_64.starts_with("HTTP/1.1 200"), "{other_64}");
+}
