@@ -1274,7 +1274,7 @@ async fn a_claim_honours_the_request_s_placement_labels() {
             .filter(|l| l.status() == S::Ready && c.tokens.of_lesson(&l.id).is_none())
             .collect();
         ready.sort_by_key(|l| {
-            let at = l.created_at.clone().unwrap_or_default();
+            let at = l.created_at.unwrap_or_default();
             (at.seconds, at.nanos)
         });
         if let (Some(oldest), Some(newest)) = (ready.first(), ready.last())
