@@ -634,6 +634,29 @@ mod tests {
         assert_eq!(context["seccompProfile"]["type"], "RuntimeDefault");
     }
 
+    /// The admission policy in deploy/k8s refuses any added capability it does not list, so
+    /// a capability added here but not there would fail every lesson in production.
+    #[test]
+    fn the_admission_policy_allows_exactly_the_capabilities_lessons_get() {
+        let rbac = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/k8s/agent-k8s-rbac.yaml"),
+        )
+        .unwrap();
+        let (_, rule) = rbac
+            .split_once("x.capabilities.add.all(a, a in [")
+            .expect("the pods policy lists the capabilities it allows");
+        let (list, _) = rule.split_once(']').unwrap();
+        let mut allowed: Vec<&str> = list
+            .split(',')
+            .map(|c| c.trim().trim_matches('\''))
+            .collect();
+        let mut ours = CAPABILITIES.to_vec();
+        allowed.sort_unstable();
+        ours.sort_unstable();
+        assert_eq!(allowed, ours);
+    }
+
     #[test]
     fn pods_follow_the_first_one_and_get_no_privilege_by_default() {
         let settings = settings(&["--untrusted-runtime-class", "gvisor"]);

@@ -731,7 +731,11 @@ fn deploy_runs_no_lesson_privileged_unless_the_operator_opts_in() {
             .contains("securityContext.privileged"),
         "{pods_policy}"
     );
-    for name in ["antidote-agent-k8s-namespaces", "antidote-agent-k8s-pods"] {
+    for name in [
+        "antidote-agent-k8s-namespaces",
+        "antidote-agent-k8s-pods",
+        "antidote-agent-k8s-services",
+    ] {
         assert!(
             rbac.iter()
                 .any(|d| d["kind"] == "ValidatingAdmissionPolicyBinding"

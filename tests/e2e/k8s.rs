@@ -849,6 +849,7 @@ async fn k8s_agent_token_writes_only_in_the_namespaces_it_labels() {
     };
     const CONFINED: &str = "antidote-agent-k8s-namespaces";
     const HOST: &str = "antidote-agent-k8s-pods";
+    const SERVICES: &str = "antidote-agent-k8s-services";
     let namespaces: Api<Namespace> = Api::all(agent.clone());
 
     // Outside its namespaces: refused, by the policy.
@@ -864,13 +865,21 @@ async fn k8s_agent_token_writes_only_in_the_namespaces_it_labels() {
         dry_run: true,
         ..Default::default()
     };
-    let deleted = namespaces.delete("kube-system", &delete_dry).await;
-    assert!(
-        matches!(&deleted, Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422),
-        "deleting kube-system: {deleted:?}"
-    );
-    // kube-system is protected anyway (NamespaceLifecycle); a namespace that is not is
-    // protected by the policy.
+    // Deleting kube-system (or default, kube-public) is refused by NamespaceLifecycle before
+    // any policy runs, so asserting it would prove nothing about ours. The agent's own home,
+    // antidote-system, is protected by nothing else: its name starts with antidote- but it
+    // does not carry the agent's label, so only the policy refuses its deletion.
+    refused(
+        "deleting antidote-system, its own home",
+        CONFINED,
+        || async {
+            namespaces
+                .delete("antidote-system", &delete_dry)
+                .await
+                .map(drop)
+        },
+    )
+    .await;
     let foreign = format!("foreign-{}", &uuid::Uuid::new_v4().to_string()[..8]);
     Api::<Namespace>::all(admin.clone())
         .create(
@@ -956,6 +965,164 @@ async fn k8s_agent_token_writes_only_in_the_namespaces_it_labels() {
         pods.create(&dry, &pod(volumes)).await.map(drop)
     })
     .await;
+    // Nothing near-privileged either. Each case is one field away from a pod the agent makes.
+    let container = |context: serde_json::Value| {
+        serde_json::json!({ "containers": [{
+            "name": "c", "image": "antidote/busybox:latest", "securityContext": context,
+        }] })
+    };
+    // What agent-k8s gives a lesson container (cluster::security_context) is allowed.
+    let lesson_context = serde_json::json!({
+        "allowPrivilegeEscalation": false,
+        "capabilities": { "drop": ["ALL"], "add": [
+            "NET_ADMIN", "NET_RAW", "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID",
+            "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID", "SYS_CHROOT",
+        ] },
+        "seccompProfile": { "type": "RuntimeDefault" },
+    });
+    pods.create(&dry, &pod(container(lesson_context)))
+        .await
+        .expect("the agent creates lesson pods with its own security context");
+    let near_privileged = [
+        (
+            "a pod adding SYS_ADMIN",
+            container(serde_json::json!({ "capabilities": { "add": ["NET_ADMIN", "SYS_ADMIN"] } })),
+        ),
+        (
+            "a pod adding ALL capabilities",
+            container(serde_json::json!({ "capabilities": { "add": ["ALL"] } })),
+        ),
+        (
+            "a pod adding CAP_SYS_PTRACE",
+            container(serde_json::json!({ "capabilities": { "add": ["CAP_SYS_PTRACE"] } })),
+        ),
+        (
+            "a pod without seccomp",
+            serde_json::json!({
+                "securityContext": { "seccompProfile": { "type": "Unconfined" } },
+                "containers": [{ "name": "c", "image": "antidote/busybox:latest" }],
+            }),
+        ),
+        (
+            "a container without seccomp",
+            container(serde_json::json!({ "seccompProfile": { "type": "Unconfined" } })),
+        ),
+        (
+            "a container without AppArmor",
+            container(serde_json::json!({ "appArmorProfile": { "type": "Unconfined" } })),
+        ),
+        (
+            "a container allowed to escalate",
+            container(serde_json::json!({ "allowPrivilegeEscalation": true })),
+        ),
+        (
+            "a container with an unmasked /proc",
+            // The API server itself wants hostUsers: false beside an unmasked /proc.
+            serde_json::json!({
+                "hostUsers": false,
+                "containers": [{
+                    "name": "c", "image": "antidote/busybox:latest",
+                    "securityContext": { "procMount": "Unmasked" },
+                }],
+            }),
+        ),
+        (
+            "an init container adding SYS_ADMIN",
+            serde_json::json!({
+                "initContainers": [{
+                    "name": "i", "image": "antidote/busybox:latest",
+                    "securityContext": { "capabilities": { "add": ["SYS_ADMIN"] } },
+                }],
+                "containers": [{ "name": "c", "image": "antidote/busybox:latest" }],
+            }),
+        ),
+        (
+            "a pod in the host's PID namespace",
+            serde_json::json!({ "hostPID": true }),
+        ),
+        (
+            "a pod in the host's IPC namespace",
+            serde_json::json!({ "hostIPC": true }),
+        ),
+    ];
+    for (what, extra) in near_privileged {
+        refused(what, HOST, || async {
+            pods.create(&dry, &pod(extra.clone())).await.map(drop)
+        })
+        .await;
+    }
+    refused("a Job adding SYS_ADMIN", HOST, || async {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": { "name": "intruder" },
+            "spec": { "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "c", "image": "antidote/busybox:latest",
+                    "securityContext": { "capabilities": { "add": ["SYS_ADMIN"] } },
+                }],
+            } } },
+        }))
+        .unwrap();
+        Api::<Job>::namespaced(agent.clone(), &own)
+            .create(&dry, &job)
+            .await
+            .map(drop)
+    })
+    .await;
+
+    // Services stay inside the cluster: ClusterIP, as the agent makes them, and nothing else.
+    let services: Api<Service> = Api::namespaced(agent.clone(), &own);
+    let service = |extra: serde_json::Value| -> Service {
+        let mut service = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": { "name": "intruder" },
+            "spec": {
+                "selector": { "app": "intruder" },
+                "ports": [{ "name": "http", "port": 80, "targetPort": 80, "protocol": "TCP" }],
+            },
+        });
+        if let (Some(spec), Some(extra)) = (service["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        serde_json::from_value(service).unwrap()
+    };
+    services
+        .create(&dry, &service(serde_json::json!({})))
+        .await
+        .expect("the agent creates ClusterIP Services in its own namespace");
+    for (what, extra) in [
+        (
+            "a NodePort Service",
+            serde_json::json!({ "type": "NodePort" }),
+        ),
+        (
+            "a LoadBalancer Service",
+            serde_json::json!({ "type": "LoadBalancer" }),
+        ),
+        (
+            "a Service with externalIPs",
+            serde_json::json!({ "externalIPs": ["203.0.113.7"] }),
+        ),
+        (
+            "an ExternalName Service",
+            serde_json::json!({
+                "type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local",
+                "selector": null,
+            }),
+        ),
+    ] {
+        refused(what, SERVICES, || async {
+            services
+                .create(&dry, &service(extra.clone()))
+                .await
+                .map(drop)
+        })
+        .await;
+    }
+
     refused("a Job with a privileged pod", HOST, || async {
         let job: Job = serde_json::from_value(serde_json::json!({
             "apiVersion": "batch/v1",
