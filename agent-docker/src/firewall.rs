@@ -13,9 +13,12 @@
 //! - `INPUT`: nothing new from the bridge to the host (`-i BR -m conntrack ! --ctstate
 //!   ESTABLISHED,RELATED -j DROP`). Replies still flow: published presentations are served by
 //!   docker-proxy on the host, which opens the connection to the container.
-//! - `DOCKER-USER` (Docker evaluates it first in `FORWARD` and never edits it): nothing leaves
-//!   the bridge (`-i BR ! -o BR -j DROP`), or, with `--allow-egress`, only the link-local range
-//!   of the metadata address is dropped (`-i BR -d 169.254.0.0/16 -j DROP`).
+//! - `DOCKER-USER` (Docker evaluates it first in `FORWARD` and never edits it): nothing new
+//!   leaves the bridge (`-i BR ! -o BR -m conntrack ! --ctstate ESTABLISHED,RELATED -j DROP`).
+//!   Replies still flow: a presentation published on a non-loopback `--publish-host` is
+//!   reached from other hosts through Docker's DNAT, and the container's answer is forwarded
+//!   out of the bridge. With `--allow-egress`, only the link-local range of the metadata
+//!   address is dropped (`-i BR -d 169.254.0.0/16 -j DROP`).
 //!
 //! The iptables variant is the one whose `FORWARD` chain jumps to `DOCKER-USER` (iptables-nft or
 //! iptables-legacy, whichever dockerd uses). When the engine is remote, or its bridges are not in
@@ -285,7 +288,22 @@ fn rules(network: &str, bridge: &str, allow_egress: bool) -> Vec<Vec<String>> {
     let forward = if allow_egress {
         own(&[DOCKER_USER, "-i", bridge, "-d", LINK_LOCAL])
     } else {
-        own(&[DOCKER_USER, "-i", bridge, "!", "-o", bridge])
+        // Replies leave the bridge: a client on another host reaches a presentation published
+        // on a non-loopback --publish-host through Docker's DNAT and FORWARD, and the
+        // container's answer goes out of the bridge. Only what the container starts is new.
+        own(&[
+            DOCKER_USER,
+            "-i",
+            bridge,
+            "!",
+            "-o",
+            bridge,
+            "-m",
+            "conntrack",
+            "!",
+            "--ctstate",
+            "ESTABLISHED,RELATED",
+        ])
     };
     vec![
         own(&[
@@ -389,7 +407,7 @@ mod tests {
         );
         assert_eq!(
             confined[1].join(" "),
-            "DOCKER-USER -i br-feedbeef0001 ! -o br-feedbeef0001 -m comment --comment antidote-0123456789ab-lesson -j DROP"
+            "DOCKER-USER -i br-feedbeef0001 ! -o br-feedbeef0001 -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment antidote-0123456789ab-lesson -j DROP"
         );
         let egress = rules("antidote-0123456789ab-link0", "br-feedbeef0002", true);
         assert_eq!(

@@ -729,6 +729,208 @@ async fn docker_endpoints_get_no_privilege_and_no_route_to_the_host() {
     assert!(left.is_empty(), "rules outlived their networks: {left:#?}");
 }
 
+/// A network namespace the test makes, joined to the host by a veth pair: the host's end has
+/// `10.254.N.1/30` (a non-loopback host address to publish presentations on), the namespace's
+/// `10.254.N.2/30` (a machine "outside", routed through the host). Removed on drop.
+struct OutsideHost {
+    namespace: String,
+    host_end: String,
+    host_address: String,
+    outside_address: String,
+}
+
+impl OutsideHost {
+    fn add(n: u8) -> OutsideHost {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let outside = OutsideHost {
+            namespace: format!("antidote-out-{suffix}"),
+            host_end: format!("vh{suffix}"),
+            host_address: format!("10.254.{n}.1"),
+            outside_address: format!("10.254.{n}.2"),
+        };
+        let ns_end = format!("vo{suffix}");
+        let ip = |args: &[&str]| {
+            let output = std::process::Command::new(system_bin("ip"))
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let (ns, host_end) = (outside.namespace.as_str(), outside.host_end.as_str());
+        ip(&["netns", "add", ns]);
+        ip(&[
+            "link", "add", host_end, "type", "veth", "peer", "name", &ns_end,
+        ]);
+        ip(&["link", "set", &ns_end, "netns", ns]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", outside.host_address),
+            "dev",
+            host_end,
+        ]);
+        ip(&["link", "set", host_end, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", ns, "ip"];
+            all.extend(args);
+            ip(&all);
+        };
+        inside(&[
+            "addr",
+            "add",
+            &format!("{}/30", outside.outside_address),
+            "dev",
+            &ns_end,
+        ]);
+        inside(&["link", "set", &ns_end, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        inside(&["route", "add", "default", "via", &outside.host_address]);
+        outside
+    }
+
+    /// `GET /` from inside the namespace, as a client on another machine would send it.
+    fn fetch(&self, address: &str) -> String {
+        let (host, port) = address.rsplit_once(':').unwrap();
+        let script = format!(
+            "exec 3<>/dev/tcp/{host}/{port} && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && cat <&3"
+        );
+        let output = std::process::Command::new(system_bin("ip"))
+            .args([
+                "netns",
+                "exec",
+                &self.namespace,
+                "timeout",
+                "10",
+                "bash",
+                "-c",
+                &script,
+            ])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    }
+}
+
+impl Drop for OutsideHost {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its veth end, and with it the host's.
+        let _ = std::process::Command::new(system_bin("ip"))
+            .args(["netns", "del", &self.namespace])
+            .output();
+        let _ = std::process::Command::new(system_bin("ip"))
+            .args(["link", "del", &self.host_end])
+            .output();
+    }
+}
+
+// Multi-threaded: the host listener's accept loop must run while the test waits on the docker
+// CLI (a blocking call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_presentations_published_off_loopback_answer_clients_on_other_machines() {
+    // Published on an address of the host that is not loopback, a presentation is reached
+    // through Docker's DNAT and FORWARD, so the container's reply leaves the lesson's bridge:
+    // the firewall must let replies out while still stopping whatever the endpoint starts.
+    let outside = OutsideHost::add(1);
+    let env = DockerEnv::start(
+        "e2e-docker-publish-off-lo",
+        &example_curriculum(),
+        &["--publish-host", &outside.host_address],
+    )
+    .await;
+    let _metadata = LoopbackAddress::add("169.254.169.254/32");
+    let mut listener = HostListener::bind().await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "routing-basics", 0).await.unwrap();
+    let lesson = env.ready(&lesson.id).await;
+    let web = presentation(&lesson, "server", "web");
+    assert!(
+        web.address
+            .starts_with(&format!("{}:", outside.host_address)),
+        "{web:?}"
+    );
+    let page = outside.fetch(&web.address);
+    assert!(
+        page.starts_with("HTTP/1."),
+        "a client outside the host got no page from {}: {page}\n{}",
+        web.address,
+        env.logs()
+    );
+
+    // Still nothing new out of the lesson: not the outside machine, not the host.
+    let client = container(&lesson.id, "client");
+    assert!(
+        !ping(&client, &outside.outside_address),
+        "an endpoint reached the outside machine"
+    );
+    let mut targets = host_addresses();
+    targets.push("169.254.169.254".into());
+    targets.push(outside.host_address.clone());
+    targets.sort();
+    targets.dedup();
+    let reached = reached_from(&client, &targets, listener.port);
+    assert!(
+        reached.is_empty(),
+        "the client reached the host at {reached:?}"
+    );
+    assert!(
+        listener.arrived().is_empty(),
+        "the host listener saw an endpoint"
+    );
+    env.delete_all(&[&lesson.id]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_allow_egress_lets_endpoints_out_but_not_to_the_host_or_metadata() {
+    let outside = OutsideHost::add(2);
+    let env = DockerEnv::start(
+        "e2e-docker-egress",
+        &example_curriculum(),
+        &["--allow-egress"],
+    )
+    .await;
+    let _metadata = LoopbackAddress::add("169.254.169.254/32");
+    let mut listener = HostListener::bind().await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c.request(&session, "routing-basics", 0).await.unwrap();
+    let lesson = env.ready(&lesson.id).await;
+    let client = container(&lesson.id, "client");
+
+    // Out, through the host's routing, to another machine: allowed.
+    assert!(
+        ping(&client, &outside.outside_address),
+        "with --allow-egress an endpoint did not reach {}\n{}",
+        outside.outside_address,
+        env.logs()
+    );
+    // Still not the host (any of its addresses) nor the metadata address.
+    let mut targets = host_addresses();
+    targets.push("169.254.169.254".into());
+    targets.push(primary_address());
+    targets.sort();
+    targets.dedup();
+    for endpoint in ["client", "router"] {
+        let reached = reached_from(&container(&lesson.id, endpoint), &targets, listener.port);
+        assert!(
+            reached.is_empty(),
+            "{endpoint} reached the host at {reached:?}\n{}",
+            env.logs()
+        );
+    }
+    let arrived = listener.arrived();
+    assert!(arrived.is_empty(), "the host listener saw {arrived:?}");
+    env.delete_all(&[&lesson.id]).await;
+}
+
 #[tokio::test]
 async fn docker_trusted_endpoints_are_privileged_only_when_the_agent_is_told_so() {
     let env = DockerEnv::start(
