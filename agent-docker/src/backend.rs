@@ -239,8 +239,8 @@ impl Docker {
 
     /// Runs the stage's configuration of every endpoint, in lesson order: shell scripts by exec
     /// in the endpoint, the other types in `configurator`. Each is tried `--config-tries` times
-    /// ([R3]), each try killed at `--config-timeout`; the error names the file and ends with the
-    /// last try's output.
+    /// ([R3]), each try killed at the lesson's configuration timeout capped by
+    /// `--config-timeout`; the error names the file and ends with the last try's output.
     async fn configure(
         &self,
         spec: &proto::LessonSpec,
@@ -250,6 +250,7 @@ impl Docker {
         let settings = &self.settings;
         let id = &spec.live_lesson_id;
         let tries = settings.config_tries.max(1);
+        let timeout = sdk::spec::configuration_timeout(spec, settings.config_timeout);
         for endpoint in &spec.endpoints {
             let Some(configuration) = &endpoint.configuration else {
                 continue;
@@ -260,20 +261,13 @@ impl Docker {
                 let run = match configurator {
                     Some(configurator) if configurator::runs_here(configuration) => {
                         configurator
-                            .run(
-                                docker,
-                                endpoint,
-                                configuration,
-                                spec.stage,
-                                settings.config_timeout,
-                            )
+                            .run(docker, endpoint, configuration, spec.stage, timeout)
                             .await
                     }
                     _ => {
                         let script = String::from_utf8_lossy(&configuration.contents);
                         let container = engine::container_name(id, &endpoint.name);
-                        engine::exec_shell(docker, &container, &script, settings.config_timeout)
-                            .await
+                        engine::exec_shell(docker, &container, &script, timeout).await
                     }
                 };
                 match run {
@@ -287,7 +281,7 @@ impl Docker {
                     Ok((Run::TimedOut, output)) => {
                         last = format!(
                             "did not finish within {:?} and was killed; output ends: {}",
-                            settings.config_timeout,
+                            timeout,
                             tail(&output.text(), REASON_TAIL)
                         );
                     }

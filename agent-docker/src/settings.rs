@@ -58,7 +58,7 @@ pub struct Settings {
     #[arg(long, env = "ANTIDOTE_DOCKER_CONFIG_TRIES", default_value_t = 3)]
     pub config_tries: u32,
     /// How long one run of a stage's configuration may take; a run still going then is killed
-    /// and counts as a failed try.
+    /// and counts as a failed try. A lesson may ask for less (`configTimeout`), never more.
     #[arg(long, env = "ANTIDOTE_DOCKER_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub config_timeout: Duration,
     /// The image python, ansible and napalm configurations run in, one container per stage run

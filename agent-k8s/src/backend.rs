@@ -326,8 +326,8 @@ impl Kubernetes {
             let pods: Api<Pod> = self.api(spec);
             // The Job controller ends the Job at its deadline; the agent waits a little longer
             // so that the controller's verdict (and its reason) is what the learner sees.
-            let deadline = self.settings.config_job_deadline();
-            let run = Duration::from_secs(self.settings.config_run_seconds());
+            let deadline = self.settings.config_job_deadline(spec);
+            let run = Duration::from_secs(self.settings.config_run_seconds(spec));
             let patience = deadline + JOB_VERDICT_GRACE;
             let tries = self.settings.config_backoff_limit + 1;
             let stage = spec.stage;
@@ -723,8 +723,8 @@ impl Backend for Kubernetes {
                         "stage {} configuration, backoffLimit {}, {}s per try, {}s in all",
                         spec.stage,
                         self.settings.config_backoff_limit,
-                        self.settings.config_run_seconds(),
-                        self.settings.config_job_deadline().as_secs()
+                        self.settings.config_run_seconds(spec),
+                        self.settings.config_job_deadline(spec).as_secs()
                     ),
                 ));
             }

@@ -491,12 +491,12 @@ pub fn job_manifest(
         },
         "spec": {
             "backoffLimit": settings.config_backoff_limit,
-            "activeDeadlineSeconds": settings.config_job_deadline().as_secs(),
+            "activeDeadlineSeconds": settings.config_job_deadline(spec).as_secs(),
             "template": {
                 "metadata": { "labels": job_labels },
                 "spec": {
                     "restartPolicy": "Never",
-                    "activeDeadlineSeconds": settings.config_run_seconds(),
+                    "activeDeadlineSeconds": settings.config_run_seconds(spec),
                     "automountServiceAccountToken": false,
                     "enableServiceLinks": false,
                     "containers": [{
@@ -744,6 +744,16 @@ mod tests {
         assert_eq!(job["spec"]["activeDeadlineSeconds"], 90 * 2 + 10);
         let pod = &job["spec"]["template"]["spec"];
         assert_eq!(pod["activeDeadlineSeconds"], 90);
+        // A lesson asking for less (configTimeout) gets its time; asking for more, the agent's.
+        let mut short = spec();
+        short.configuration_timeout = std::time::Duration::from_secs(5).try_into().ok();
+        let job = job_manifest(&settings, &short, 1, "ip route");
+        assert_eq!(job["spec"]["template"]["spec"]["activeDeadlineSeconds"], 5);
+        assert_eq!(job["spec"]["activeDeadlineSeconds"], 5 * 2 + 10);
+        let mut long = spec();
+        long.configuration_timeout = std::time::Duration::from_secs(3600).try_into().ok();
+        let job = job_manifest(&settings, &long, 1, "ip route");
+        assert_eq!(job["spec"]["template"]["spec"]["activeDeadlineSeconds"], 90);
         assert_confined(&pod["containers"][0]["securityContext"]);
         assert_eq!(
             pod["containers"][0]["resources"]["limits"]["memory"],

@@ -3,6 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use antidote_proto::agent::v1::LessonSpec;
+use antidote_proto::sdk::spec::configuration_timeout;
+
 /// Configuration of agent-k8s.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -75,7 +78,8 @@ pub struct Settings {
     pub config_backoff_limit: u32,
     /// How long one run (one pod) of a stage's configuration Job may take, rounded up to whole
     /// seconds: the pod's `activeDeadlineSeconds`. The Job as a whole gets every try's time plus
-    /// the Job controller's back-off between tries ([`Settings::config_job_deadline`]).
+    /// the Job controller's back-off between tries ([`Settings::config_job_deadline`]). A lesson
+    /// may ask for less (`configTimeout`, LessonSpec.configuration_timeout), never more.
     #[arg(long, env = "ANTIDOTE_K8S_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub config_timeout: Duration,
     /// The image python, ansible and napalm configurations run in, as the stage's Jobs (built
@@ -146,17 +150,20 @@ impl Settings {
         label(&self.dns_pod_label)
     }
 
-    /// One configuration run's time limit in whole seconds (at least 1), for
-    /// `activeDeadlineSeconds`.
-    pub fn config_run_seconds(&self) -> u64 {
-        self.config_timeout.as_secs_f64().ceil().max(1.0) as u64
+    /// One configuration run's time limit for `spec` (its own timeout capped by
+    /// `--config-timeout`) in whole seconds (at least 1), for `activeDeadlineSeconds`.
+    pub fn config_run_seconds(&self, spec: &LessonSpec) -> u64 {
+        configuration_timeout(spec, self.config_timeout)
+            .as_secs_f64()
+            .ceil()
+            .max(1.0) as u64
     }
 
     /// How long a configuration Job may live in all: every try its full time, plus the Job
     /// controller's back-off before each retry (10 s, doubling, at most 6 min).
-    pub fn config_job_deadline(&self) -> Duration {
+    pub fn config_job_deadline(&self, spec: &LessonSpec) -> Duration {
         let tries = u64::from(self.config_backoff_limit) + 1;
-        let mut seconds = self.config_run_seconds() * tries;
+        let mut seconds = self.config_run_seconds(spec) * tries;
         let mut backoff = 10u64;
         for _ in 0..self.config_backoff_limit {
             seconds += backoff.min(360);
@@ -187,16 +194,29 @@ mod tests {
         };
         let defaults = settings(&[]);
         assert!(!defaults.trusted_privileged, "privilege is an opt-in");
-        assert_eq!(defaults.config_run_seconds(), 300);
+        let spec = LessonSpec::default();
+        assert_eq!(defaults.config_run_seconds(&spec), 300);
         // 3 tries of 5 min ([R3]), and 10 + 20 s of back-off.
         assert_eq!(defaults.config_backoff_limit, 2);
         assert_eq!(
-            defaults.config_job_deadline(),
+            defaults.config_job_deadline(&spec),
             Duration::from_secs(3 * 300 + 30)
         );
+        // A lesson asks for less: its time, every try.
+        let asks = |seconds: u64| LessonSpec {
+            configuration_timeout: Duration::from_secs(seconds).try_into().ok(),
+            ..LessonSpec::default()
+        };
+        assert_eq!(defaults.config_run_seconds(&asks(2)), 2);
+        assert_eq!(
+            defaults.config_job_deadline(&asks(2)),
+            Duration::from_secs(3 * 2 + 30)
+        );
+        // More than the operator allows: the operator's ceiling.
+        assert_eq!(defaults.config_run_seconds(&asks(3600)), 300);
         let short = settings(&["--config-timeout", "1500ms", "--config-backoff-limit", "0"]);
-        assert_eq!(short.config_run_seconds(), 2);
-        assert_eq!(short.config_job_deadline(), Duration::from_secs(2));
+        assert_eq!(short.config_run_seconds(&spec), 2);
+        assert_eq!(short.config_job_deadline(&spec), Duration::from_secs(2));
         assert_eq!(
             short.dns_pod_label(),
             ("k8s-app".to_owned(), "kube-dns".to_owned())

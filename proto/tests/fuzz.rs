@@ -442,6 +442,9 @@ fn valid_spec() -> impl Strategy<Value = (LessonSpec, Vec<String>)> {
                     ready_delay: delay
                         .map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
                     labels,
+                    // Any duration, negative ones too: the agents read it, never refuse it.
+                    configuration_timeout: delay
+                        .map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
                 };
                 let mut offered: Vec<String> = needs(&spec).into_iter().map(String::from).collect();
                 offered.extend(extra_capabilities.into_iter().map(String::from));

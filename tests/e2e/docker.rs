@@ -1071,6 +1071,35 @@ fn peak_rss_kib(pid: u32) -> u64 {
 }
 
 #[tokio::test]
+async fn docker_lesson_with_a_short_config_timeout_fails_after_its_own_timeout() {
+    // The agent keeps its 5 min default; the lesson asks for 2 s (`configTimeout: 2`), so the
+    // reason names 2 s. Were the lesson's value ignored, the run would take 15 min and the
+    // scheduler's provision timeout would fail it with another reason.
+    let curriculum = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/docker-curriculum");
+    let env = DockerEnv::start("e2e-docker-lesson-timeout", &curriculum, &[]).await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let lesson = c
+        .request(&session, "short-config-timeout", 0)
+        .await
+        .unwrap();
+    let lesson = env.settle(&lesson.id).await;
+    assert_eq!(lesson.status(), S::Failed, "{}", env.logs());
+    for words in [
+        "failed 3 times",
+        "did not finish within 2s",
+        "still configuring",
+    ] {
+        assert!(
+            lesson.failure_reason.contains(words),
+            "{words:?} in {}",
+            lesson.failure_reason
+        );
+    }
+    env.delete_all(&[&lesson.id]).await;
+}
+
+#[tokio::test]
 async fn docker_configuration_that_never_ends_fails_after_its_timeout() {
     let curriculum = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/docker-curriculum");
     let env = DockerEnv::start(

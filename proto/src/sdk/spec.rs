@@ -346,6 +346,18 @@ pub fn ready_delay(spec: &LessonSpec) -> Duration {
         .unwrap_or_default()
 }
 
+/// How long one try of a stage configuration may run: the lesson's `configuration_timeout`
+/// when it sets a positive one, capped at `ceiling` (the agent's `--config-timeout`, the
+/// operator's limit); otherwise `ceiling`. PROTOCOL.md [R3].
+pub fn configuration_timeout(spec: &LessonSpec, ceiling: Duration) -> Duration {
+    match spec.configuration_timeout {
+        Some(d) if d.seconds > 0 || (d.seconds == 0 && d.nanos > 0) => {
+            Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32).min(ceiling)
+        }
+        _ => ceiling,
+    }
+}
+
 /// Whether `text` is a UUID in its hyphenated, lower-case form (PROTOCOL.md [S2]: backends
 /// derive names from it, and some, like Kubernetes namespaces, must be lower case).
 pub fn is_uuid(text: &str) -> bool {
@@ -429,6 +441,35 @@ mod tests {
         ]
         .map(String::from)
         .to_vec()
+    }
+
+    #[test]
+    fn the_lessons_configuration_timeout_is_capped_by_the_agents() {
+        let ceiling = Duration::from_secs(300);
+        let with = |seconds: i64, nanos: i32| LessonSpec {
+            configuration_timeout: Some(prost_types::Duration { seconds, nanos }),
+            ..spec()
+        };
+        assert_eq!(configuration_timeout(&spec(), ceiling), ceiling, "absent");
+        assert_eq!(configuration_timeout(&with(0, 0), ceiling), ceiling, "zero");
+        assert_eq!(
+            configuration_timeout(&with(-5, 0), ceiling),
+            ceiling,
+            "negative"
+        );
+        assert_eq!(
+            configuration_timeout(&with(2, 0), ceiling),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            configuration_timeout(&with(0, 500_000_000), ceiling),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            configuration_timeout(&with(3600, 0), ceiling),
+            ceiling,
+            "capped"
+        );
     }
 
     /// Applies `change` to a valid spec and returns the error message (or "ok").

@@ -125,6 +125,7 @@ pub fn lesson_spec(desired: &Desired<'_>) -> agent::LessonSpec {
             })
             .collect(),
         ready_delay: Some(duration(lesson.ready_delay)),
+        configuration_timeout: lesson.config_timeout.map(duration),
         labels,
     }
 }

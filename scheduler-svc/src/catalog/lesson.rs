@@ -51,6 +51,7 @@ const LESSON_KEYS: &[&str] = &[
     "diagram",
     "video",
     "readyDelay",
+    "configTimeout",
     "endpoints",
     "stages",
     "connections",
@@ -97,6 +98,7 @@ pub(super) fn read(
     let diagram = node.string("diagram", report);
     let video = node.string("video", report);
     let ready_delay = ready_delay(&node, report);
+    let config_timeout = config_timeout(&node, report);
     let (endpoints, endpoint_names) = endpoints(&node, known, report);
     let connections = connections(&node, &endpoint_names, report);
     let stages = stages(source, dir, &node, &endpoints, report);
@@ -135,6 +137,7 @@ pub(super) fn read(
                 diagram,
                 video,
                 ready_delay,
+                config_timeout,
                 endpoints: endpoints
                     .into_iter()
                     .map(|(_, endpoint)| endpoint)
@@ -199,6 +202,25 @@ fn ready_delay(node: &Node<'_>, report: &mut Report) -> Duration {
             }
         },
     }
+}
+
+/// The longest `configTimeout` a lesson may ask for, in seconds. Agents cap it further at their
+/// own `--config-timeout`.
+pub const MAX_CONFIG_TIMEOUT: i64 = 3600;
+
+/// `configTimeout`, in whole seconds (1 to [`MAX_CONFIG_TIMEOUT`]), as `readyDelay` is; absent:
+/// the agent's own timeout.
+fn config_timeout(node: &Node<'_>, report: &mut Report) -> Option<Duration> {
+    let seconds = node.integer("configTimeout", report)?;
+    if !(1..=MAX_CONFIG_TIMEOUT).contains(&seconds) {
+        report.error(
+            node.field("configTimeout"),
+            format!("`{seconds}` must be from 1 to {MAX_CONFIG_TIMEOUT} seconds"),
+        );
+        return None;
+    }
+    // In range, so positive.
+    Some(Duration::from_secs(seconds.unsigned_abs()))
 }
 
 /// Whether `name` can name an endpoint: backends use it as a host name, a Kubernetes object

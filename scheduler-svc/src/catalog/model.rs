@@ -292,6 +292,9 @@ pub struct Lesson {
     /// How long to wait after every presentation is reachable before calling the lesson ready,
     /// for images whose services come up after their ports do.
     pub ready_delay: Duration,
+    /// How long one try of a stage configuration may run (`configTimeout`), when the lesson
+    /// says; agents cap it at their own `--config-timeout`.
+    pub config_timeout: Option<Duration>,
     /// What to start, in lesson order (backends keep that order so addresses are stable).
     pub endpoints: Vec<Endpoint>,
     /// The lesson's steps, `stages[i].index == i`; never empty.

@@ -1572,6 +1572,40 @@ fn ready_delay_is_whole_non_negative_seconds() {
 }
 
 #[test]
+fn config_timeout_is_whole_seconds_up_to_an_hour_and_optional() {
+    let lesson = |value: &str| {
+        format!(
+            "{{slug: one, name: One, category: tools, tier: prod, configTimeout: {value},
+              endpoints: [{{name: web, image: box, additionalPorts: [1]}}],
+              stages: [{{guideType: markdown}}]}}"
+        )
+    };
+    for (value, expect) in [("1", 1), ("90", 90), ("3600", 3600)] {
+        let catalog = check(&one(&lesson(value)), Tier::Prod, &[]).expect("loads");
+        assert_eq!(
+            catalog.lesson("one").expect("loaded").config_timeout,
+            Some(Duration::from_secs(expect))
+        );
+    }
+    // Without the key, the agent's own timeout (every curriculum written before it).
+    let plain = check(&one(ONE), Tier::Prod, &[]).expect("loads");
+    assert_eq!(plain.lesson("one").expect("loaded").config_timeout, None);
+    for (value, expect) in [
+        ("0", "`configTimeout`: `0` must be from 1 to 3600 seconds"),
+        ("-5", "`configTimeout`: `-5` must be from 1 to 3600 seconds"),
+        (
+            "3601",
+            "`configTimeout`: `3601` must be from 1 to 3600 seconds",
+        ),
+        ("5m", "`configTimeout`: must be a whole number, not `5m`"),
+        ("1.5", "`configTimeout`: must be a whole number, not `1.5`"),
+    ] {
+        let expect = format!("lessons/one/lesson.meta.yaml: lesson `one`: {expect}");
+        check(&one(&lesson(value)), Tier::Prod, &[&expect]);
+    }
+}
+
+#[test]
 fn placement_labels_load_and_bad_ones_are_named() {
     let lesson = "{slug: one, name: One, category: tools, tier: prod,
       placement: {requires: {region: eu, gpu: true}, prefers: {disk: ssd}},

@@ -898,6 +898,7 @@ mod tests {
             diagram: None,
             video: None,
             ready_delay: std::time::Duration::ZERO,
+            config_timeout: None,
             endpoints: vec![],
             stages: vec![],
             connections: vec![],

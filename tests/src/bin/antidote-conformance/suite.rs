@@ -234,6 +234,7 @@ impl Suite {
                 subnet: String::new(),
             }],
             ready_delay: None,
+            configuration_timeout: None,
             labels: HashMap::from([
                 (labels::INSTANCE.into(), self.instance.clone()),
                 (labels::LIVE_LESSON.into(), id.to_owned()),
