@@ -55,8 +55,21 @@ install() {
   [[ $(id -u) == 0 ]] || die "postgresql-15 is not installed and installing it needs root"
   log "installing postgresql-15"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -q --no-install-recommends -o Dpkg::Use-Pty=0 postgresql-15 >&2
+  # tests/run starts this in the background beside its own apt-gets: wait for their locks
+  # (DPkg::Lock::Timeout covers dpkg's; the lists lock is retried), as tests/browser/chromium.sh.
+  local try
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    if apt-get update -qq -o DPkg::Lock::Timeout=300 >&2; then break; fi
+    log "apt-get update failed (try $try); retrying in 5 s"
+    sleep 5
+  done
+  for try in 1 2 3; do
+    if apt-get install -y -q --no-install-recommends -o Dpkg::Use-Pty=0 \
+      -o DPkg::Lock::Timeout=600 postgresql-15 >&2; then break; fi
+    [[ $try == 3 ]] && die "apt-get install postgresql-15 failed"
+    log "apt-get install postgresql-15 failed (try $try); retrying in 5 s"
+    sleep 5
+  done
   # Debian's package creates and starts a cluster of its own on port 5432; it is not ours and
   # not needed.
   if command -v pg_ctlcluster >/dev/null 2>&1; then
