@@ -550,15 +550,20 @@ address = "{agent}"
 /// RESOURCE_EXHAUSTED with a message naming the full disk, within its deadline; when the
 /// filler is deleted the same scheduler (not restarted) takes requests again and every
 /// acknowledged live lesson settles READY; after a restart every one of them is still there.
+/// Live lessons BOOTING when the disk fills report READY while it is full: the reconciler's
+/// write fails and is retried until space returns (the resync, an hour away, cannot help).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
     let tmpfs = Tmpfs::mount("16m");
     let dir = tempfile::tempdir().expect("temp dir");
     let journal = dir.path().join("journal");
-    let agent = start_agent(&dir, &["--boot-delay", "200ms"], &journal, None).await;
+    // Live lessons BOOT for 2 s, so those requested before the disk fills report READY while
+    // it is full; the resync is an hour away, so only the reconciler retrying its failed
+    // writes (never reading them as "moved on") brings them READY.
+    let agent = start_agent(&dir, &["--boot-delay", "2s"], &journal, None).await;
     let config = single_config(
         &agent.url(),
-        "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"2m\"\n",
+        "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"2m\"\n[replicas]\nresync_interval = \"1h\"\n",
     );
     let database = tmpfs.dir.join("antidote.db");
     let database = database.to_str().expect("a UTF-8 path");
@@ -628,6 +633,24 @@ async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
             assert!(clear(&status), "{:?}: {}", status.code(), status.message());
         }
     }
+
+    // The disk stays full until the reconciler failed to write what the agent reported (a
+    // live lesson BOOTING before the fill went READY meanwhile).
+    let failed_write = tokio::time::timeout(PATIENCE, async {
+        while !scheduler
+            .process
+            .log_text()
+            .contains("reconcile failed; retrying")
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        failed_write.is_ok(),
+        "no observation write failed on the full disk\n{}",
+        all_logs(&scheduler)
+    );
 
     // Space returns: the same process takes requests again.
     std::fs::remove_file(&filler).expect("filler removed");
@@ -1014,5 +1037,214 @@ async fn an_agent_behind_latency_a_black_hole_and_resets() {
         reset.state(),
         reset.last_error,
         last.status()
+    );
+}
+
+/// Rows of `sql` on database `url` (psql's unaligned output, one line a row, `|` between
+/// columns).
+fn query(url: &str, sql: &str) -> Vec<String> {
+    let psql = ["/usr/lib/postgresql/15/bin/psql", "psql"]
+        .into_iter()
+        .find(|p| !p.starts_with('/') || Path::new(p).exists())
+        .unwrap_or("psql");
+    let output = std::process::Command::new(psql)
+        .args([url, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql])
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run psql: {err}"));
+    assert!(output.status.success(), "psql -c {sql:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to a process.
+fn signal(process: &Process, signal: &str) {
+    let pid = process.pid().expect("the process runs");
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid}: {status}");
+}
+
+/// A replica frozen (SIGSTOP) in the middle of its runs, past its leases, then resumed
+/// (SIGCONT), writes nothing over what the replica that took its work over did. Replica A
+/// reaches the agent through toxiproxy with 4 s of latency on the answers, so when the agent
+/// has created the live lessons (at A's Provision calls: its journal says so) A's calls are
+/// still in flight. A is frozen then; replica B starts, takes every live lesson over once A's
+/// leases expire and brings them READY; then A resumes, its calls return BOOTING, and its
+/// provision deadline (as short as the lease) passed while it was frozen: it would write
+/// FAILED. Its writes are fenced by the lease: refused, and A drops the live lessons. Every live lesson stays READY (the event log shows no status after READY, and
+/// no FAILED), each created once on the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_frozen_past_its_leases_writes_nothing_stale_when_it_resumes() {
+    const LESSONS: usize = 6;
+    let database = crate::postgres::TestDatabase::create();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "2s"], &journal, None).await;
+    let proxy = Proxy::create(agent.addr).await;
+    let a_dir = dir.path().join("a");
+    let b_dir = dir.path().join("b");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    // A's provision deadline is its lease's TTL: B cannot take a live lesson over (and bring it
+    // READY) before A's lease expired, so A resumes past its deadline, with a FAILED to write.
+    let a_config = replica_config(&format!("http://{}", proxy.listen))
+        .replace("provision_timeout = \"2m\"", "provision_timeout = \"2s\"");
+    assert!(a_config.contains("provision_timeout = \"2s\""));
+    let a = start_on(&a_dir, &database.url, &a_config).await;
+    let tokens = a.clients.tokens.clone();
+    let clients = a.clients.clone();
+    until_agent(
+        &clients,
+        "READY",
+        || a.process.log_text(),
+        |agent| agent.state() == api::AgentState::Ready,
+    )
+    .await;
+    proxy
+        .add(
+            "slow-answers",
+            "latency",
+            "downstream",
+            serde_json::json!({"latency": 4000}),
+        )
+        .await;
+
+    let mut ids = Vec::new();
+    for _ in 0..LESSONS.div_ceil(3) {
+        let session = clients.session().await.expect("a session");
+        for slug in ["hello-web", "routing-basics", "netcat-toolbox"] {
+            if ids.len() < LESSONS {
+                ids.push(
+                    clients
+                        .request(&session, slug, 0)
+                        .await
+                        .expect("requested")
+                        .id,
+                );
+            }
+        }
+    }
+    // Every live lesson created on the agent at A's call, whose answer is still on its way.
+    let expected: BTreeSet<String> = ids.iter().cloned().collect();
+    tokio::time::timeout(PATIENCE, async {
+        while created(&journal).into_iter().collect::<BTreeSet<_>>() != expected {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("not all created\n{}", logs(&[&a], &agent)));
+    signal(&a.process, "STOP");
+    let frozen = Instant::now();
+
+    // B takes everything over once A's leases expire and brings it READY.
+    let mut b = start_on(&b_dir, &database.url, &replica_config(&agent.url())).await;
+    b.clients.tokens = tokens;
+    let all_ready = |clients: Clients, ids: Vec<String>| async move {
+        for id in &ids {
+            let lesson = clients
+                .lessons
+                .clone()
+                .get_live_lesson(with_token(
+                    api::GetLiveLessonRequest { id: id.clone() },
+                    clients.tokens.of_lesson(id),
+                ))
+                .await;
+            if !matches!(lesson, Ok(l) if l.get_ref().status() == api::LiveLessonStatus::Ready) {
+                return false;
+            }
+        }
+        true
+    };
+    let ready = tokio::time::timeout(PATIENCE, async {
+        while !all_ready(b.clients.clone(), ids.clone()).await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    if ready.is_err() {
+        signal(&a.process, "CONT");
+        panic!(
+            "B did not bring everything READY\n{}",
+            logs(&[&a, &b], &agent)
+        );
+    }
+    let took_over = frozen.elapsed();
+    signal(&a.process, "CONT");
+
+    // A resumes: each of its runs ends in a refused write (or, had the fence failed, in a
+    // stale status in the event log). Wait for one or the other for every live lesson.
+    let stale = |url: &str| -> BTreeSet<String> {
+        // Per live lesson, any event after its first READY is a regression, and FAILED too.
+        let rows = query(
+            url,
+            "SELECT live_lesson_id, status FROM events WHERE live_lesson_id IS NOT NULL \
+             ORDER BY seq",
+        );
+        let mut ready = BTreeSet::new();
+        let mut stale = BTreeSet::new();
+        for row in rows {
+            let Some((id, status)) = row.split_once('|') else {
+                continue;
+            };
+            if status == "FAILED" || (ready.contains(id) && status != "READY") {
+                stale.insert(format!("{id} {status}"));
+            }
+            if status == "READY" {
+                ready.insert(id.to_owned());
+            }
+        }
+        stale
+    };
+    let decided = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let log = a.process.log_text();
+            let refused = ids
+                .iter()
+                .filter(|id| {
+                    log.lines()
+                        .any(|line| line.contains("write refused") && line.contains(id.as_str()))
+                })
+                .count();
+            if refused == LESSONS || !stale(&database.url).is_empty() {
+                return refused;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let stale_now = stale(&database.url);
+    assert!(
+        stale_now.is_empty(),
+        "the resumed replica wrote stale statuses: {stale_now:?}\n{}",
+        logs(&[&a, &b], &agent)
+    );
+    let refused = decided.unwrap_or_else(|_| {
+        panic!(
+            "A's runs did not end; events: {:#?}\n{}",
+            query(
+                &database.url,
+                "SELECT live_lesson_id, status, at, detail FROM events ORDER BY seq"
+            ),
+            logs(&[&a, &b], &agent)
+        )
+    });
+    assert!(
+        all_ready(b.clients.clone(), ids.clone()).await,
+        "not all READY after A resumed\n{}",
+        logs(&[&a, &b], &agent)
+    );
+    let creations = created(&journal);
+    assert_eq!(
+        creations.len(),
+        LESSONS,
+        "each live lesson created once: {creations:?}"
+    );
+    println!(
+        "faults: SIGSTOP: B brought {LESSONS} live lessons READY {took_over:?} after A froze; \
+         A resumed and {refused} of its writes were refused by the lease fence"
     );
 }

@@ -53,7 +53,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, Status};
 use crate::settings::{ReconcilerConfig, ReplicasConfig};
-use crate::store::{Change, Changes, Observation, Store};
+use crate::store::{Change, Changes, Fenced, Observation, Store};
 
 /// Shared handle to the reconciler.
 #[derive(Clone)]
@@ -1214,17 +1214,38 @@ impl Reconciler {
     /// Writes an observation for the live lesson's generation and publishes the new state.
     /// `None` when the desired state moved on (the queue runs the live lesson again); an error
     /// when the store could not write it, which is never read as "moved on": the caller returns
-    /// it and the run is retried with backoff.
+    /// it and the run is retried with backoff. On PostgreSQL the write is fenced by the live
+    /// lesson's lease: a replica that lost it (frozen past its TTL, say, while another took
+    /// over) writes nothing, drops the live lesson (`None`: the run ends) and leaves it to the
+    /// lease's holder.
     async fn record(
         &self,
         lesson: &LiveLesson,
         observation: Observation,
     ) -> Result<Option<LiveLesson>, Error> {
-        let updated = self
-            .inner
-            .store
-            .observe(lesson.id, lesson.generation, observation, Millis::now())
-            .await?;
+        let store = &self.inner.store;
+        let now = Millis::now();
+        let updated = match &self.inner.replica {
+            None => {
+                store
+                    .observe(lesson.id, lesson.generation, observation, now)
+                    .await?
+            }
+            Some(replica) => match store
+                .observe_fenced(lesson.id, lesson.generation, observation, now, &replica.id)
+                .await?
+            {
+                Fenced::Recorded(updated) => Some(*updated),
+                Fenced::MovedOn => None,
+                Fenced::NotHolder => {
+                    tracing::warn!(live_lesson.id = %lesson.id, "lease lost to another replica; write refused, dropping the live lesson");
+                    replica.lost(lesson.id);
+                    self.stop_waiting(lesson.id);
+                    lock(&self.inner.attempts).remove(&lesson.id);
+                    return Ok(None);
+                }
+            },
+        };
         if let Some(updated) = &updated {
             self.inner.hub.publish(updated);
         }

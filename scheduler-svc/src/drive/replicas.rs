@@ -109,6 +109,14 @@ impl Replica {
         }
     }
 
+    /// Forgets a live lesson's lease this replica found it does not hold any more (a write
+    /// fenced by the lease was refused): not held, not idle, and held elsewhere for a TTL.
+    pub fn lost(&self, id: LiveLessonId) {
+        lock(&self.held).remove(&id);
+        lock(&self.idle).remove(&id);
+        lock(&self.elsewhere).insert(id, Instant::now() + self.lease_ttl);
+    }
+
     /// Whether this replica holds the live lesson's lease.
     pub fn holds(&self, id: LiveLessonId) -> bool {
         lock(&self.held).contains(&id)

@@ -344,34 +344,45 @@ impl Store {
         observation: Observation,
         now: Millis,
     ) -> Result<Option<LiveLesson>> {
-        let endpoints = match &observation.endpoints {
-            Some(endpoints) => Some(
-                serde_json::to_string(endpoints)
-                    .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
-            ),
-            None => None,
-        };
-        self.write_lesson(
-            Statement::new(format!(
-                "UPDATE live_lessons SET status = $1, reason = $2, \
-                     endpoints = COALESCE($3, endpoints), handle = COALESCE($4, handle), \
-                     agent = COALESCE(agent, $5), \
-                     observed_generation = CASE WHEN $6 THEN generation \
-                                           ELSE observed_generation END, \
-                     updated_at = $7 WHERE id = $8 AND generation = $9 AND deleting = 0 \
-                     RETURNING {LESSON_COLUMNS}"
-            ))
-            .bind(observation.status.as_str())
-            .bind(observation.reason)
-            .bind(endpoints)
-            .bind(observation.handle)
-            .bind(observation.agent)
-            .bind(observation.status.is_settled())
-            .bind(now.0)
-            .bind(id.to_string())
-            .bind(generation as i64),
-        )
-        .await
+        self.write_lesson(observe_statement(id, generation, observation, now, None)?)
+            .await
+    }
+
+    /// [`Store::observe`] by replica `holder`, fenced by the live lesson's lease: written only
+    /// while `holder` holds the lease unexpired at `now`, in the same statement. A replica
+    /// that was frozen (SIGSTOP, a long pause) past its lease and resumes mid-run finds its
+    /// write refused ([`Fenced::NotHolder`]) instead of overwriting what the lease's new
+    /// holder did (a deadline that passed while it was frozen, an older report).
+    pub async fn observe_fenced(
+        &self,
+        id: LiveLessonId,
+        generation: u64,
+        observation: Observation,
+        now: Millis,
+        holder: &str,
+    ) -> Result<Fenced> {
+        let statement = observe_statement(id, generation, observation, now, Some(holder))?;
+        if let Some(lesson) = self.write_lesson(statement).await? {
+            return Ok(Fenced::Recorded(Box::new(lesson)));
+        }
+        // Nothing written: the lease, or the live lesson, moved on. Read which (rare).
+        let held = self
+            .reader
+            .fetch_optional(
+                Statement::new(
+                    "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at >= $3",
+                )
+                .bind(id.to_string())
+                .bind(holder)
+                .bind(now.0),
+            )
+            .await?
+            .is_some();
+        Ok(if held {
+            Fenced::MovedOn
+        } else {
+            Fenced::NotHolder
+        })
     }
 
     /// Forgets a live lesson whose objects are gone; triggers record the final event and delete
@@ -382,4 +393,61 @@ impl Store {
             .await?;
         Ok(())
     }
+}
+
+/// What became of a fenced observation ([`Store::observe_fenced`]).
+#[derive(Debug)]
+pub enum Fenced {
+    /// Written; the live lesson as it is now.
+    Recorded(Box<LiveLesson>),
+    /// Nothing written: the live lesson is gone or its desired state moved on.
+    MovedOn,
+    /// Nothing written: the writer does not hold the live lesson's lease (it expired and
+    /// another replica may have taken it); its work on the live lesson must stop.
+    NotHolder,
+}
+
+/// The statement of an observation, fenced by `holder`'s lease when given.
+fn observe_statement(
+    id: LiveLessonId,
+    generation: u64,
+    observation: Observation,
+    now: Millis,
+    holder: Option<&str>,
+) -> Result<Statement> {
+    let endpoints = match &observation.endpoints {
+        Some(endpoints) => Some(
+            serde_json::to_string(endpoints)
+                .map_err(|err| Error::Corrupt(format!("endpoints do not serialise: {err}")))?,
+        ),
+        None => None,
+    };
+    let fence = if holder.is_some() {
+        " AND EXISTS (SELECT 1 FROM leases WHERE leases.name = $8 AND leases.holder = $10 \
+         AND leases.expires_at >= $7)"
+    } else {
+        ""
+    };
+    let statement = Statement::new(format!(
+        "UPDATE live_lessons SET status = $1, reason = $2, \
+             endpoints = COALESCE($3, endpoints), handle = COALESCE($4, handle), \
+             agent = COALESCE(agent, $5), \
+             observed_generation = CASE WHEN $6 THEN generation \
+                                   ELSE observed_generation END, \
+             updated_at = $7 WHERE id = $8 AND generation = $9 AND deleting = 0{fence} \
+             RETURNING {LESSON_COLUMNS}"
+    ))
+    .bind(observation.status.as_str())
+    .bind(observation.reason)
+    .bind(endpoints)
+    .bind(observation.handle)
+    .bind(observation.agent)
+    .bind(observation.status.is_settled())
+    .bind(now.0)
+    .bind(id.to_string())
+    .bind(generation as i64);
+    Ok(match holder {
+        Some(holder) => statement.bind(holder),
+        None => statement,
+    })
 }

@@ -223,7 +223,7 @@ const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub use audit::AuditEntry;
 pub use changes::{Change, Changes};
-pub use live_lessons::{LessonFilter, Observation, Requested};
+pub use live_lessons::{Fenced, LessonFilter, Observation, Requested};
 pub use pools::{Claim, Declined, PoolCount, WarmPool};
 pub use sessions::network;
 
