@@ -451,3 +451,41 @@ fn observe_statement(
         None => statement,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::super::testing::on_both;
+    use super::*;
+
+    on_both! {
+        async fn observations_are_fenced_by_the_lease(database, store) {
+            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let session = store.create_session(ip, [7; 32], 0, Millis(1)).await.unwrap();
+            let (lesson, _) = store.request_live_lesson(session.id, "a", 0, 0, Millis(2)).await.unwrap();
+            let id = lesson.id;
+            let booting = || Observation::status(Status::Booting, "booting");
+            // Nobody holds the lease: refused.
+            let fenced = store.observe_fenced(id, 1, booting(), Millis(5), "r1").await.unwrap();
+            assert!(matches!(fenced, Fenced::NotHolder), "{fenced:?}");
+            // r1 holds it: written.
+            assert!(store.acquire_lease(&id.to_string(), "r1", Millis(5), Millis(20)).await.unwrap());
+            let fenced = store.observe_fenced(id, 1, booting(), Millis(6), "r1").await.unwrap();
+            assert!(matches!(&fenced, Fenced::Recorded(l) if l.status == Status::Booting), "{fenced:?}");
+            // Another generation: moved on, not a lost lease.
+            let fenced = store.observe_fenced(id, 2, booting(), Millis(7), "r1").await.unwrap();
+            assert!(matches!(fenced, Fenced::MovedOn), "{fenced:?}");
+            // r1's lease expired and r2 took it over: r1's FAILED is refused, r2's READY kept.
+            assert!(store.acquire_lease(&id.to_string(), "r2", Millis(21), Millis(40)).await.unwrap());
+            let failed = Observation::status(Status::Failed, "deadline passed");
+            let fenced = store.observe_fenced(id, 1, failed, Millis(22), "r1").await.unwrap();
+            assert!(matches!(fenced, Fenced::NotHolder), "{fenced:?}");
+            let ready = Observation::status(Status::Ready, "ready");
+            let fenced = store.observe_fenced(id, 1, ready, Millis(23), "r2").await.unwrap();
+            assert!(matches!(&fenced, Fenced::Recorded(l) if l.status == Status::Ready), "{fenced:?}");
+            let now = store.find_live_lesson(id).await.unwrap().unwrap();
+            assert_eq!(now.status, Status::Ready);
+        }
+    }
+}
