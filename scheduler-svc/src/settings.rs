@@ -547,6 +547,11 @@ impl Default for ReaperConfig {
 pub struct ReconcilerConfig {
     /// Workers driving agents concurrently; work on one live lesson is always serialised.
     pub workers: usize,
+    /// Calls to one agent that workers may have in flight at once (Provision, Recover,
+    /// Deprovision): a slow or black-holed agent holds at most this many workers, each for up
+    /// to `call_timeout`, and the rest go on driving the other agents. Live lessons over it wait
+    /// off the workers and are tried again after `backoff_initial`.
+    pub calls_per_agent: usize,
     /// Deadline of each agent call.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
@@ -578,6 +583,7 @@ impl Default for ReconcilerConfig {
     fn default() -> Self {
         Self {
             workers: 64,
+            calls_per_agent: 16,
             call_timeout: Duration::from_secs(30),
             provision_timeout: Duration::from_secs(15 * 60),
             terminate_timeout: Duration::from_secs(5 * 60),
@@ -926,6 +932,9 @@ impl Config {
         if self.reconciler.workers == 0 {
             return invalid("reconciler.workers", "must be at least 1");
         }
+        if !(1..=4096).contains(&self.reconciler.calls_per_agent) {
+            return invalid("reconciler.calls_per_agent", "must be between 1 and 4096");
+        }
         if self.reconciler.backoff_max < self.reconciler.backoff_initial {
             return invalid(
                 "reconciler.backoff_max",
@@ -1089,6 +1098,11 @@ mod tests {
         assert!(err.to_string().contains("sessions_per_ip"), "{err}");
         let err = load_toml("[reconciler]\nworkers = 0\n").unwrap_err();
         assert!(err.to_string().contains("reconciler.workers"), "{err}");
+        let err = load_toml("[reconciler]\ncalls_per_agent = 0\n").unwrap_err();
+        assert!(
+            err.to_string().contains("reconciler.calls_per_agent"),
+            "{err}"
+        );
         let err = load_toml("agents = [\"nameonly\"]\n").unwrap_err();
         assert!(err.to_string().contains("name=address"), "{err}");
         let err = load_toml("agents = [\"a=ftp://x\"]\n").unwrap_err();

@@ -6,7 +6,9 @@
 //!   again, and both replicas recover by themselves (pool and LISTEN connection).
 //! - The SQLite file's filesystem fills up (a small tmpfs): requests are refused naming the
 //!   store's disk, nothing acknowledged is lost, and the scheduler resumes once space returns.
-//! - An agent behind Shopify's toxiproxy: latency, then a black hole, then resets.
+//! - An agent behind Shopify's toxiproxy: latency, then a black hole, then resets; and a
+//!   Provision call cut off mid-call, retried rather than taken as the agent's answer; an agent
+//!   whose every call is slow holds no more than its share of the reconcile workers.
 //!
 //! The PostgreSQL faults hit a server of the test's own (`tests/postgres/pg.sh` with a private
 //! state directory and port), never the one other tests share.
@@ -787,6 +789,20 @@ impl Proxy {
         assert!(answer.status.is_success(), "add toxic {name}: {answer:?}");
     }
 
+    /// Enables or disables the proxy: disabling closes every connection through it at once
+    /// (calls in flight are cut off) and refuses new ones until it is enabled again.
+    async fn enable(&self, enabled: bool) {
+        let answer = self
+            .web
+            .post(
+                &format!("{}/proxies/{}", self.api, self.name),
+                &serde_json::json!({ "enabled": enabled }).to_string(),
+            )
+            .await
+            .expect("toxiproxy answers");
+        assert!(answer.status.is_success(), "enable {enabled}: {answer:?}");
+    }
+
     /// Removes toxic `name`.
     async fn remove(&self, name: &str) {
         let answer = self
@@ -1038,6 +1054,230 @@ async fn an_agent_behind_latency_a_black_hole_and_resets() {
         reset.last_error,
         last.status()
     );
+}
+
+/// A Provision call cut off by the connection closing under it (the agent's answer is held back
+/// by 2 s of latency, and the proxy drops every connection once the agent has created the
+/// objects) is retried, not taken for the agent's final answer: tonic reports that cut as
+/// UNKNOWN, a code the agent's own answer would make final (PROTOCOL.md [E3]: transport failures
+/// are retried). Once the proxy is back, the live lesson is READY, created once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_cut_off_mid_call_is_retried_not_failed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "200ms"], &journal, None).await;
+    let proxy = Proxy::create(agent.addr).await;
+    let config = single_config(
+        &format!("http://{}", proxy.listen),
+        "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\n\
+         backoff_max = \"1s\"\ncall_timeout = \"10s\"\nprovision_timeout = \"60s\"\n\
+         agent_grace = \"30s\"\n",
+    );
+    let scheduler = Scheduler::start(dir.path(), &config)
+        .await
+        .expect("the scheduler starts");
+    let clients = scheduler.clients.clone();
+    let all_logs = || logs(&[&scheduler], &agent);
+    until_agent(&clients, "READY", all_logs, |a| {
+        a.state() == api::AgentState::Ready
+    })
+    .await;
+
+    proxy
+        .add(
+            "slow-answers",
+            "latency",
+            "downstream",
+            serde_json::json!({"latency": 2000}),
+        )
+        .await;
+    let session = clients.session().await.unwrap();
+    let lesson = clients.request(&session, "hello-web", 0).await.unwrap();
+    // The agent got the Provision call and created the objects; its answer is still held back.
+    tokio::time::timeout(PATIENCE, async {
+        while !created(&journal).contains(&lesson.id) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the agent never created {}\n{}", lesson.id, all_logs()));
+    proxy.enable(false).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Back, answers still 2 s late (toxiproxy may time out removing a toxic whose links the
+    // disabling cut): the retried Provision is slow but answered.
+    proxy.enable(true).await;
+
+    let settled = settles(&clients, &lesson.id, Duration::from_secs(90))
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+    assert_eq!(
+        settled.status(),
+        api::LiveLessonStatus::Ready,
+        "{}\n{}",
+        settled.failure_reason,
+        all_logs()
+    );
+    let log = scheduler.process.log_text();
+    assert!(
+        log.contains("agent call failed; retrying"),
+        "the Provision call was not cut off mid-call (the test proves nothing):\n{}",
+        all_logs()
+    );
+    let times = created(&journal)
+        .iter()
+        .filter(|id| **id == lesson.id)
+        .count();
+    assert_eq!(times, 1, "created {times} times\n{}", all_logs());
+}
+
+/// No worker starvation behind a slow agent (issue 17): every call to agent `slow` takes 10 s
+/// (toxiproxy latency on the way there) and twelve live lessons are placed on it, three times the
+/// four workers. With `calls_per_agent = 2` it holds two workers; a live lesson requested after
+/// them for agent `fast` is READY while no slow one is: its worker was free. (Had the slow calls
+/// held every worker, the fast lesson would wait behind three rounds of 10 s calls, and the first
+/// slow lessons would be READY before it.) Once the latency goes, every slow one is READY,
+/// created once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_agent_holds_at_most_its_share_of_the_workers() {
+    const SLOW: usize = 12;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let slow_journal = dir.path().join("slow-journal");
+    let slow = start_agent(&dir, &["--label", "speed=slow"], &slow_journal, None).await;
+    let fast = start_agent(
+        &dir,
+        &["--label", "speed=fast"],
+        &dir.path().join("fast-journal"),
+        None,
+    )
+    .await;
+    let proxy = Proxy::create(slow.addr).await;
+    let config = format!(
+        r#"instance_id = "e2e-faults-share"
+curriculum = "{curriculum}"
+tier = "local"
+[limits]
+sessions_per_ip = 0
+live_lessons_per_session = 3
+[reconciler]
+workers = 4
+calls_per_agent = 2
+poll_interval = "500ms"
+backoff_initial = "50ms"
+backoff_max = "1s"
+call_timeout = "60s"
+provision_timeout = "3m"
+[[agents]]
+name = "slow"
+address = "http://{slow}"
+[[agents]]
+name = "fast"
+address = "{fast}"
+"#,
+        curriculum = example_curriculum().display(),
+        slow = proxy.listen,
+        fast = fast.url(),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config)
+        .await
+        .expect("the scheduler starts");
+    let clients = scheduler.clients.clone();
+    let all_logs = || {
+        format!(
+            "{}\n--- fast agent log ---\n{}",
+            logs(&[&scheduler], &slow),
+            fast.log_text()
+        )
+    };
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let agents = clients
+                .admin
+                .clone()
+                .list_agents(api::ListAgentsRequest {})
+                .await
+                .expect("ListAgents")
+                .into_inner()
+                .agents;
+            if agents.len() == 2 && agents.iter().all(|a| a.state() == api::AgentState::Ready) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the agents never became READY\n{}", all_logs()));
+
+    proxy
+        .add(
+            "slow-calls",
+            "latency",
+            "upstream",
+            serde_json::json!({"latency": 10_000}),
+        )
+        .await;
+    let placed = |speed: &str| {
+        Some(api::PlacementPreference {
+            requires: HashMap::from([("speed".to_owned(), speed.to_owned())]),
+            prefers: HashMap::new(),
+        })
+    };
+    let mut slow_ids = Vec::new();
+    let mut session = String::new();
+    for i in 0..SLOW {
+        if i % 3 == 0 {
+            session = clients.session().await.unwrap();
+        }
+        let live = clients
+            .request_placed(&session, "hello-web", 0, placed("slow"))
+            .await
+            .unwrap_or_else(|status| panic!("{status:?}\n{}", all_logs()));
+        slow_ids.push(live.id);
+    }
+    let session = clients.session().await.unwrap();
+    let quick = clients
+        .request_placed(&session, "hello-web", 0, placed("fast"))
+        .await
+        .unwrap_or_else(|status| panic!("{status:?}\n{}", all_logs()));
+    clients
+        .ready(&quick.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+    for id in &slow_ids {
+        let lesson = clients
+            .lessons
+            .clone()
+            .get_live_lesson(with_token(
+                api::GetLiveLessonRequest { id: id.clone() },
+                clients.tokens.of_lesson(id),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            matches!(
+                lesson.status(),
+                api::LiveLessonStatus::Pending | api::LiveLessonStatus::Booting
+            ),
+            "slow live lesson {id} settled before the fast one was READY: {lesson:?}\n{}",
+            all_logs()
+        );
+    }
+
+    proxy.remove("slow-calls").await;
+    for id in &slow_ids {
+        let lesson = settles(&clients, id, Duration::from_secs(240))
+            .await
+            .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
+        assert_eq!(
+            lesson.status(),
+            api::LiveLessonStatus::Ready,
+            "{}\n{}",
+            lesson.failure_reason,
+            all_logs()
+        );
+        let times = created(&slow_journal).iter().filter(|c| *c == id).count();
+        assert_eq!(times, 1, "{id} created {times} times\n{}", all_logs());
+    }
 }
 
 /// Rows of `sql` on database `url` (psql's unaligned output, one line a row, `|` between

@@ -275,15 +275,24 @@ pub fn lost_it(err: &Error) -> bool {
 }
 
 /// Whether a failed agent call may succeed if tried again: a retryable code
-/// ([`crate::error::is_retryable`]), unless the agent's reason says no retry can help (a request
-/// too large stays too large).
+/// ([`crate::error::is_retryable`]) or a call the transport cut off ([`cut_off`]), unless the
+/// agent's reason says no retry can help (a request too large stays too large).
 pub fn retryable(err: &Error) -> bool {
     let Error::Agent { status, .. } = err else {
         return false;
     };
     let hopeless = errors::reason(status)
         .is_some_and(|(reason, _)| reason == agent::ErrorReason::RequestTooLarge.as_str_name());
-    crate::error::is_retryable(status.code()) && !hopeless
+    (crate::error::is_retryable(status.code()) || cut_off(status)) && !hopeless
+}
+
+/// Whether the transport, not the agent, ended the call (PROTOCOL.md [E3]): an agent killed
+/// mid-Provision resets the connection, and tonic reports that as UNKNOWN ("transport error") or
+/// INTERNAL (an HTTP/2 error), codes an agent's own answer would make final. tonic gives every
+/// status it makes from a local error that error as its source; a status decoded from what the
+/// agent sent has none.
+fn cut_off(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
 }
 
 /// What a handshake established.
@@ -542,6 +551,18 @@ mod tests {
             Some(agent::ErrorReason::RequestTooLarge)
         )));
         assert!(!retryable(&failed(tonic::Code::InvalidArgument, None)));
+        // The agent answering UNKNOWN is final; the connection breaking under a call is not.
+        assert!(!retryable(&failed(tonic::Code::Unknown, None)));
+        let reset = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )));
+        assert_eq!(reset.code(), tonic::Code::Unknown);
+        assert!(retryable(&Error::Agent {
+            agent: "a".into(),
+            call: "Provision",
+            status: reset,
+        }));
         assert!(lost_it(&failed(tonic::Code::NotFound, None)));
         assert!(lost_it(&failed(
             tonic::Code::NotFound,

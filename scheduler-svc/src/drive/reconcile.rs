@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use antidote_proto::sdk::{capabilities, errors};
 use opentelemetry::trace::TraceContextExt as _;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -100,6 +100,8 @@ struct Inner {
     waiting: Mutex<HashMap<LiveLessonId, Waiting>>,
     /// Cancelled at shutdown: every waiter stops.
     stopping: CancellationToken,
+    /// Per agent: the workers' calls in flight to it, at most `calls_per_agent`.
+    calls: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 #[derive(Clone, Copy)]
@@ -212,6 +214,7 @@ impl Reconciler {
                 metrics,
                 waiting: Mutex::new(HashMap::new()),
                 stopping: CancellationToken::new(),
+                calls: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -340,6 +343,21 @@ impl Reconciler {
             }
         });
         Ok(())
+    }
+
+    /// A slot for one worker's call to agent `name`, held until dropped; `None` while
+    /// `calls_per_agent` calls to it are in flight (a slow or unreachable agent): the live lesson
+    /// is tried again shortly, and the worker goes on to another agent's work meanwhile.
+    fn call_slot(&self, name: &str) -> Option<OwnedSemaphorePermit> {
+        let semaphore = lock(&self.inner.calls)
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.config.calls_per_agent)))
+            .clone();
+        let slot = semaphore.try_acquire_owned().ok();
+        if slot.is_none() {
+            tracing::debug!(agent = %name, "calls_per_agent calls to this agent in flight; trying again shortly");
+        }
+        slot
     }
 
     /// Enqueues `id` again after `delay` (a retry with backoff), unless shutdown comes first.
@@ -683,6 +701,9 @@ impl Reconciler {
             Err(Unplaced::Yet(reason)) => return self.wait(&lesson, reason, deadline).await,
         };
         let agent = placed.agent.clone();
+        let Some(_call) = self.call_slot(&agent.name) else {
+            return Ok(Next::After(inner.config.backoff_initial));
+        };
         let Some(current) = self.claim(lesson, placed).await? else {
             return Ok(Next::Done);
         };
@@ -1087,6 +1108,9 @@ impl Reconciler {
             }
             Resume::Fresh => {
                 if let Some(agent) = agent.as_ref().filter(|_| !lost) {
+                    let Some(_call) = self.call_slot(&agent.name) else {
+                        return Ok(Next::After(inner.config.backoff_initial));
+                    };
                     let observer = agent.observe(lesson.id);
                     match agent.deprovision(lesson.id, lesson.handle.clone()).await {
                         Ok(true) => {}
