@@ -755,10 +755,20 @@ async fn a_lesson_whose_agents_are_full_stays_pending_until_room_is_made() {
         .request_placed(&session, "anywhere", 0, None)
         .await
         .expect("a full agent is no reason to refuse");
-    // It waits unplaced: PENDING, on no agent, no placement decided, the agent full. (Why it
-    // waits, `no agent can take lesson `anywhere` now: `small`: full 1/1`, is kept in the
-    // store but no API shows it while the live lesson is PENDING.)
-    let view = env.admin_view(&waiting.id).await;
+    // It waits unplaced: PENDING, on no agent, no placement decided, the agent full, and
+    // operators see why (learners do not: it names the agent).
+    let view = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let view = env.admin_view(&waiting.id).await;
+            // "requested" until the reconciler has tried to place it.
+            if view.status_reason.contains("no agent can take") {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the operators' view says why it waits");
     let live = view.live_lesson.as_ref().unwrap();
     assert_eq!(
         (live.status(), live.agent.as_str()),
@@ -766,6 +776,23 @@ async fn a_lesson_whose_agents_are_full_stays_pending_until_room_is_made() {
         "{view:?}"
     );
     assert!(view.placement.is_none(), "{view:?}");
+    assert!(
+        view.status_reason.contains("`small`") && view.status_reason.contains("full 1/1"),
+        "{view:?}"
+    );
+    let learner = c
+        .lessons
+        .clone()
+        .get_live_lesson(with_token(
+            api::GetLiveLessonRequest {
+                id: waiting.id.clone(),
+            },
+            c.tokens.of_lesson(&waiting.id),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(learner.failure_reason.is_empty(), "{learner:?}");
     let agents = env.agents().await;
     assert!(
         agents

@@ -904,6 +904,7 @@ impl AdminService for Api {
         Ok(Response::new(api::AdminLiveLesson {
             live_lesson: Some(self.admin_lesson(&lesson)),
             placement: wire::placement(record),
+            status_reason: lesson.reason.clone(),
         }))
     }
 

@@ -211,20 +211,43 @@ pub fn live_lesson(live: &api::LiveLesson) -> String {
     }
     if !live.endpoints.is_empty() {
         text.push('\n');
-        text.push_str(&table(
-            ["ENDPOINT", "PRESENTATION", "TYPE", "ADDRESS", "URL"],
-            live.endpoints.iter().flat_map(|e| {
+        // Learners get the entrypoint's URL and no backend address, operators the backend's
+        // address and URL: a column empty in every row is left out.
+        let rows: Vec<[String; 6]> = live
+            .endpoints
+            .iter()
+            .flat_map(|e| {
                 e.presentations.iter().map(|p| {
-                    vec![
+                    [
                         e.name.clone(),
                         p.name.clone(),
                         p.r#type.clone(),
                         p.address.clone(),
                         p.url.clone(),
+                        p.entrypoint_url.clone(),
                     ]
                 })
-            }),
-        ));
+            })
+            .collect();
+        let header = [
+            "ENDPOINT",
+            "PRESENTATION",
+            "TYPE",
+            "ADDRESS",
+            "URL",
+            "ENTRYPOINT",
+        ];
+        let shown: Vec<usize> = (0..header.len())
+            .filter(|&c| c < 3 || rows.iter().any(|row| !row[c].is_empty()))
+            .collect();
+        let mut presentations = Table::new();
+        presentations
+            .load_preset(presets::NOTHING)
+            .set_header(shown.iter().map(|&c| header[c]));
+        for row in &rows {
+            presentations.add_row(shown.iter().map(|&c| row[c].clone()));
+        }
+        text.push_str(&presentations.to_string());
     }
     text
 }
@@ -320,6 +343,13 @@ pub fn admin_live_lesson(answer: &api::AdminLiveLesson) -> String {
         .as_ref()
         .map(live_lesson)
         .unwrap_or_default();
+    let failed = answer
+        .live_lesson
+        .as_ref()
+        .is_some_and(|l| !l.failure_reason.is_empty());
+    if !answer.status_reason.is_empty() && !failed {
+        text.push_str(&format!("status reason: {}\n", answer.status_reason));
+    }
     let Some(p) = &answer.placement else {
         text.push_str("\nplacement: never placed\n");
         return text;
@@ -440,4 +470,54 @@ fn peer_cert(a: &api::Agent) -> String {
         "sha256:{}…{expires}",
         a.tls_peer_sha256.get(..16).unwrap_or("")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lesson(presentation: api::LivePresentation) -> api::LiveLesson {
+        api::LiveLesson {
+            id: "l1".into(),
+            lesson_slug: "hello".into(),
+            status: api::LiveLessonStatus::Ready as i32,
+            endpoints: vec![api::LiveEndpoint {
+                name: "box".into(),
+                presentations: vec![presentation],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn learners_see_the_entrypoint_and_operators_the_backend() {
+        let learner = live_lesson(&lesson(api::LivePresentation {
+            name: "cli".into(),
+            r#type: "ssh".into(),
+            entrypoint_url: "https://entry.example/t/abc".into(),
+            ..Default::default()
+        }));
+        let header = learner.lines().find(|l| l.contains("ENDPOINT")).unwrap();
+        assert!(header.contains("ENTRYPOINT"), "{learner}");
+        assert!(
+            !header.contains("ADDRESS") && !header.contains(" URL"),
+            "{learner}"
+        );
+        assert!(learner.contains("https://entry.example/t/abc"), "{learner}");
+
+        let operator = live_lesson(&lesson(api::LivePresentation {
+            name: "web".into(),
+            r#type: "http".into(),
+            address: "127.0.0.1:8080".into(),
+            url: "http://127.0.0.1:8080/".into(),
+            ..Default::default()
+        }));
+        let header = operator.lines().find(|l| l.contains("ENDPOINT")).unwrap();
+        assert!(
+            header.contains("ADDRESS") && header.contains("URL") && !header.contains("ENTRYPOINT"),
+            "{operator}"
+        );
+        assert!(operator.contains("127.0.0.1:8080"), "{operator}");
+    }
 }
