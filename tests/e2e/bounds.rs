@@ -1,11 +1,13 @@
 //! Bounded everything: a client that never finishes its headers is cut off, one address (or
-//! many, for one session) cannot hold more connections and watches than its share, and all the
-//! while another learner's lifecycle goes on.
+//! many, for one session) cannot hold more connections and watches than its share, 10,000 idle
+//! watch streams within their shares are all served, and all the while another learner's
+//! lifecycle goes on.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use antidote_tests::web::Web;
+use futures::StreamExt as _;
 use hyper::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
@@ -312,4 +314,133 @@ async fn a_second_session_from_the_same_ipv6_64_is_refused() {
     );
     let other_64 = create(addresses[2]).await;
     assert!(other_64.starts_with("HTTP/1.1 200"), "{other_64}");
+}
+
+/// 10,000 idle Watch streams held open at once, over SSE, by 2,500 sessions from 1,250 loopback
+/// addresses (each within its limits: 4 watches a session, 8 connections and watches an
+/// address), leave another learner's whole lifecycle (gRPC and SSE) unharmed; every one of them
+/// is still open afterwards. No global cap an attacker could fill stands in the way: each
+/// stream is bounded by its session's and address's share only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_idle_watch_streams_leave_a_learner_unharmed() {
+    const ADDRESSES: u32 = 1_250;
+    // 10,000 sockets on each side: the test's and the scheduler's (inherited) descriptor limit
+    // must allow them, whatever the machine's default (root may raise its own hard limit).
+    let _ = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &std::process::id().to_string(),
+            "--nofile=65536:65536",
+        ])
+        .status();
+    let env = Env::start(
+        &["--null"],
+        Knobs {
+            sessions_per_ip: 0,
+            lessons_per_session: 1,
+            limits_extra: "connections_per_address = 8\nwatches_per_session = 4\n\
+                           watches_per_address = 8",
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let base = env.scheduler.process.extra_url("http").unwrap();
+    let http: SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    let c = &env.scheduler.clients;
+
+    // 2,500 sessions, one READY live lesson each (the agent does no work).
+    let owned: Vec<(String, String)> = futures::stream::iter(0..2 * ADDRESSES)
+        .map(|_| async {
+            let session = c.session().await.unwrap();
+            let live = c.request(&session, "hello-web", 0).await.unwrap();
+            let token = c.tokens.of_session(&session).expect("the session's token");
+            (live.id, token)
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+
+    // Each address watches two sessions' live lessons, four streams each.
+    let mut open = Vec::with_capacity(10_000);
+    for address in 0..ADDRESSES {
+        let from = Ipv4Addr::new(127, 2, (address / 250) as u8, (address % 250 + 1) as u8);
+        for n in 0..8 {
+            let (id, token) = &owned[(2 * address + n / 4) as usize];
+            let mut stream = connect_from(from, http)
+                .await
+                .unwrap_or_else(|err| panic!("connection {n} from {from}: {err}"));
+            stream
+                .write_all(
+                    format!(
+                        "GET /v1/live-lessons/{id}/watch HTTP/1.1\r\nHost: x\r\n\
+                         Accept: text/event-stream\r\nCookie: antidote_session={token}\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
+                .await
+                .unwrap();
+            open.push(stream);
+        }
+    }
+    let mut watching = 0;
+    for stream in &mut open {
+        let mut head = [0u8; 12];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_secs(10), stream.read(&mut head)).await
+            && n >= 12
+            && &head[9..12] == b"200"
+        {
+            watching += 1;
+        }
+    }
+    assert_eq!(watching, 10_000, "every stream within its limits is served");
+
+    // Meanwhile a learner runs a whole lifecycle over gRPC, then one over HTTP with SSE.
+    let learner = c.session().await.unwrap();
+    let live = c.request(&learner, "hello-web", 0).await.unwrap();
+    c.ready(&live.id).await.unwrap();
+    c.delete(&live.id, PATIENCE).await.unwrap();
+    let browser = Web::default();
+    let created = browser
+        .post(&format!("{base}/v1/sessions"), "")
+        .await
+        .unwrap();
+    let id = created.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let requested = browser
+        .post(
+            &format!("{base}/v1/live-lessons"),
+            &format!(r#"{{"sessionId": "{id}", "lessonSlug": "hello-web"}}"#),
+        )
+        .await
+        .unwrap();
+    assert_eq!(requested.status, StatusCode::OK, "{}", requested.body);
+    let mine = requested.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let mut events = browser
+        .events(&format!("{base}/v1/live-lessons/{mine}/watch"))
+        .await
+        .unwrap();
+    let ready = tokio::time::timeout(PATIENCE, async {
+        while let Some(event) = events.next().await.unwrap() {
+            if event.data.contains("LIVE_LESSON_STATUS_READY") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap();
+    assert!(ready, "the learner's lesson became READY over SSE");
+
+    // The idle streams were not cut to make room: none has been closed.
+    let mut still_open = 0;
+    for stream in &mut open {
+        let mut byte = [0u8; 1024];
+        match tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await {
+            // Nothing to read (idle) or more of the event stream: open.
+            Err(_) => still_open += 1,
+            Ok(Ok(n)) if n > 0 => still_open += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(still_open, 10_000, "idle streams were closed");
 }

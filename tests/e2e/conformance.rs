@@ -70,8 +70,10 @@ async fn whole_suite(agent: &Restartable, extra: &[&str], skipped: &[&str]) -> S
     report
 }
 
-/// What every agent here skips: forcing a resync is not done from outside, and no agent here
-/// runs python, ansible or napalm configurations yet.
+/// What every agent here skips: forcing a resync is not done from outside, and these runs offer
+/// no python, ansible or napalm configurations (agent-docker runs them without its configurator
+/// image; tests/e2e/configurators.rs runs the suite's configuration checks against agent-docker
+/// with that image and an SSH endpoint image, and each type on both agents).
 const ALWAYS_SKIPPED: [&str; 4] = [
     "watch-resync",
     "configuration-python",
@@ -237,8 +239,8 @@ async fn agent_docker_conforms() {
             "30s".into(),
             "--max-live-lessons".into(),
             "3".into(),
-            // Shell only: the suite's images carry no SSH credentials for ansible and napalm
-            // (tests/e2e/configurators.rs runs those against a real SSH server).
+            // Shell only: no configurator image, so python, ansible and napalm are not offered
+            // (tests/e2e/configurators.rs runs them with the configurator and sshd images).
             "--configurator-image".into(),
             String::new(),
         ],
