@@ -53,6 +53,55 @@ pub struct Docker {
     configurator: bool,
     /// Whether the Jupyter image is there, so Jupyter guide endpoints run.
     jupyter: bool,
+    /// Whether the entrypoint reaches containers at their own addresses.
+    direct: Arc<Direct>,
+}
+
+/// Whether this agent reaches containers at their addresses on the lesson network (it runs in
+/// the network namespace of the engine's host, where the lesson bridges are), found out by the
+/// entrypoint's first connection and kept: then learners' bytes skip the port-publishing proxy
+/// (docker-proxy) between the entrypoint and the container; otherwise (a remote engine, an agent
+/// in a container of its own) they go through the published ports.
+#[derive(Default)]
+struct Direct(std::sync::atomic::AtomicU8);
+
+impl Direct {
+    const UNKNOWN: u8 = 0;
+    const YES: u8 = 1;
+    const NO: u8 = 2;
+
+    async fn reaches(&self, addr: std::net::SocketAddr) -> bool {
+        use std::sync::atomic::Ordering;
+        match self.0.load(Ordering::Relaxed) {
+            Self::YES => return true,
+            Self::NO => return false,
+            _ => {}
+        }
+        // A refusal is an answer from the container's kernel: the address is reachable.
+        let reached = match tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(_)) => true,
+            Ok(Err(err)) => err.kind() == std::io::ErrorKind::ConnectionRefused,
+            Err(_) => false,
+        };
+        let found = if reached { Self::YES } else { Self::NO };
+        if self
+            .0
+            .compare_exchange(Self::UNKNOWN, found, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            if reached {
+                tracing::info!(%addr, "the entrypoint reaches containers at their own addresses");
+            } else {
+                tracing::info!(%addr, "containers are not reachable at their own addresses from here; the entrypoint uses their published ports");
+            }
+        }
+        reached
+    }
 }
 
 impl Docker {
@@ -71,6 +120,7 @@ impl Docker {
             book,
             configurator: false,
             jupyter: false,
+            direct: Arc::new(Direct::default()),
         }
     }
 
@@ -401,6 +451,28 @@ impl Backend for Docker {
         report: Report,
     ) -> Result<Vec<proto::EndpointState>, String> {
         self.take_to_ready(&spec, start, &report).await
+    }
+
+    async fn reach(
+        &self,
+        _live_lesson: &str,
+        endpoint: &proto::EndpointState,
+        declared: &proto::Presentation,
+        presentation: &proto::PresentationState,
+    ) -> Option<std::net::SocketAddr> {
+        if let (Ok(ip), Ok(port)) = (
+            endpoint.internal_address.parse::<std::net::IpAddr>(),
+            u16::try_from(declared.port),
+        ) {
+            let own = std::net::SocketAddr::new(ip, port);
+            if self.direct.reaches(own).await {
+                return Some(own);
+            }
+        }
+        tokio::net::lookup_host(presentation.address.as_str())
+            .await
+            .ok()?
+            .next()
     }
 
     async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {

@@ -64,8 +64,8 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let metrics = sdk::metrics::bind(settings.metrics_listen).await?;
-    // Learners' way in: presentations resolve to the addresses the agent reports (the
-    // containers' ports published on the engine's host, where this agent runs).
+    // Learners' way in: presentations resolve to the containers' own addresses when this agent
+    // reaches them (it runs on the engine's host), to their published ports otherwise.
     let entrypoint = settings.entrypoint.bind().await?;
     if let Some(bound) = &entrypoint {
         println!("entrypoint listening on {}", bound.listener.local_addr()?);

@@ -575,7 +575,10 @@ async fn alive(env: &EntryEnv, id: &str) -> bool {
 async fn entrypoint_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_terminal_does_not() {
     const TTL: Duration = Duration::from_secs(15);
     let env = EntryEnv::start("e2e-entrypoint-ttl", "15s").await;
-    let (busy, idle) = tokio::join!(env.lesson(), env.lesson());
+    let (busy, idle, polled) = tokio::join!(env.lesson(), env.lesson(), env.lesson());
+    // A tab whose page polls its server (a script's GETs, as a browser marks them) is idle too.
+    let polled_page = presentation(&polled, "box", "web").entrypoint_url.clone();
+    let mut polled_gone = None;
     let mut typing = websocket(&presentation(&busy, "box", "cli").entrypoint_url)
         .await
         .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs()));
@@ -597,8 +600,21 @@ async fn entrypoint_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_termina
         if idle_gone.is_none() && !alive(&env, &idle.id).await {
             idle_gone = Some(started.elapsed());
         }
+        if polled_gone.is_none() {
+            if alive(&env, &polled.id).await {
+                let poll = get(&polled_page, &[("sec-fetch-mode", "cors")]).await;
+                assert_eq!(poll.status, 200, "{}", poll.body);
+            } else {
+                polled_gone = Some(started.elapsed());
+            }
+        }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    assert!(
+        polled_gone.is_some(),
+        "a tab polling its page kept its lesson alive past twice its TTL\n{}",
+        env.logs()
+    );
     let idle_gone = idle_gone.unwrap_or_else(|| {
         panic!(
             "the idle terminal's lesson outlived its TTL by {:?}\n{}",

@@ -106,13 +106,16 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Where the entrypoint reaches a presentation of a live lesson (PROTOCOL.md,
-    /// "Entrypoint"). The default resolves the address the agent reported for it, which is
-    /// right when the entrypoint runs where learners' addresses are reachable (agent-docker's
-    /// published ports, a cluster's Service names from inside the cluster).
+    /// "Entrypoint"): `declared` is the spec's presentation (its port on the endpoint),
+    /// `presentation` what the agent reported for it. The default resolves the reported
+    /// address, which is right when the entrypoint runs where learners' addresses are reachable
+    /// (a cluster's Service names from inside the cluster); agent-docker goes to the container's
+    /// own address when it can, saving Docker's port-publishing proxy a hop.
     async fn reach(
         &self,
         _live_lesson: &str,
         _endpoint: &proto::EndpointState,
+        _declared: &proto::Presentation,
         presentation: &proto::PresentationState,
     ) -> Option<std::net::SocketAddr> {
         if presentation.address.is_empty() {
@@ -562,7 +565,10 @@ impl<B: Backend> Lessons for Agent<B> {
             .presentations
             .iter()
             .find(|p| p.name == presentation)?;
-        let addr = self.backend.reach(live_lesson, reported, at).await?;
+        let addr = self
+            .backend
+            .reach(live_lesson, reported, declared, at)
+            .await?;
         let kind = match declared.r#type() {
             proto::PresentationType::Http => entrypoint::Kind::Http,
             proto::PresentationType::Ssh => {

@@ -524,6 +524,28 @@ fn find_token(request: &Request<Incoming>) -> Found {
     }
 }
 
+/// Whether a request is the learner's own doing, so it marks the live lesson active (PROTOCOL.md,
+/// "Activity"). Browsers say how each request was made (Fetch Metadata, `Sec-Fetch-Mode`): a
+/// navigation (a link followed, a form sent, a reload) or a request that changes something (any
+/// method but GET, HEAD and OPTIONS) is the learner's; a page script's GET (`cors`,
+/// `same-origin`, `no-cors`: polling, auto-refresh, the assets of a page already counted) is
+/// not, so an open tab that polls its server keeps nothing alive. A WebSocket's opening is not
+/// either (a page reconnects on its own): its data frames from the learner are. A request
+/// without the header (not a browser) counts.
+fn learners_doing<B>(request: &Request<B>) -> bool {
+    let Some(mode) = request.headers().get("sec-fetch-mode") else {
+        return true;
+    };
+    match mode.as_bytes() {
+        b"navigate" => true,
+        b"websocket" => false,
+        _ => !matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        ),
+    }
+}
+
 /// The value of cookie `name` in the request's `Cookie` headers.
 fn cookie(headers: &http::HeaderMap, name: &str) -> Option<String> {
     headers
@@ -603,7 +625,9 @@ async fn handle(
             "no such presentation here (not ready, or gone)",
         );
     };
-    entry.activity.touch(&route.live_lesson);
+    if learners_doing(&request) {
+        entry.activity.touch(&route.live_lesson);
+    }
     let mut response = match target.kind {
         Kind::Http => {
             proxy::forward(
@@ -815,6 +839,28 @@ impl EntrypointArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_what_the_learner_does_is_activity() {
+        let request = |method: &str, mode: Option<&str>| {
+            let mut builder = Request::builder().method(method).uri("/l/a/b/c/");
+            if let Some(mode) = mode {
+                builder = builder.header("sec-fetch-mode", mode);
+            }
+            builder.body(()).unwrap()
+        };
+        // Navigations, changes and requests from outside a browser count.
+        assert!(learners_doing(&request("GET", Some("navigate"))));
+        assert!(learners_doing(&request("POST", Some("cors"))));
+        assert!(learners_doing(&request("PUT", Some("same-origin"))));
+        assert!(learners_doing(&request("GET", None)));
+        // A page's own reads (polling, assets) and a WebSocket's opening do not.
+        assert!(!learners_doing(&request("GET", Some("cors"))));
+        assert!(!learners_doing(&request("GET", Some("same-origin"))));
+        assert!(!learners_doing(&request("GET", Some("no-cors"))));
+        assert!(!learners_doing(&request("HEAD", Some("cors"))));
+        assert!(!learners_doing(&request("GET", Some("websocket"))));
+    }
 
     #[test]
     fn routes() {
