@@ -247,23 +247,42 @@ async fn main() -> anyhow::Result<()> {
     let mut scheduler_rates = Vec::new();
     let mut p99s = Vec::new();
     let mut cpus = Vec::new();
+    // The other two processes on the same cores: the agent and loadgen itself (the learners).
+    let others: [Vec<u32>; 2] = [
+        agent_process.pid().into_iter().collect(),
+        vec![std::process::id()],
+    ];
+    let mut others_cpu: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for round in 1..=args.rounds {
         let baseline = run(&args, |i| {
             let mut client = agents[i % agents.len()].clone();
             async move { direct(&mut client).await }
         })
         .await?;
+        let before = others.each_ref().map(|pids| cpu_time(pids));
         let measured = run_measured(&args, &pids, |i| {
             let clients = clients[i % clients.len()].clone();
             let lesson = args.lesson.clone();
             async move { lifecycle(&clients, &lesson).await }
         })
         .await?;
+        let spent: Vec<Option<Duration>> = before
+            .iter()
+            .zip(&others)
+            .map(|(before, pids)| {
+                before
+                    .zip(cpu_time(pids))
+                    .map(|(b, a)| a.saturating_sub(b) / args.lifecycles as u32)
+            })
+            .collect();
+        for (kept, cpu) in others_cpu.iter_mut().zip(&spent) {
+            kept.extend(*cpu);
+        }
         let ratio = measured.per_second / baseline.per_second;
         println!(
             "round {round}: baseline (agent direct) {:>8.0}/s p50 {:>6.2} ms p99 {:>6.2} ms | \
              scheduler {:>8.0} lifecycles/s, request→READY p50 {:>6.2} ms p99 {:>6.2} ms, \
-             scheduler CPU {} µs/lifecycle | throughput ratio {ratio:.3}",
+             CPU per lifecycle: scheduler {} µs, agent {} µs, loadgen {} µs | throughput ratio {ratio:.3}",
             baseline.per_second,
             ms(baseline.p50),
             ms(baseline.p99),
@@ -271,6 +290,8 @@ async fn main() -> anyhow::Result<()> {
             ms(measured.p50),
             ms(measured.p99),
             micros(measured.cpu),
+            micros(spent[0]),
+            micros(spent[1]),
         );
         ratios.push(ratio);
         scheduler_rates.push(measured.per_second);
@@ -288,6 +309,26 @@ async fn main() -> anyhow::Result<()> {
         micros((!cpus.is_empty()).then(|| median(&cpus))),
         ratios[ratios.len() / 2]
     );
+    // What the machine allows: its cores' time divided by all three processes' CPU per
+    // lifecycle (the scheduler's share shows how much of the ceiling is ours).
+    if !cpus.is_empty() && others_cpu.iter().all(|c| !c.is_empty()) {
+        let [agent, own] = others_cpu.each_ref().map(|c| median(c));
+        let scheduler = median(&cpus);
+        let all = scheduler + agent + own;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!(
+            "CPU per lifecycle (medians): scheduler {} µs + agent {} µs + loadgen {} µs = {} µs: \
+             {cores} cores allow at most {:.0} lifecycles/s with all three on them, {:.0}/s \
+             with the scheduler taking no CPU at all (the scheduler is {:.0} % of it)",
+            micros(Some(scheduler)),
+            micros(Some(agent)),
+            micros(Some(own)),
+            micros(Some(all)),
+            cores as f64 / all.as_secs_f64(),
+            cores as f64 / (agent + own).as_secs_f64(),
+            100.0 * scheduler.as_secs_f64() / all.as_secs_f64()
+        );
+    }
     Ok(())
 }
 
