@@ -131,7 +131,7 @@ impl Replica {
     }
 
     /// Renews every lease this replica holds; returns the live lessons whose lease it lost
-    /// (it expired and another replica took it: their workers must stop).
+    /// (it expired, whether or not another replica took it yet: their workers must stop).
     pub async fn renew(&self, store: &Store) -> Result<Vec<LiveLessonId>, Error> {
         // Idle leases of more than a renewal period are released first, all in one statement;
         // a failure leaves them idle for the next try (and they expire if it never comes).
@@ -159,8 +159,9 @@ impl Replica {
             }
         }
         let started = Instant::now();
+        let now = Millis::now();
         let kept: HashSet<String> = store
-            .renew_leases(&self.id, Millis::now().plus(self.lease_ttl))
+            .renew_leases(&self.id, now, now.plus(self.lease_ttl))
             .await?
             .into_iter()
             .collect();

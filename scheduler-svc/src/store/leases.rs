@@ -2,7 +2,8 @@
 //! per leased name (a live lesson's id for its reconcile work, or a duty such as `reaper`) with
 //! its holder (a replica id) and when it expires. A lease is taken by one statement that
 //! inserts it or takes it over when it is expired or already ours, renewed in one statement for
-//! everything a replica holds, and released when the work is done. Times are the replicas'
+//! everything a replica still holds unexpired (an expired lease is never revived), and released
+//! when the work is done. Times are the replicas'
 //! clocks ([`Millis`]); a lease outlives clock differences smaller than its TTL's margin.
 //!
 //! The statements run on SQLite too (the store tests run on both), but only PostgreSQL replicas
@@ -40,16 +41,26 @@ impl Store {
         Ok(row.is_some())
     }
 
-    /// Extends every lease `holder` still holds to `until`; returns their names. A lease taken
-    /// over by another replica (it expired meanwhile) is not among them.
-    pub async fn renew_leases(&self, holder: &str, until: Millis) -> Result<Vec<String>> {
+    /// Extends every lease `holder` still holds at `now` to `until`; returns their names. A
+    /// lease that expired is not renewed, even when nobody took it over yet: its holder's
+    /// fenced writes were refused from the moment it expired, so the holder may have dropped
+    /// the work, and reviving the lease would keep every other replica from it for good. The
+    /// holder takes it again like anyone ([`Store::acquire_lease`]).
+    pub async fn renew_leases(
+        &self,
+        holder: &str,
+        now: Millis,
+        until: Millis,
+    ) -> Result<Vec<String>> {
         let rows = self
             .write_all(
                 Statement::new(
-                    "UPDATE leases SET expires_at = $1 WHERE holder = $2 RETURNING name",
+                    "UPDATE leases SET expires_at = $1 WHERE holder = $2 AND expires_at >= $3 \
+                     RETURNING name",
                 )
                 .bind(until.0)
-                .bind(holder),
+                .bind(holder)
+                .bind(now.0),
             )
             .await?;
         rows.iter().map(|row| row.at(0)).collect()
@@ -127,11 +138,11 @@ mod tests {
             assert!(!store.acquire_lease(lease, "b", Millis(150), Millis(250)).await.unwrap());
             assert!(store.acquire_lease(lease, "a", Millis(150), Millis(250)).await.unwrap());
             // Renewal extends what a holds.
-            assert_eq!(store.renew_leases("a", Millis(400)).await.unwrap(), [lease]);
+            assert_eq!(store.renew_leases("a", Millis(160), Millis(400)).await.unwrap(), [lease]);
             assert!(!store.acquire_lease(lease, "b", Millis(300), Millis(500)).await.unwrap());
             // Expired: b takes it over; a's renewal no longer lists it and a cannot release it.
             assert!(store.acquire_lease(lease, "b", Millis(401), Millis(600)).await.unwrap());
-            assert!(store.renew_leases("a", Millis(700)).await.unwrap().is_empty());
+            assert!(store.renew_leases("a", Millis(402), Millis(700)).await.unwrap().is_empty());
             store.release_lease(lease, "a").await.unwrap();
             assert!(!store.acquire_lease(lease, "a", Millis(500), Millis(700)).await.unwrap());
             // Released by b: anyone's at once.
@@ -142,8 +153,12 @@ mod tests {
             assert!(store.acquire_lease("y", "b", Millis(500), Millis(700)).await.unwrap());
             let names = [lease.to_owned(), "x".to_owned(), "y".to_owned()];
             store.release_leases_named(&names, "a").await.unwrap();
-            assert!(store.renew_leases("a", Millis(800)).await.unwrap().is_empty());
-            assert_eq!(store.renew_leases("b", Millis(800)).await.unwrap(), ["y"]);
+            assert!(store.renew_leases("a", Millis(600), Millis(800)).await.unwrap().is_empty());
+            assert_eq!(store.renew_leases("b", Millis(600), Millis(800)).await.unwrap(), ["y"]);
+            // Expired and taken by nobody: not renewed (its holder's fenced writes were refused
+            // since it expired); its holder takes it again like anyone.
+            assert!(store.renew_leases("b", Millis(801), Millis(900)).await.unwrap().is_empty());
+            assert!(store.acquire_lease("y", "a", Millis(801), Millis(900)).await.unwrap());
         }
 
         async fn concurrent_takers_get_one_lease(database, store) {
