@@ -1076,10 +1076,31 @@ pub(super) async fn start_agent_k8s(
     .await
 }
 
+/// `config` without its `[admin]` table and `[[admin.tokens]]` entries (deploy/k8s's admin
+/// listener, whose placeholder token nobody holds), so the test's own admin settings take their
+/// place instead of being a duplicate key.
+fn without_admin(config: &str) -> String {
+    let mut kept = String::new();
+    let mut skipping = false;
+    for line in config.lines() {
+        let header = line.trim();
+        if header.starts_with('[') {
+            skipping = header == "[admin]"
+                || header.starts_with("[admin.")
+                || header.starts_with("[[admin.");
+        }
+        if !skipping {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
 /// [`spawn_scheduler`] with an admin listener (the test tokens of [`admin_config`]), and
 /// clients for it.
 pub(super) async fn start_scheduler(dir: &Path, config: &str) -> (Process, Clients) {
-    let config = format!("{}{config}", admin_config());
+    let config = format!("{}{}", admin_config(), without_admin(config));
     let process = spawn_scheduler(dir, &config)
         .await
         .unwrap_or_else(|e| panic!("the scheduler refused its configuration: {e:#}\n{config}"));

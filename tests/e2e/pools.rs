@@ -407,7 +407,8 @@ async fn failed_members_are_replaced_and_shrinking_removes_unclaimed_only() {
 async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicates_none() {
     // The agent keeps a record per live lesson it holds (its objects), so the test can see
     // that a member being removed at the kill was deleted on the agent afterwards. Stages
-    // take 2s to configure, so a stage change is still running at the kill.
+    // take 2s to configure, so a stage change is still running at the kill, and removals 2s,
+    // so the member killed just before is still TERMINATING.
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().display().to_string();
     let mut env = Env::start(
@@ -415,6 +416,8 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
             "--boot-delay",
             "2s",
             "--configure-delay",
+            "2s",
+            "--remove-delay",
             "2s",
             "--state-dir",
             &state_dir,

@@ -57,6 +57,9 @@ struct Args {
     /// Time each stage's configuration takes.
     #[arg(long, default_value = "0ms", value_parser = humantime_duration)]
     configure_delay: Duration,
+    /// Time each removal takes (Deprovision answers once it is over).
+    #[arg(long, default_value = "0ms", value_parser = humantime_duration)]
+    remove_delay: Duration,
     /// Append "create <id> <generation>" here whenever objects are created.
     #[arg(long)]
     journal: Option<PathBuf>,
@@ -467,6 +470,7 @@ impl Backend for Loopback {
     }
 
     async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+        tokio::time::sleep(self.args.remove_delay).await;
         self.entries().remove(live_lesson_id);
         if let Some(path) = self.record_path(live_lesson_id) {
             match std::fs::remove_file(&path) {
