@@ -550,7 +550,8 @@ pub struct ReconcilerConfig {
     /// Calls to one agent that workers may have in flight at once (Provision, Recover,
     /// Deprovision): a slow or black-holed agent holds at most this many workers, each for up
     /// to `call_timeout`, and the rest go on driving the other agents. Live lessons over it wait
-    /// off the workers and are tried again after `backoff_initial`.
+    /// off the workers and are tried again after `backoff_initial`. Default: the default
+    /// workers (no cap), since with one busy agent a cap costs throughput.
     pub calls_per_agent: usize,
     /// Deadline of each agent call.
     #[serde(with = "humantime_serde")]
@@ -583,7 +584,7 @@ impl Default for ReconcilerConfig {
     fn default() -> Self {
         Self {
             workers: 64,
-            calls_per_agent: 16,
+            calls_per_agent: 64,
             call_timeout: Duration::from_secs(30),
             provision_timeout: Duration::from_secs(15 * 60),
             terminate_timeout: Duration::from_secs(5 * 60),
