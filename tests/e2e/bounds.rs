@@ -138,41 +138,7 @@ async fn slowloris_and_a_flood_of_watches_leave_a_learner_unharmed() {
     assert_eq!(refused, 10_000 - 500 * 8);
 
     // Meanwhile a learner from 127.0.0.1 runs a whole lifecycle, over gRPC and over HTTP.
-    let c = &env.scheduler.clients;
-    let learner = c.session().await.unwrap();
-    let live = c.request(&learner, "hello-web", 0).await.unwrap();
-    c.ready(&live.id).await.unwrap();
-    c.delete(&live.id, PATIENCE).await.unwrap();
-    let browser = Web::default();
-    let created = browser
-        .post(&format!("{base}/v1/sessions"), "")
-        .await
-        .unwrap();
-    let id = created.json().unwrap()["id"].as_str().unwrap().to_owned();
-    let requested = browser
-        .post(
-            &format!("{base}/v1/live-lessons"),
-            &format!(r#"{{"sessionId": "{id}", "lessonSlug": "hello-web"}}"#),
-        )
-        .await
-        .unwrap();
-    assert_eq!(requested.status, StatusCode::OK, "{}", requested.body);
-    let live = requested.json().unwrap()["id"].as_str().unwrap().to_owned();
-    let mut events = browser
-        .events(&format!("{base}/v1/live-lessons/{live}/watch"))
-        .await
-        .unwrap();
-    let ready = tokio::time::timeout(PATIENCE, async {
-        while let Some(event) = events.next().await.unwrap() {
-            if event.data.contains("LIVE_LESSON_STATUS_READY") {
-                return true;
-            }
-        }
-        false
-    })
-    .await
-    .unwrap();
-    assert!(ready, "the learner's lesson became READY over SSE");
+    learner_lifecycle(&env, &base).await;
     drop(open);
 }
 
@@ -396,6 +362,26 @@ async fn ten_thousand_idle_watch_streams_leave_a_learner_unharmed() {
     assert_eq!(watching, 10_000, "every stream within its limits is served");
 
     // Meanwhile a learner runs a whole lifecycle over gRPC, then one over HTTP with SSE.
+    learner_lifecycle(&env, &base).await;
+
+    // The idle streams were not cut to make room: none has been closed.
+    let mut still_open = 0;
+    for stream in &mut open {
+        let mut byte = [0u8; 1024];
+        match tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await {
+            // Nothing to read (idle) or more of the event stream: open.
+            Err(_) => still_open += 1,
+            Ok(Ok(n)) if n > 0 => still_open += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(still_open, 10_000, "idle streams were closed");
+}
+
+/// A learner from 127.0.0.1 runs a whole lifecycle over gRPC, then one over HTTP, following it
+/// to READY over SSE.
+async fn learner_lifecycle(env: &Env, base: &str) {
+    let c = &env.scheduler.clients;
     let learner = c.session().await.unwrap();
     let live = c.request(&learner, "hello-web", 0).await.unwrap();
     c.ready(&live.id).await.unwrap();
@@ -414,9 +400,9 @@ async fn ten_thousand_idle_watch_streams_leave_a_learner_unharmed() {
         .await
         .unwrap();
     assert_eq!(requested.status, StatusCode::OK, "{}", requested.body);
-    let mine = requested.json().unwrap()["id"].as_str().unwrap().to_owned();
+    let live = requested.json().unwrap()["id"].as_str().unwrap().to_owned();
     let mut events = browser
-        .events(&format!("{base}/v1/live-lessons/{mine}/watch"))
+        .events(&format!("{base}/v1/live-lessons/{live}/watch"))
         .await
         .unwrap();
     let ready = tokio::time::timeout(PATIENCE, async {
@@ -430,17 +416,4 @@ async fn ten_thousand_idle_watch_streams_leave_a_learner_unharmed() {
     .await
     .unwrap();
     assert!(ready, "the learner's lesson became READY over SSE");
-
-    // The idle streams were not cut to make room: none has been closed.
-    let mut still_open = 0;
-    for stream in &mut open {
-        let mut byte = [0u8; 1024];
-        match tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await {
-            // Nothing to read (idle) or more of the event stream: open.
-            Err(_) => still_open += 1,
-            Ok(Ok(n)) if n > 0 => still_open += 1,
-            _ => {}
-        }
-    }
-    assert_eq!(still_open, 10_000, "idle streams were closed");
 }
