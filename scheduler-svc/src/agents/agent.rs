@@ -318,11 +318,14 @@ impl Agent {
 
     pub(super) fn fail(&self, call: &'static str, status: tonic::Status) -> Error {
         // A TLS agent answers a plaintext HTTP/2 preface with a TLS alert, which HTTP/2 reads
-        // as a broken frame: say what is likely wrong instead of leaving only the frame error.
+        // as a broken frame, or closes the connection before the preface is written (a broken
+        // pipe or a reset, seen at the handshake): say what is likely wrong instead of leaving
+        // only the frame or socket error.
         let status = if self.tls.is_none()
             && self.inbound.is_none()
             && self.address.starts_with("http://")
-            && status.message().starts_with("h2 protocol error")
+            && (status.message().starts_with("h2 protocol error")
+                || (call == "Handshake" && closed_by_peer(&status)))
         {
             tonic::Status::new(
                 status.code(),
@@ -589,4 +592,44 @@ fn client_tls(config: &AgentConfig, tls: &AgentTlsConfig) -> Result<ClientTls, E
         ca: tls.ca.clone(),
     };
     Ok(ClientTls::load_lazy(files, identity))
+}
+
+/// Whether a call failed because the peer closed the connection under it (a broken pipe or a
+/// reset), as the socket error in the status's source chain says.
+fn closed_by_peer(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closed_by_peer;
+
+    #[test]
+    fn a_peer_closing_the_connection_is_told_from_other_failures() {
+        for kind in [
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::ConnectionReset,
+        ] {
+            let status =
+                tonic::Status::from_error(Box::new(std::io::Error::new(kind, "stream closed")));
+            assert!(closed_by_peer(&status), "{kind:?}");
+        }
+        let refused = tonic::Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(!closed_by_peer(&refused));
+        assert!(!closed_by_peer(&tonic::Status::unavailable("no")));
+    }
 }
