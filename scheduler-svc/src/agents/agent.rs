@@ -599,13 +599,13 @@ fn client_tls(config: &AgentConfig, tls: &AgentTlsConfig) -> Result<ClientTls, E
 fn closed_by_peer(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            if matches!(
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
                 io.kind(),
                 std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-            ) {
-                return true;
-            }
+            )
+        {
+            return true;
         }
         source = error.source();
     }
