@@ -123,6 +123,9 @@ pub enum Error {
     /// The database failed.
     #[error("store: {0}")]
     Store(#[from] sqlx::Error),
+    /// The SQLite writer's connection failed.
+    #[error("store: {0}")]
+    Written(#[from] rusqlite::Error),
     /// The database failed to migrate.
     #[error("store migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -173,8 +176,11 @@ impl Error {
             Error::Agent { status, .. } => status.code(),
             // A busy, full, unreachable or restarting database: worth a retry.
             Error::Store(err) if crate::store::transient(err) => Code::Unavailable,
+            Error::Written(err) if crate::store::transient_written(err) => Code::Unavailable,
             Error::Commit(_) | Error::StoreOpen(_) => Code::Unavailable,
-            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) => Code::Internal,
+            Error::Store(_) | Error::Written(_) | Error::Migrate(_) | Error::Corrupt(_) => {
+                Code::Internal
+            }
             Error::WriterStopped => Code::Unavailable,
         }
     }
@@ -274,8 +280,13 @@ impl Error {
             }
             Error::WriterStopped => (R::ShuttingDown, vec![]),
             Error::Store(err) if crate::store::transient(err) => (R::StoreUnavailable, vec![]),
+            Error::Written(err) if crate::store::transient_written(err) => {
+                (R::StoreUnavailable, vec![])
+            }
             Error::Commit(_) | Error::StoreOpen(_) => (R::StoreUnavailable, vec![]),
-            Error::Store(_) | Error::Migrate(_) | Error::Corrupt(_) => (R::InternalError, vec![]),
+            Error::Store(_) | Error::Written(_) | Error::Migrate(_) | Error::Corrupt(_) => {
+                (R::InternalError, vec![])
+            }
         }
     }
 }

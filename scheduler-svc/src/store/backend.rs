@@ -9,9 +9,17 @@
 //! [`Conn::lock_name`] serialise the writes whose limit checks must not interleave (SQLite's
 //! single writer already does; PostgreSQL's concurrent transactions need a lock), and
 //! [`transient`] says which failures are worth a retry.
+//!
+//! SQLite's writing connection is rusqlite's, driven on the writer's own thread (sqlx runs each
+//! SQLite connection on a worker thread of its own, so every statement would be two thread
+//! hand-offs); its rows come back as [`Row::Written`], owned values decoded by the same names.
+//! Reads stay on sqlx's read-only pool.
 
+use std::sync::Arc;
+
+use rusqlite::types::{FromSql, ValueRef};
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
-use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
 
 use super::Result;
@@ -121,6 +129,68 @@ impl Statement {
         query
     }
 
+    /// Prepared (from the connection's statement cache) and bound on the SQLite writer's
+    /// connection. SQLite numbers `$N` parameters by first appearance, so each is bound by the
+    /// number in its name, as sqlx does.
+    fn written<'c>(
+        &self,
+        conn: &'c rusqlite::Connection,
+    ) -> rusqlite::Result<rusqlite::CachedStatement<'c>> {
+        let mut statement = conn.prepare_cached(&self.sql)?;
+        for index in 1..=statement.parameter_count() {
+            let number = statement
+                .parameter_name(index)
+                .and_then(|name| name.strip_prefix('$'))
+                .and_then(|number| number.parse::<usize>().ok())
+                .unwrap_or(index);
+            let value = number
+                .checked_sub(1)
+                .and_then(|at| self.args.get(at))
+                .ok_or(rusqlite::Error::InvalidParameterCount(
+                    number,
+                    self.args.len(),
+                ))?;
+            match value {
+                Value::Int(value) => statement.raw_bind_parameter(index, value)?,
+                Value::Bool(value) => statement.raw_bind_parameter(index, value)?,
+                Value::Text(value) => statement.raw_bind_parameter(index, value.as_deref())?,
+                Value::Bytes(value) => statement.raw_bind_parameter(index, value.as_deref())?,
+            }
+        }
+        Ok(statement)
+    }
+
+    /// Runs on the SQLite writer's connection: every row, owned.
+    fn written_rows(&self, conn: &rusqlite::Connection) -> rusqlite::Result<Vec<Row>> {
+        let mut statement = self.written(conn)?;
+        let names: Arc<[String]> = statement
+            .column_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let mut rows = statement.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let values = (0..names.len())
+                .map(|at| row.get_ref(at).map(rusqlite::types::Value::from))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            out.push(Row::Written(Written {
+                names: names.clone(),
+                values,
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Runs on the SQLite writer's connection to its end (rows, if any, are dropped): how many
+    /// rows it changed.
+    fn written_execute(&self, conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
+        let mut statement = self.written(conn)?;
+        let mut rows = statement.raw_query();
+        while rows.next()?.is_some() {}
+        Ok(conn.changes())
+    }
+
     fn postgres(&self) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {
         let mut query = sqlx::query(&self.sql);
         for arg in &self.args {
@@ -137,8 +207,38 @@ impl Statement {
 
 /// A result row of either backend.
 pub(super) enum Row {
+    /// From SQLite's read pool.
     Sqlite(SqliteRow),
+    /// From SQLite's writing connection.
+    Written(Written),
     Postgres(PgRow),
+}
+
+/// A row from SQLite's writing connection: its values, owned, and the statement's column names.
+pub(super) struct Written {
+    names: Arc<[String]>,
+    values: Vec<rusqlite::types::Value>,
+}
+
+impl Written {
+    fn decode<T: FromSql>(&self, at: usize) -> Result<T> {
+        let value = self
+            .values
+            .get(at)
+            .ok_or(rusqlite::Error::InvalidColumnIndex(at))?;
+        T::column_result(ValueRef::from(value)).map_err(|err| {
+            rusqlite::Error::FromSqlConversionFailure(at, value.data_type(), Box::new(err)).into()
+        })
+    }
+
+    fn named<T: FromSql>(&self, name: &str) -> Result<T> {
+        let at = self
+            .names
+            .iter()
+            .position(|column| column == name)
+            .ok_or_else(|| rusqlite::Error::InvalidColumnName(name.to_owned()))?;
+        self.decode(at)
+    }
 }
 
 impl Row {
@@ -149,10 +249,12 @@ impl Row {
         T: for<'r> Decode<'r, Sqlite>
             + Type<Sqlite>
             + for<'r> Decode<'r, Postgres>
-            + Type<Postgres>,
+            + Type<Postgres>
+            + FromSql,
     {
         Ok(match self {
             Row::Sqlite(row) => row.try_get(name)?,
+            Row::Written(row) => row.named(name)?,
             Row::Postgres(row) => row.try_get(name)?,
         })
     }
@@ -166,6 +268,7 @@ impl Row {
     pub(super) fn flag(&self, name: &str) -> Result<bool> {
         Ok(match self {
             Row::Sqlite(row) => row.try_get::<bool, _>(name)?,
+            Row::Written(row) => row.named::<bool>(name)?,
             Row::Postgres(row) => row.try_get::<i16, _>(name)? != 0,
         })
     }
@@ -176,10 +279,12 @@ impl Row {
         T: for<'r> Decode<'r, Sqlite>
             + Type<Sqlite>
             + for<'r> Decode<'r, Postgres>
-            + Type<Postgres>,
+            + Type<Postgres>
+            + FromSql,
     {
         Ok(match self {
             Row::Sqlite(row) => row.try_get(index)?,
+            Row::Written(row) => row.decode(index)?,
             Row::Postgres(row) => row.try_get(index)?,
         })
     }
@@ -188,7 +293,7 @@ impl Row {
 /// The connection a write job runs on: the SQLite writer's (with the job's record of the rows
 /// it wrote, for the writer's cache: see [`super::known`]), or a PostgreSQL transaction's.
 pub(super) enum Conn<'c> {
-    Sqlite(&'c mut SqliteConnection, &'c mut Effects),
+    Sqlite(&'c mut rusqlite::Connection, &'c mut Effects),
     Postgres(&'c mut PgConnection),
 }
 
@@ -239,11 +344,7 @@ impl Conn<'_> {
 
     pub(super) async fn fetch_optional(&mut self, statement: Statement) -> Result<Option<Row>> {
         Ok(match self {
-            Conn::Sqlite(conn, _) => statement
-                .sqlite()
-                .fetch_optional(&mut **conn)
-                .await?
-                .map(Row::Sqlite),
+            Conn::Sqlite(conn, _) => statement.written_rows(conn)?.into_iter().next(),
             Conn::Postgres(conn) => statement
                 .postgres()
                 .fetch_optional(&mut **conn)
@@ -254,13 +355,7 @@ impl Conn<'_> {
 
     pub(super) async fn fetch_all(&mut self, statement: Statement) -> Result<Vec<Row>> {
         Ok(match self {
-            Conn::Sqlite(conn, _) => statement
-                .sqlite()
-                .fetch_all(&mut **conn)
-                .await?
-                .into_iter()
-                .map(Row::Sqlite)
-                .collect(),
+            Conn::Sqlite(conn, _) => statement.written_rows(conn)?,
             Conn::Postgres(conn) => statement
                 .postgres()
                 .fetch_all(&mut **conn)
@@ -274,11 +369,7 @@ impl Conn<'_> {
     /// Runs a statement; returns how many rows it changed.
     pub(super) async fn execute(&mut self, statement: Statement) -> Result<u64> {
         Ok(match self {
-            Conn::Sqlite(conn, _) => statement
-                .sqlite()
-                .execute(&mut **conn)
-                .await?
-                .rows_affected(),
+            Conn::Sqlite(conn, _) => statement.written_execute(conn)?,
             Conn::Postgres(conn) => statement
                 .postgres()
                 .execute(&mut **conn)
@@ -402,4 +493,16 @@ pub fn transient(err: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// [`transient`] for the SQLite writer's connection: busy, locked, an I/O error, a full disk,
+/// a file that cannot be opened.
+pub fn transient_written(err: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as E;
+    matches!(
+        err.sqlite_error_code(),
+        Some(
+            E::DatabaseBusy | E::DatabaseLocked | E::SystemIoFailure | E::DiskFull | E::CannotOpen
+        )
+    )
 }

@@ -58,7 +58,7 @@ use self::known::{Effects, Known};
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
 
-pub use self::backend::transient;
+pub use self::backend::{transient, transient_written};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -192,17 +192,26 @@ enum Writer {
 
 /// What a write job hands back after it ran (or was refused): a function that delivers its
 /// result once the batch's commit succeeded (`None`) or failed (`Some`).
-type Deliver = Box<dyn FnOnce(Option<&sqlx::Error>) + Send>;
+type Deliver = Box<dyn FnOnce(Option<&rusqlite::Error>) + Send>;
 
 /// A write job for the SQLite writer: statements to run on the writing connection inside the
-/// current batch, or `None` when the batch could not begin and the job must not run. It hands
-/// back how to deliver its result and what it declared it wrote (for [`Known`]).
+/// current batch, or `None` when the batch could not begin and the job must not run.
 type Job = Box<
     dyn for<'c> FnOnce(
-            Option<&'c mut SqliteConnection>,
-        ) -> Pin<Box<dyn Future<Output = (Deliver, Effects)> + Send + 'c>>
+            Option<&'c mut rusqlite::Connection>,
+        ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'c>>
         + Send,
 >;
+
+/// What a job hands back to the writer.
+struct Ran {
+    /// How to deliver its result.
+    deliver: Deliver,
+    /// What it declared it wrote (for [`Known`]).
+    effects: Effects,
+    /// Whether it succeeded: a failed job's statements are rolled back (to its savepoint).
+    ok: bool,
+}
 
 /// What a store function runs on the writing side.
 type Work<'c, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>;
@@ -252,17 +261,20 @@ impl Store {
             // DEBUG after every statement, and with per-layer filters that leaves stale filter
             // state behind which drops the next events on this thread (tokio-rs/tracing#2519).
             .log_statements(log::LevelFilter::Off);
-        let mut connection = SqliteConnection::connect_with(&options).await?;
-        sqlx::migrate!("./migrations").run(&mut connection).await?;
+        let mut migrating = SqliteConnection::connect_with(&options).await?;
+        sqlx::migrate!("./migrations").run(&mut migrating).await?;
+        migrating.close().await?;
+        let connection = open_writer(path, busy_timeout)?;
         // Every row change on the writing connection (triggers' too) is counted, so the cache
         // can tell a job that changed rows it did not declare (see `known`).
         let known = Arc::new(Known::default());
         {
             let known = known.clone();
-            connection
-                .lock_handle()
-                .await?
-                .set_update_hook(move |change| known.changed(change.table));
+            connection.update_hook(Some(
+                move |_: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
+                    known.changed(table)
+                },
+            ));
         }
         // No ping before each acquire: these are in-process connections to a local file, and a
         // ping would be one more round trip to the connection's worker thread per query.
@@ -274,9 +286,8 @@ impl Store {
             .connect_with(options.read_only(true))
             .await?;
         let (writer, jobs) = mpsc::unbounded_channel();
-        // The writer runs on a thread of its own: every statement is a round trip to sqlx's
-        // SQLite thread, and on the shared runtime each reply would wait behind API work for a
-        // worker; here the reply wakes the writer directly.
+        // The writer runs on a thread of its own, with its connection: a statement is a call on
+        // this thread, not a hand-off to another, and no job waits behind API work for a worker.
         let (done_tx, done_rx) = oneshot::channel();
         let cache = known.clone();
         std::thread::Builder::new()
@@ -369,7 +380,8 @@ impl Store {
                             Some(conn) => Some(job(Conn::Sqlite(conn, &mut effects)).await),
                             None => None,
                         };
-                        let deliver: Deliver = Box::new(move |commit: Option<&sqlx::Error>| {
+                        let ok = matches!(result, Some(Ok(_)));
+                        let deliver: Deliver = Box::new(move |commit: Option<&rusqlite::Error>| {
                             let result = match (commit, result) {
                                 (None, Some(result)) => result,
                                 (Some(err), _) => Err(Error::Commit(err.to_string())),
@@ -377,7 +389,11 @@ impl Store {
                             };
                             let _ = tx.send(result);
                         });
-                        (deliver, effects)
+                        Ran {
+                            deliver,
+                            effects,
+                            ok,
+                        }
                     })
                 });
                 writer.send(job).map_err(|_| Error::WriterStopped)?;
@@ -495,67 +511,112 @@ fn lock_file(database: &Path) -> Result<File> {
     Ok(file)
 }
 
+/// The SQLite writer's connection: the file sqlx created and migrated, opened again by
+/// rusqlite with the same settings (WAL is the file's own; `synchronous` and foreign keys are
+/// per connection).
+fn open_writer(path: &Path, busy_timeout: Duration) -> Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags;
+    let connection = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    connection.busy_timeout(busy_timeout)?;
+    connection.pragma_update(None, "synchronous", "NORMAL")?;
+    connection.pragma_update(None, "foreign_keys", "ON")?;
+    // Every statement of the store, prepared once.
+    connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
+    Ok(connection)
+}
+
+/// Statements the writer keeps prepared (the store has fewer distinct ones).
+const WRITER_STATEMENTS: usize = 256;
+
 /// The writer task: takes every job waiting, runs them one after another in one transaction
 /// (group commit), then delivers their results. Under load this turns many small commits into
-/// few, and the connection never waits for a pool hand-over between jobs. A failing statement
-/// only fails its own job (SQLite rolls back just that statement); a failing commit fails the
-/// whole batch, and a batch that cannot begin is not run at all: each of its callers gets the
-/// error (UNAVAILABLE, retryable), and nothing was written behind their backs. After a commit,
-/// and before any caller hears of it, the cache (`known`) learns what the batch wrote.
+/// few, and the connection never waits for a pool hand-over between jobs. Each job runs inside
+/// a savepoint of its own: a job that fails is rolled back to it and changes nothing, the
+/// others stay; a failing commit fails the whole batch, and a batch that cannot begin is not
+/// run at all: each of its callers gets the error (UNAVAILABLE, retryable), and nothing was
+/// written behind their backs. After a commit, and before any caller hears of it, the cache
+/// (`known`) learns what the batch wrote.
 async fn write_loop(
-    mut connection: SqliteConnection,
+    connection: rusqlite::Connection,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     known: Option<Arc<Known>>,
 ) {
+    let mut connection = connection;
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let grouped = batch.len() > 1;
-        let begin = if grouped {
-            sqlx::query("BEGIN IMMEDIATE")
-                .execute(&mut connection)
-                .await
-                .err()
-        } else {
-            None
-        };
-        let mut delivers = Vec::with_capacity(batch.len());
-        if let Some(err) = &begin {
+        if let Err(err) = connection.execute_batch("BEGIN IMMEDIATE") {
             tracing::error!(error = %err, jobs = batch.len(), "store batch cannot begin");
+            let mut delivers = Vec::with_capacity(batch.len());
             for job in batch.drain(..) {
-                delivers.push(job(None).await.0);
+                delivers.push(job(None).await.deliver);
             }
             // In case the failure left a transaction open (it should not), end it, so the next
             // batch can begin.
-            let _ = sqlx::query("ROLLBACK").execute(&mut connection).await;
+            let _ = connection.execute_batch("ROLLBACK");
             for deliver in delivers {
-                deliver(Some(err));
+                deliver(Some(&err));
             }
             continue;
         }
+        let mut delivers = Vec::with_capacity(batch.len());
         let mut learnt = Vec::with_capacity(batch.len());
+        // Set when SQLite rolled the whole transaction back under a job (a full disk, an I/O
+        // error): the jobs after it must not run outside the batch, each on its own.
+        let mut aborted = None;
         for job in batch.drain(..) {
+            if aborted.is_some() {
+                delivers.push((job(None).await.deliver, None));
+                continue;
+            }
+            if let Err(err) = connection.execute_batch("SAVEPOINT job") {
+                tracing::error!(error = %err, "store job cannot begin");
+                delivers.push((job(None).await.deliver, Some(err)));
+                continue;
+            }
             let before = known.as_ref().map_or(0, |known| known.changes());
-            let (deliver, effects) = job(Some(&mut connection)).await;
+            let ran = job(Some(&mut connection)).await;
             let changes = known.as_ref().map_or(0, |known| known.changes()) - before;
-            delivers.push(deliver);
+            let ended = if ran.ok {
+                connection.execute_batch("RELEASE job")
+            } else {
+                connection.execute_batch("ROLLBACK TO job; RELEASE job")
+            };
+            // A failed job's rows are gone: none of what it declared stands, and if it changed
+            // any row the cache cannot tell which (see `known`).
+            let effects = if ran.ok {
+                ran.effects
+            } else {
+                Effects::default()
+            };
             learnt.push((changes, effects));
+            delivers.push((ran.deliver, ended.err()));
+            if connection.is_autocommit() {
+                aborted = Some(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                    Some("SQLite rolled the batch's transaction back".into()),
+                ));
+            }
         }
-        let commit = if grouped {
-            sqlx::query("COMMIT").execute(&mut connection).await.err()
-        } else {
-            None
+        let commit = match aborted {
+            Some(err) => Some(err),
+            None => connection.execute_batch("COMMIT").err(),
         };
         if let Some(err) = &commit {
             tracing::error!(error = %err, jobs = delivers.len(), "store commit failed");
-            let _ = sqlx::query("ROLLBACK").execute(&mut connection).await;
+            let _ = connection.execute_batch("ROLLBACK");
         } else if let Some(known) = &known {
             known.apply(learnt);
         }
-        for deliver in delivers {
-            deliver(commit.as_ref());
+        for (deliver, failed) in delivers {
+            deliver(commit.as_ref().or(failed.as_ref()));
         }
     }
-    let _ = connection.close().await;
+    if let Err((_, err)) = connection.close() {
+        tracing::warn!(error = %err, "the store writer's connection did not close cleanly");
+    }
 }
 
 fn parse_lesson_id(text: &str) -> Result<LiveLessonId> {
@@ -979,16 +1040,12 @@ mod tests {
         let Database::Sqlite(path) = &scratch.database else {
             unreachable!()
         };
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true);
-        let mut connection = SqliteConnection::connect_with(&options).await.unwrap();
-        sqlx::query("CREATE TABLE t (n INTEGER)")
-            .execute(&mut connection)
-            .await
+        let connection = rusqlite::Connection::open(path).unwrap();
+        connection
+            .execute_batch("CREATE TABLE t (n INTEGER)")
             .unwrap();
         // A transaction already open makes the batch's BEGIN IMMEDIATE fail.
-        sqlx::query("BEGIN").execute(&mut connection).await.unwrap();
+        connection.execute_batch("BEGIN").unwrap();
         let (writer, jobs) = mpsc::unbounded_channel();
         let ran = Arc::new(AtomicUsize::new(0));
         let mut results = Vec::new();
@@ -1014,12 +1071,79 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         drop(writer);
         writer_task.await.unwrap();
-        let mut check = SqliteConnection::connect_with(&options).await.unwrap();
-        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM t")
-            .fetch_one(&mut check)
-            .await
+        let rows: i64 = rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0))
             .unwrap();
         assert_eq!(rows, 1);
+    }
+
+    /// A job that fails after its first statement leaves nothing of it in the batch, and the
+    /// batch's other jobs commit.
+    #[tokio::test]
+    async fn a_failed_job_is_rolled_back_alone() {
+        let scratch = testing::Scratch::sqlite();
+        let Database::Sqlite(path) = &scratch.database else {
+            unreachable!()
+        };
+        let connection = rusqlite::Connection::open(path).unwrap();
+        connection
+            .execute_batch("CREATE TABLE t (n INTEGER UNIQUE)")
+            .unwrap();
+        let (writer, jobs) = mpsc::unbounded_channel();
+        let mut results = Vec::new();
+        // One batch: the writer starts after all three are queued.
+        for statements in [
+            &["INSERT INTO t (n) VALUES (1)"][..],
+            &[
+                "INSERT INTO t (n) VALUES (2)",
+                "INSERT INTO t (n) VALUES (1)",
+            ],
+            &["INSERT INTO t (n) VALUES (3)"],
+        ] {
+            let (tx, rx) = oneshot::channel();
+            let job: Job = Box::new(move |conn| {
+                Box::pin(async move {
+                    let conn = conn.expect("the batch began");
+                    let result = statements
+                        .iter()
+                        .try_for_each(|sql| conn.execute(sql, []).map(|_| ()))
+                        .map_err(Error::from);
+                    let ok = result.is_ok();
+                    let deliver: Deliver = Box::new(move |failed| {
+                        let _ = tx.send(match failed {
+                            Some(err) => Err(Error::Commit(err.to_string())),
+                            None => result,
+                        });
+                    });
+                    Ran {
+                        deliver,
+                        effects: Effects::default(),
+                        ok,
+                    }
+                })
+            });
+            writer.send(job).unwrap();
+            results.push(rx);
+        }
+        let writer_task = tokio::spawn(write_loop(connection, jobs, None));
+        let outcomes: Vec<bool> = futures::future::join_all(results)
+            .await
+            .into_iter()
+            .map(|result| result.unwrap().is_ok())
+            .collect();
+        assert_eq!(outcomes, [true, false, true]);
+        drop(writer);
+        writer_task.await.unwrap();
+        let rows: Vec<i64> = rusqlite::Connection::open(path)
+            .unwrap()
+            .prepare("SELECT n FROM t ORDER BY n")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(rows, [1, 3], "the failed job's first row was rolled back");
     }
 
     /// A job inserting a row into `t` and counting its runs, and where its result arrives.
@@ -1030,21 +1154,24 @@ mod tests {
                 let result = match conn {
                     Some(conn) => {
                         ran.fetch_add(1, Ordering::SeqCst);
-                        sqlx::query("INSERT INTO t (n) VALUES (1)")
-                            .execute(conn)
-                            .await
+                        conn.execute("INSERT INTO t (n) VALUES (1)", [])
                             .map(|_| ())
                             .map_err(Error::from)
                     }
                     None => Ok(()),
                 };
+                let ok = result.is_ok();
                 let deliver: Deliver = Box::new(move |failed| {
                     let _ = tx.send(match failed {
                         Some(err) => Err(Error::Commit(err.to_string())),
                         None => result,
                     });
                 });
-                (deliver, Effects::default())
+                Ran {
+                    deliver,
+                    effects: Effects::default(),
+                    ok,
+                }
             })
         });
         (job, rx)
