@@ -806,8 +806,8 @@ impl Reconciler {
         })
     }
 
-    /// Records the placement with BOOTING in one write (the live lesson is on this agent from
-    /// now on), then the decision and why, and counts it in the agent's load. `None` when the
+    /// Records the placement with BOOTING and the decision (why this agent) in one write (the
+    /// live lesson is on this agent from now on), and counts it in the agent's load. `None` when the
     /// desired state moved on; an error when the store could not record it (retried).
     async fn claim(&self, lesson: LiveLesson, placed: Placed) -> Result<Option<LiveLesson>, Error> {
         if lesson.status != Status::Pending && lesson.agent.is_some() {
@@ -825,6 +825,7 @@ impl Reconciler {
         };
         let observation = Observation {
             agent: Some(agent.name.clone()),
+            decision: placed.decision.clone(),
             ..Observation::status(status, reason)
         };
         let Some(updated) = self.record(&lesson, observation).await? else {
@@ -835,14 +836,6 @@ impl Reconciler {
         }
         if let Some(decision) = &placed.decision {
             tracing::info!(agent = %agent.name, reason = %decision.reason, "placed");
-            if let Err(err) = self
-                .inner
-                .store
-                .record_decision(lesson.id, decision, Millis::now())
-                .await
-            {
-                tracing::error!(error = %err, "cannot record the placement decision");
-            }
         }
         Ok(Some(updated))
     }
@@ -1352,6 +1345,7 @@ fn observation(report: &Report, status: Status) -> Observation {
         endpoints: Some(report.endpoints.clone()),
         handle: (!report.handle.is_empty()).then(|| report.handle.clone()),
         agent: None,
+        decision: None,
     }
 }
 

@@ -6,7 +6,7 @@ use super::{
     Counts, LESSON_COLUMNS, Result, Store, lesson_from_row, mark_for_deletion, parse_lesson_id,
 };
 use crate::error::Error;
-use crate::model::{EndpointInfo, LiveLesson, LiveLessonId, Millis, SessionId, Status};
+use crate::model::{Decision, EndpointInfo, LiveLesson, LiveLessonId, Millis, SessionId, Status};
 
 /// What a request did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub struct Observation {
     pub handle: Option<Vec<u8>>,
     /// The agent this places the live lesson on, if any (an existing placement never changes).
     pub agent: Option<String>,
+    /// The placement decision that chose that agent, recorded in the same write when the
+    /// observation is.
+    pub decision: Option<Decision>,
 }
 
 impl Observation {
@@ -43,6 +46,7 @@ impl Observation {
             endpoints: None,
             handle: None,
             agent: None,
+            decision: None,
         }
     }
 }
@@ -344,8 +348,39 @@ impl Store {
         observation: Observation,
         now: Millis,
     ) -> Result<Option<LiveLesson>> {
-        self.write_lesson(observe_statement(id, generation, observation, now, None)?)
+        self.write_observation(id, generation, observation, now, None)
             .await
+    }
+
+    /// The observation's write: its statement and, when it records a placement decision and
+    /// was written, the decision's, in one job.
+    async fn write_observation(
+        &self,
+        id: LiveLessonId,
+        generation: u64,
+        mut observation: Observation,
+        now: Millis,
+        holder: Option<&str>,
+    ) -> Result<Option<LiveLesson>> {
+        let decision = observation
+            .decision
+            .take()
+            .map(|decision| super::placements::decision_statement(id, &decision, now))
+            .transpose()?;
+        let statement = observe_statement(id, generation, observation, now, holder)?;
+        let Some(decision) = decision else {
+            return self.write_lesson(statement).await;
+        };
+        self.write(move |mut conn| {
+            Box::pin(async move {
+                let lesson = conn.fetch_lesson(statement).await?;
+                if lesson.is_some() {
+                    conn.execute(decision).await?;
+                }
+                Ok(lesson)
+            })
+        })
+        .await
     }
 
     /// [`Store::observe`] by replica `holder`, fenced by the live lesson's lease: written only
@@ -361,8 +396,10 @@ impl Store {
         now: Millis,
         holder: &str,
     ) -> Result<Fenced> {
-        let statement = observe_statement(id, generation, observation, now, Some(holder))?;
-        if let Some(lesson) = self.write_lesson(statement).await? {
+        if let Some(lesson) = self
+            .write_observation(id, generation, observation, now, Some(holder))
+            .await?
+        {
             return Ok(Fenced::Recorded(Box::new(lesson)));
         }
         // Nothing written: the lease, or the live lesson, moved on. Read which (rare).

@@ -72,20 +72,8 @@ impl Store {
         decision: &Decision,
         now: Millis,
     ) -> Result<()> {
-        let decision = to_json(decision, "decision")?;
-        self.write_execute(
-            Statement::new(
-                "INSERT INTO placements (live_lesson_id, decision, decided_at) \
-                 SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
-                 ON CONFLICT (live_lesson_id) DO UPDATE SET \
-                 decision = excluded.decision, decided_at = excluded.decided_at, \
-                 moved_from = NULL",
-            )
-            .bind(id.to_string())
-            .bind(decision)
-            .bind(now.0),
-        )
-        .await?;
+        self.write_execute(decision_statement(id, decision, now)?)
+            .await?;
         Ok(())
     }
 
@@ -96,8 +84,8 @@ impl Store {
     /// (a retry places them anew). Live lessons being removed stay: their removal forgets them.
     /// Returns the live lessons moved (FAILED ones included).
     ///
-    /// Two statements in one write job (a transaction on PostgreSQL; on SQLite possibly each
-    /// on its own): each is idempotent and the reconciler's next look at the lost agent redoes
+    /// Two statements in one write job (a transaction on PostgreSQL, a savepoint in the
+    /// writer's batch on SQLite): each is idempotent and the reconciler's next look at the lost agent redoes
     /// whatever a crash interrupted.
     pub async fn relocate(
         &self,
@@ -209,6 +197,25 @@ impl Store {
     }
 }
 
+/// The statement recording the decision that placed live lesson `id` (it is no longer "moved
+/// from" anywhere); nothing when the live lesson is gone.
+pub(super) fn decision_statement(
+    id: LiveLessonId,
+    decision: &Decision,
+    now: Millis,
+) -> Result<Statement> {
+    Ok(Statement::new(
+        "INSERT INTO placements (live_lesson_id, decision, decided_at) \
+         SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
+         ON CONFLICT (live_lesson_id) DO UPDATE SET \
+         decision = excluded.decision, decided_at = excluded.decided_at, \
+         moved_from = NULL",
+    )
+    .bind(id.to_string())
+    .bind(to_json(decision, "decision")?)
+    .bind(now.0))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -286,12 +293,36 @@ mod tests {
         assert_eq!(record.wishes, wishes);
         assert_eq!(record.decision, Some(decision.clone()));
         assert_eq!(record.moved_from.as_deref(), Some("x"));
-        // Placed again: no longer moved.
-        store
-            .record_decision(ready.id, &decision, Millis(6))
+        // Placed again, the decision written with the placing observation: no longer moved. A
+        // stale observation writes neither.
+        let placing = |agent: &str| Observation {
+            agent: Some(agent.into()),
+            decision: Some(Decision {
+                agent: agent.into(),
+                reason: format!("chose `{agent}`"),
+                ..Decision::default()
+            }),
+            ..Observation::status(Status::Booting, format!("placed on agent `{agent}`"))
+        };
+        let placed = store
+            .observe(ready.id, 2, placing("y"), Millis(6))
             .await
-            .unwrap();
-        assert_eq!(store.placement(ready.id).await.unwrap().moved_from, None);
+            .unwrap()
+            .expect("written");
+        assert_eq!(placed.agent.as_deref(), Some("y"));
+        let record = store.placement(ready.id).await.unwrap();
+        assert_eq!(record.moved_from, None);
+        assert_eq!(record.decided_at, Some(Millis(6)));
+        assert_eq!(record.decision.map(|d| d.agent).as_deref(), Some("y"));
+        assert!(
+            store
+                .observe(ready.id, 1, placing("z"), Millis(7))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let record = store.placement(ready.id).await.unwrap();
+        assert_eq!(record.decision.map(|d| d.agent).as_deref(), Some("y"));
         // Nothing is left on the lost agent: a second look moves nothing.
         assert!(store.relocate("x", "again", Millis(7)).await.unwrap().is_empty());
 
