@@ -24,7 +24,7 @@ use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
 
 use super::Result;
 use super::known::{Effect, Effects};
-use crate::model::{LiveLesson, LiveLessonId, SessionId};
+use crate::model::{LiveLesson, LiveLessonId, PlacementRecord, SessionId};
 
 /// One value bound to a statement: the types both backends encode the same way.
 #[derive(Debug, Clone)]
@@ -310,6 +310,28 @@ impl Conn<'_> {
             effects.declare(lessons.iter().cloned().map(Effect::Lesson));
         }
         Ok(lessons)
+    }
+
+    /// A statement that writes placement records and returns them (`RETURNING` the record
+    /// columns, [`super::placements::RECORD_COLUMNS`]): decoded, and on SQLite recorded for the
+    /// writer's cache.
+    pub(super) async fn fetch_placements(
+        &mut self,
+        statement: Statement,
+    ) -> Result<Vec<(LiveLessonId, PlacementRecord)>> {
+        let rows = self.fetch_all(statement).await?;
+        let records = rows
+            .iter()
+            .map(super::placements::record_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        if let Conn::Sqlite(_, effects) = self {
+            effects.declare_placements(
+                records
+                    .iter()
+                    .map(|(id, record)| Effect::Placement(*id, record.clone())),
+            );
+        }
+        Ok(records)
     }
 
     /// [`Conn::fetch_lessons`] of a statement changing at most one live lesson.

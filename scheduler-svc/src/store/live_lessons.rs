@@ -2,6 +2,7 @@
 //! reads of the API and the reconciler, and the reconciler's observations.
 
 use super::backend::Statement;
+use super::known::Effect;
 use super::{
     Counts, LESSON_COLUMNS, Result, Store, lesson_from_row, mark_for_deletion, parse_lesson_id,
 };
@@ -99,7 +100,11 @@ impl Store {
             .write(move |mut conn| {
                 Box::pin(async move {
                     conn.lock_session(session).await?;
-                    conn.fetch_lesson(insert).await
+                    let current = conn.fetch_lesson(insert).await?;
+                    if current.as_ref().is_some_and(|current| current.id == id) {
+                        conn.note(Effect::Created(id));
+                    }
+                    Ok(current)
                 })
             })
             .await?;
@@ -375,7 +380,7 @@ impl Store {
             Box::pin(async move {
                 let lesson = conn.fetch_lesson(statement).await?;
                 if lesson.is_some() {
-                    conn.execute(decision).await?;
+                    conn.fetch_placements(decision).await?;
                 }
                 Ok(lesson)
             })

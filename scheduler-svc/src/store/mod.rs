@@ -271,8 +271,8 @@ impl Store {
         {
             let known = known.clone();
             connection.update_hook(Some(
-                move |_: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
-                    known.changed(table)
+                move |action: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
+                    known.changed(table, action == rusqlite::hooks::Action::SQLITE_DELETE)
                 },
             ));
         }
@@ -582,9 +582,16 @@ async fn write_loop(
                 delivers.push((job(None).await.deliver, Some(err)));
                 continue;
             }
-            let before = known.as_ref().map_or(0, |known| known.changes());
+            let before = known
+                .as_ref()
+                .map(|known| known.changes())
+                .unwrap_or_default();
             let ran = job(Some(&mut connection)).await;
-            let changes = known.as_ref().map_or(0, |known| known.changes()) - before;
+            let changes = known
+                .as_ref()
+                .map(|known| known.changes())
+                .unwrap_or_default()
+                - before;
             let ended = if ran.ok {
                 run(&connection, "RELEASE job")
             } else {
@@ -691,6 +698,7 @@ mod tests {
 
     use super::testing::on_both;
     use super::*;
+    use crate::model::{Decision, PlacementRecord, Wishes};
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -813,8 +821,38 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert_eq!(store.live_lesson(lesson.id).await.unwrap(), observed);
+
+            // Placement records: none for a new live lesson, then what each write left, also
+            // after a write that does not declare the record it changes.
+            assert_eq!(store.placement(lesson.id).await.unwrap(), PlacementRecord::default());
+            let wishes = Wishes {
+                requires: [("zone".to_owned(), "a".to_owned())].into(),
+                ..Wishes::default()
+            };
+            store.set_wishes(lesson.id, &wishes).await.unwrap();
+            assert_eq!(store.placement(lesson.id).await.unwrap().wishes, wishes);
+            store
+                .write_execute(
+                    Statement::new("UPDATE placements SET moved_from = 'x' WHERE live_lesson_id = $1")
+                        .bind(lesson.id.to_string()),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                store.placement(lesson.id).await.unwrap().moved_from.as_deref(),
+                Some("x")
+            );
+            let decision = Decision { agent: "y".into(), ..Decision::default() };
+            store.record_decision(lesson.id, &decision, Millis(4)).await.unwrap();
+            let record = store.placement(lesson.id).await.unwrap();
+            assert_eq!(
+                (record.wishes, record.decision, record.moved_from),
+                (wishes, Some(decision), None)
+            );
+
             store.forget(lesson.id).await.unwrap();
             assert!(store.find_live_lesson(lesson.id).await.unwrap().is_none());
+            assert_eq!(store.placement(lesson.id).await.unwrap(), PlacementRecord::default());
             store.expire_sessions(Millis(10), Millis(11)).await.unwrap();
             assert_eq!(store.session_by_token(token).await.unwrap(), None);
         }

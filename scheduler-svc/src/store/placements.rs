@@ -6,8 +6,8 @@
 //! never scans the table; [`Store::prune_placements`] (run at the orphan interval) removes what
 //! a race between the two leaves on PostgreSQL.
 
-use super::backend::Statement;
-use super::{LESSON_COLUMNS, Result, Store};
+use super::backend::{Row, Statement};
+use super::{LESSON_COLUMNS, Result, Store, parse_lesson_id};
 use crate::error::Error;
 use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, PlacementRecord, Wishes};
 
@@ -25,44 +25,38 @@ impl Store {
     /// earlier request asked).
     pub async fn set_wishes(&self, id: LiveLessonId, wishes: &Wishes) -> Result<()> {
         let wishes = to_json(wishes, "wishes")?;
-        self.write_execute(
-            Statement::new(
-                "INSERT INTO placements (live_lesson_id, wishes) SELECT $1, $2 \
-                 WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
-                 ON CONFLICT (live_lesson_id) DO UPDATE SET wishes = excluded.wishes",
-            )
-            .bind(id.to_string())
-            .bind(wishes),
-        )
-        .await?;
+        let statement = Statement::new(format!(
+            "INSERT INTO placements (live_lesson_id, wishes) SELECT $1, $2 \
+             WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
+             ON CONFLICT (live_lesson_id) DO UPDATE SET wishes = excluded.wishes \
+             RETURNING {RECORD_COLUMNS}"
+        ))
+        .bind(id.to_string())
+        .bind(wishes);
+        self.write(move |mut conn| Box::pin(async move { conn.fetch_placements(statement).await }))
+            .await?;
         Ok(())
     }
 
-    /// The placement record of live lesson `id` (empty when nothing was recorded).
+    /// The placement record of live lesson `id` (empty when nothing was recorded). On SQLite
+    /// from the writer's cache when it knows it.
     pub async fn placement(&self, id: LiveLessonId) -> Result<PlacementRecord> {
+        if let Some(record) = self.known.as_ref().and_then(|known| known.placement(id)) {
+            return Ok(record);
+        }
         let row = self
             .reader
             .fetch_optional(
-                Statement::new(
-                    "SELECT wishes, decision, decided_at, moved_from FROM placements \
-                     WHERE live_lesson_id = $1",
-                )
+                Statement::new(format!(
+                    "SELECT {RECORD_COLUMNS} FROM placements WHERE live_lesson_id = $1"
+                ))
                 .bind(id.to_string()),
             )
             .await?;
-        let Some(row) = row else {
-            return Ok(PlacementRecord::default());
-        };
-        let wishes: String = row.get("wishes")?;
-        let decision: Option<String> = row.get("decision")?;
-        Ok(PlacementRecord {
-            wishes: from_json(&wishes, &format!("wishes of {id}"))?,
-            decision: decision
-                .map(|text| from_json::<Decision>(&text, &format!("decision of {id}")))
-                .transpose()?,
-            decided_at: row.get::<Option<i64>>("decided_at")?.map(Millis),
-            moved_from: row.get("moved_from")?,
-        })
+        match row {
+            Some(row) => Ok(record_from_row(&row)?.1),
+            None => Ok(PlacementRecord::default()),
+        }
     }
 
     /// Records the decision that placed live lesson `id` (it is no longer "moved from" anywhere).
@@ -72,7 +66,8 @@ impl Store {
         decision: &Decision,
         now: Millis,
     ) -> Result<()> {
-        self.write_execute(decision_statement(id, decision, now)?)
+        let statement = decision_statement(id, decision, now)?;
+        self.write(move |mut conn| Box::pin(async move { conn.fetch_placements(statement).await }))
             .await?;
         Ok(())
     }
@@ -93,12 +88,13 @@ impl Store {
         reason: &str,
         now: Millis,
     ) -> Result<Vec<LiveLesson>> {
-        let moved = Statement::new(
+        let moved = Statement::new(format!(
             "INSERT INTO placements (live_lesson_id, moved_from) \
              SELECT id, $1 FROM live_lessons \
              WHERE agent = $1 AND deleting = 0 AND status != 'FAILED' \
-             ON CONFLICT (live_lesson_id) DO UPDATE SET moved_from = excluded.moved_from",
-        )
+             ON CONFLICT (live_lesson_id) DO UPDATE SET moved_from = excluded.moved_from \
+             RETURNING {RECORD_COLUMNS}"
+        ))
         .bind(agent);
         // The empty handle is bound (`$4`), not written as a literal: SQLite's `x''` and
         // PostgreSQL's `'\x'` differ.
@@ -118,7 +114,7 @@ impl Store {
         .bind(Vec::<u8>::new());
         self.write(move |mut conn| {
             Box::pin(async move {
-                conn.execute(moved).await?;
+                conn.fetch_placements(moved).await?;
                 conn.fetch_lessons(reset).await
             })
         })
@@ -197,6 +193,27 @@ impl Store {
     }
 }
 
+/// A placement record's columns, as statements return them.
+pub(super) const RECORD_COLUMNS: &str = "live_lesson_id, wishes, decision, decided_at, moved_from";
+
+/// A row of [`RECORD_COLUMNS`]: whose record, and the record.
+pub(super) fn record_from_row(row: &Row) -> Result<(LiveLessonId, PlacementRecord)> {
+    let id = parse_lesson_id(&row.get::<String>("live_lesson_id")?)?;
+    let wishes: String = row.get("wishes")?;
+    let decision: Option<String> = row.get("decision")?;
+    Ok((
+        id,
+        PlacementRecord {
+            wishes: from_json(&wishes, &format!("wishes of {id}"))?,
+            decision: decision
+                .map(|text| from_json::<Decision>(&text, &format!("decision of {id}")))
+                .transpose()?,
+            decided_at: row.get::<Option<i64>>("decided_at")?.map(Millis),
+            moved_from: row.get("moved_from")?,
+        },
+    ))
+}
+
 /// The statement recording the decision that placed live lesson `id` (it is no longer "moved
 /// from" anywhere); nothing when the live lesson is gone.
 pub(super) fn decision_statement(
@@ -204,13 +221,13 @@ pub(super) fn decision_statement(
     decision: &Decision,
     now: Millis,
 ) -> Result<Statement> {
-    Ok(Statement::new(
+    Ok(Statement::new(format!(
         "INSERT INTO placements (live_lesson_id, decision, decided_at) \
          SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM live_lessons WHERE id = $1) \
          ON CONFLICT (live_lesson_id) DO UPDATE SET \
          decision = excluded.decision, decided_at = excluded.decided_at, \
-         moved_from = NULL",
-    )
+         moved_from = NULL RETURNING {RECORD_COLUMNS}"
+    ))
     .bind(id.to_string())
     .bind(to_json(decision, "decision")?)
     .bind(now.0))
