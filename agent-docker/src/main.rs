@@ -16,6 +16,10 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use tokio_util::sync::CancellationToken;
 
+/// The allocator, as the scheduler's (glibc's malloc/free were a visible share of CPU under load).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let telemetry = sdk::trace::init_logging("agent-docker")?;
