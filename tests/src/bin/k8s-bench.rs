@@ -1,9 +1,10 @@
 //! `k8s-bench`: agent-k8s's speed against plain kube-rs calls, measured in the same run.
 //!
-//! Each round, interleaved: the baseline creates N three-pod "lessons" with plain kube-rs calls
+//! Each round, interleaved (the baseline first in odd rounds, the scheduler first in even ones):
+//! the baseline creates N three-pod "lessons" with plain kube-rs calls
 //! and C concurrent clients (a namespace, a NetworkPolicy, three pods and three Services; a watch
 //! until each pod runs; an SSH banner read from each pod's address), then deletes the
-//! namespaces and waits until they are gone; then N `three-pods` live lessons go through the
+//! namespaces and waits until they are gone; N `three-pods` live lessons go through the
 //! scheduler and agent-k8s at the same concurrency (session → request → watch until READY) and
 //! are deleted (until gone). It prints both wall times and their ratios.
 //!
@@ -99,10 +100,20 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut ratios = Ratios::default();
     for round in 1..=args.rounds {
-        let baseline = baseline(&client, &args, round).await?;
-        let scheduler = clients
-            .lifecycles("three-pods", args.lessons, args.concurrency, PATIENCE)
-            .await?;
+        // The first path alternates: whatever the control plane still does after a round's
+        // teardown (garbage collection, etcd compaction) falls on each path in turn.
+        let (baseline, scheduler) = if round % 2 == 1 {
+            let baseline = baseline(&client, &args, round).await?;
+            let scheduler = clients
+                .lifecycles("three-pods", args.lessons, args.concurrency, PATIENCE)
+                .await?;
+            (baseline, scheduler)
+        } else {
+            let scheduler = clients
+                .lifecycles("three-pods", args.lessons, args.concurrency, PATIENCE)
+                .await?;
+            (baseline(&client, &args, round).await?, scheduler)
+        };
         ratios.round(round, baseline, scheduler);
     }
     ratios.print_medians();
