@@ -359,8 +359,13 @@ impl Docker {
         &self,
         spec: &proto::LessonSpec,
     ) -> Result<(HashMap<String, engine::Placed>, Confinement), EngineError> {
-        let confinement =
-            engine::confine_networks(&self.docker, &self.firewall, &spec.live_lesson_id).await?;
+        let confinement = engine::confine_networks(
+            &self.docker,
+            &self.firewall,
+            &spec.live_lesson_id,
+            &std::collections::HashSet::new(),
+        )
+        .await?;
         let lesson_net = engine::lesson_network(&spec.live_lesson_id);
         let mut placed = HashMap::new();
         for endpoint in &spec.endpoints {

@@ -2,7 +2,7 @@
 //! so that a retried Provision finds what an earlier attempt created instead of creating it
 //! again; labels make everything findable after a restart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use antidote_proto::agent::v1 as proto;
 use bollard::Docker;
@@ -125,13 +125,14 @@ pub struct Placed {
     pub internal_address: String,
 }
 
+/// Whether it created the network (not: it was there, or a concurrent attempt made it).
 async fn ensure_network(
     docker: &Docker,
     name: &str,
     labels: &HashMap<String, String>,
     internal: bool,
     subnet: Option<&str>,
-) -> Result<(), EngineError> {
+) -> Result<bool, EngineError> {
     // `subnet` stays for engines where overlapping pools are allowed; today every caller
     // passes None (see `create`).
     let existing = docker
@@ -140,7 +141,7 @@ async fn ensure_network(
         }))
         .await?;
     if existing.iter().any(|n| n.name.as_deref() == Some(name)) {
-        return Ok(());
+        return Ok(false);
     }
     let request = NetworkCreateRequest {
         name: name.to_owned(),
@@ -157,11 +158,11 @@ async fn ensure_network(
         ..Default::default()
     };
     match docker.create_network(request).await {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(true),
         // A concurrent attempt created it first: same name, same owner.
         Err(DockerError::DockerResponseServerError {
             status_code: 409, ..
-        }) => Ok(()),
+        }) => Ok(false),
         Err(err) => Err(err.into()),
     }
 }
@@ -177,7 +178,11 @@ pub async fn create(
     let id = &spec.live_lesson_id;
     let labels = labels(spec);
     let lesson_net = lesson_network(id);
-    ensure_network(docker, &lesson_net, &labels, false, None).await?;
+    // Networks created here have new bridges: their firewall rules go in without a check.
+    let mut fresh = HashSet::new();
+    if ensure_network(docker, &lesson_net, &labels, false, None).await? {
+        fresh.insert(lesson_net.clone());
+    }
     for index in 0..spec.connections.len() {
         // The curriculum's subnet is not given to Docker's IPAM: Docker refuses overlapping
         // pools, and two learners taking the same lesson would collide. The lesson's
@@ -185,10 +190,13 @@ pub async fn create(
         // not `internal`: Docker filters internal bridges by their IPAM subnet, which would
         // drop the lesson's own addresses; other lessons are still cut off by Docker's
         // isolation between bridges.
-        ensure_network(docker, &connection_network(id, index), &labels, false, None).await?;
+        let network = connection_network(id, index);
+        if ensure_network(docker, &network, &labels, false, None).await? {
+            fresh.insert(network);
+        }
     }
     // Before any container exists, so that no endpoint ever runs unconfined.
-    let confinement = confine_networks(docker, firewall, id).await?;
+    let confinement = confine_networks(docker, firewall, id, &fresh).await?;
     let mut placed = HashMap::new();
     for endpoint in &spec.endpoints {
         let name = container_name(id, &endpoint.name);
@@ -314,11 +322,13 @@ pub async fn create(
 }
 
 /// Installs the host firewall rules of every network of a live lesson (idempotent): the lesson's
-/// bridges may not reach the host, nor beyond themselves unless egress is allowed.
+/// bridges may not reach the host, nor beyond themselves unless egress is allowed. `fresh`
+/// names the networks just created (see [`Firewall::confine`]).
 pub async fn confine_networks(
     docker: &Docker,
     firewall: &Firewall,
     live_lesson_id: &str,
+    fresh: &HashSet<String>,
 ) -> Result<Confinement, EngineError> {
     let networks = docker
         .list_networks(Some(ListNetworksOptions {
@@ -340,7 +350,8 @@ pub async fn confine_networks(
             .and_then(|o| o.get("com.docker.network.bridge.name"))
             .cloned()
             .unwrap_or_else(|| format!("br-{}", &id[..12.min(id.len())]));
-        if let Confinement::Unconfined(why) = firewall.confine(&name, &bridge).await? {
+        let fresh = fresh.contains(&name);
+        if let Confinement::Unconfined(why) = firewall.confine(&name, &bridge, fresh).await? {
             outcome = Confinement::Unconfined(why);
         }
     }

@@ -77,8 +77,12 @@ pub enum Confinement {
 /// What the agent can do on this host.
 #[derive(Debug)]
 enum State {
-    /// Rules go in with this iptables binary.
-    Active { iptables: PathBuf },
+    /// Rules go in with this iptables binary; `batch` is its `-save`/`-restore` pair, when
+    /// there is one, for changing several rules with one process.
+    Active {
+        iptables: PathBuf,
+        batch: Option<Batch>,
+    },
     /// Rules cannot go in; why.
     Unavailable(String),
     /// The operator turned confinement off.
@@ -116,7 +120,10 @@ impl Firewall {
                     ))
                 }
                 _ => match find_iptables().await {
-                    Ok(iptables) => State::Active { iptables },
+                    Ok(iptables) => State::Active {
+                        batch: Batch::beside(&iptables),
+                        iptables,
+                    },
                     Err(why) => State::Unavailable(why),
                 },
             },
@@ -172,9 +179,17 @@ impl Firewall {
     }
 
     /// Installs the rules of lesson network `network` on bridge `bridge` (idempotent).
-    pub async fn confine(&self, network: &str, bridge: &str) -> Result<Confinement, FirewallError> {
-        let iptables = match &self.state {
-            State::Active { iptables } => iptables,
+    /// `fresh`: the agent has just created the network, so its bridge is new and has no rules
+    /// yet: they go in with one `iptables-restore` instead of a check and an insert per rule
+    /// (each an iptables process taking the xtables lock, which dockerd takes too).
+    pub async fn confine(
+        &self,
+        network: &str,
+        bridge: &str,
+        fresh: bool,
+    ) -> Result<Confinement, FirewallError> {
+        let (iptables, batch) = match &self.state {
+            State::Active { iptables, batch } => (iptables, batch),
             State::Unavailable(why) => return self.unconfined(network, why.clone()),
             State::Off => return Ok(Confinement::Unconfined("--firewall off".to_owned())),
         };
@@ -186,7 +201,16 @@ impl Firewall {
                 ),
             );
         }
-        for rule in self.rules(network, bridge) {
+        let rules = self.rules(network, bridge);
+        if let (true, Some(batch)) = (fresh, batch) {
+            match batch.restore(rules.iter().map(|rule| ("-I", rule))).await {
+                Ok(()) => return Ok(Confinement::Confined),
+                Err(err) => {
+                    tracing::debug!(error = %err, "iptables-restore failed; rule by rule");
+                }
+            }
+        }
+        for rule in rules {
             let mut check = vec!["-w", "-C"];
             check.extend(rule.iter().map(String::as_str));
             if run(iptables, &check).await.is_ok() {
@@ -218,9 +242,32 @@ impl Firewall {
     /// Removes every rule tagged with a network of the live lesson whose names start with
     /// `stem` (idempotent; nothing to do when the firewall is not active).
     pub async fn release(&self, stem: &str) -> Result<(), FirewallError> {
-        let State::Active { iptables } = &self.state else {
+        let State::Active { iptables, batch } = &self.state else {
             return Ok(());
         };
+        // One listing and one deletion of them all, when the batch tools are there; rule by
+        // rule when that fails (a concurrent removal of the same live lesson deleted one
+        // first, and a restore is all or nothing).
+        if let Some(batch) = batch
+            && let Ok(listing) = batch.save().await
+        {
+            let ours: Vec<Vec<String>> = listing
+                .lines()
+                .filter_map(|line| tagged_rule(line, stem))
+                .filter(|rule| {
+                    rule.first()
+                        .is_some_and(|chain| chain == "INPUT" || chain == DOCKER_USER)
+                })
+                .collect();
+            if ours.is_empty()
+                || batch
+                    .restore(ours.iter().map(|rule| ("-D", rule)))
+                    .await
+                    .is_ok()
+            {
+                return Ok(());
+            }
+        }
         for chain in ["INPUT", DOCKER_USER] {
             let listing = run(iptables, &["-w", "-S", chain]).await?;
             for line in listing.lines() {
@@ -247,7 +294,7 @@ impl Firewall {
     /// name is never reused (it derives from the network's random id), so such a rule can only
     /// be clutter. Returns how many went.
     pub async fn sweep(&self) -> Result<usize, FirewallError> {
-        let State::Active { iptables } = &self.state else {
+        let State::Active { iptables, .. } = &self.state else {
             return Ok(0);
         };
         let mut removed = 0;
@@ -343,6 +390,92 @@ async fn still_listed(iptables: &Path, chain: &str, line: &str) -> bool {
         .is_ok_and(|listing| listing.lines().any(|l| l == line))
 }
 
+/// The `-save` and `-restore` tools of an iptables variant (`iptables-nft` →
+/// `iptables-nft-save`, `iptables-nft-restore`), for listing and changing the filter table's
+/// rules with one process each.
+#[derive(Debug)]
+struct Batch {
+    save: PathBuf,
+    restore: PathBuf,
+}
+
+impl Batch {
+    /// The pair beside `iptables`, if both are there.
+    fn beside(iptables: &Path) -> Option<Batch> {
+        let name = iptables.file_name()?.to_str()?;
+        let tool = |suffix: &str| iptables.with_file_name(format!("{name}-{suffix}"));
+        let (save, restore) = (tool("save"), tool("restore"));
+        (save.is_file() && restore.is_file()).then_some(Batch { save, restore })
+    }
+
+    /// The filter table's rules, as `-A CHAIN ...` lines.
+    async fn save(&self) -> Result<String, FirewallError> {
+        run(&self.save, &["-t", "filter"]).await
+    }
+
+    /// Applies `changes` (`-I` or `-D`, and a rule beginning with its chain) to the filter
+    /// table in one transaction, leaving every other rule as it is.
+    async fn restore<'r>(
+        &self,
+        changes: impl Iterator<Item = (&'static str, &'r Vec<String>)>,
+    ) -> Result<(), FirewallError> {
+        use tokio::io::AsyncWriteExt as _;
+        let input = restore_input(changes);
+        let command = || format!("{} --wait --noflush", self.restore.display());
+        let failed = |output: String| FirewallError::Command {
+            command: command(),
+            output,
+        };
+        let mut child = Command::new(&self.restore)
+            .args(["--wait", "--noflush"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|err| failed(err.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .await
+                .map_err(|err| failed(err.to_string()))?;
+        }
+        let output = child
+            .wait_with_output()
+            .await
+            .map_err(|err| failed(err.to_string()))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(failed(
+                String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            ))
+        }
+    }
+}
+
+/// What `iptables-restore --noflush` reads to make `changes` (`-I`/`-D` and a rule beginning
+/// with its chain) in the filter table, arguments quoted where they need it.
+fn restore_input<'r>(changes: impl Iterator<Item = (&'static str, &'r Vec<String>)>) -> String {
+    let mut input = String::from("*filter\n");
+    for (op, rule) in changes {
+        input.push_str(op);
+        for arg in rule {
+            input.push(' ');
+            if arg.is_empty() || arg.contains(|c: char| c.is_whitespace() || c == '"') {
+                input.push('"');
+                input.push_str(&arg.replace('"', "\\\""));
+                input.push('"');
+            } else {
+                input.push_str(arg);
+            }
+        }
+        input.push('\n');
+    }
+    input.push_str("COMMIT\n");
+    input
+}
+
 /// Runs iptables; its stdout on success.
 async fn run(iptables: &Path, args: &[&str]) -> Result<String, FirewallError> {
     let command = || format!("{} {}", iptables.display(), args.join(" "));
@@ -420,6 +553,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_batch_inserts_or_deletes_the_rules_as_written() {
+        let rules = rules("antidote-0123456789ab-lesson", "br-x", false);
+        let input = restore_input(rules.iter().map(|rule| ("-I", rule)));
+        assert_eq!(
+            input,
+            "*filter\n\
+             -I INPUT -i br-x -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment antidote-0123456789ab-lesson -j DROP\n\
+             -I DOCKER-USER -i br-x ! -o br-x -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment antidote-0123456789ab-lesson -j DROP\n\
+             COMMIT\n"
+        );
+        let odd = vec![
+            "INPUT".to_owned(),
+            "--comment".to_owned(),
+            "a \"b\"".to_owned(),
+        ];
+        assert_eq!(
+            restore_input([("-D", &odd)].into_iter()),
+            "*filter\n-D INPUT --comment \"a \\\"b\\\"\"\nCOMMIT\n"
+        );
+    }
+
     #[tokio::test]
     async fn a_remote_engine_is_warned_about_or_refused_never_silently_unconfined() {
         let remote = Some("tcp://10.0.0.7:2376");
@@ -432,7 +587,7 @@ mod tests {
             "{why}"
         );
         let confinement = auto
-            .confine("antidote-0123456789ab-lesson", "br-x")
+            .confine("antidote-0123456789ab-lesson", "br-x", true)
             .await
             .unwrap();
         assert!(
@@ -444,7 +599,7 @@ mod tests {
         let required = Firewall::detect(Mode::Required, false, remote).await;
         assert!(required.required());
         let refused = required
-            .confine("antidote-0123456789ab-lesson", "br-x")
+            .confine("antidote-0123456789ab-lesson", "br-x", true)
             .await;
         assert!(
             matches!(refused, Err(FirewallError::Unconfinable { .. })),
