@@ -1076,6 +1076,37 @@ async fn agent_docker_pool_members_are_claimed_at_their_stage_or_moved_on() {
     }
     assert_eq!(pools().await.ready, 2);
     c.delete(&theirs.id, PATIENCE).await.unwrap();
+
+    // The pool shrinks to nothing, and its members' containers go with it: nothing of this
+    // test outlives it in the engine (the members would otherwise keep running, unclaimed and
+    // never reaped, after the scheduler is gone).
+    c.admin
+        .clone()
+        .set_pool(api::SetPoolRequest {
+            lesson_slug: "routing-basics".into(),
+            stage: 0,
+            size: 0,
+            windows: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let left = || {
+        let filter = format!("label=antidote.io/instance={instance}");
+        let containers = docker(&["ps", "-aq", "--filter", &filter]);
+        let networks = docker(&["network", "ls", "-q", "--filter", &filter]);
+        containers.lines().chain(networks.lines()).count()
+    };
+    let start = tokio::time::Instant::now();
+    while left() > 0 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the pool's members were not all removed when it shrank to 0 ({} containers and \
+             networks left)\n{}",
+            left(),
+            logs()
+        );
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 #[tokio::test]
