@@ -1145,28 +1145,7 @@ mod tests {
             ],
             &["INSERT INTO t (n) VALUES (3)"],
         ] {
-            let (tx, rx) = oneshot::channel();
-            let job: Job = Box::new(move |conn| {
-                Box::pin(async move {
-                    let conn = conn.expect("the batch began");
-                    let result = statements
-                        .iter()
-                        .try_for_each(|sql| conn.execute(sql, []).map(|_| ()))
-                        .map_err(Error::from);
-                    let ok = result.is_ok();
-                    let deliver: Deliver = Box::new(move |failed| {
-                        let _ = tx.send(match failed {
-                            Some(err) => Err(Error::Commit(err.to_string())),
-                            None => result,
-                        });
-                    });
-                    Ran {
-                        deliver,
-                        effects: Effects::default(),
-                        ok,
-                    }
-                })
-            });
+            let (job, rx) = sql_job(statements, Arc::default());
             writer.send(job).unwrap();
             results.push(rx);
         }
@@ -1192,14 +1171,24 @@ mod tests {
 
     /// A job inserting a row into `t` and counting its runs, and where its result arrives.
     fn counting_job(ran: Arc<AtomicUsize>) -> (Job, oneshot::Receiver<Result<()>>) {
+        sql_job(&["INSERT INTO t (n) VALUES (1)"], ran)
+    }
+
+    /// A job running `statements` in order (stopping at the first that fails) and counting
+    /// its runs, and where its result arrives.
+    fn sql_job(
+        statements: &'static [&'static str],
+        ran: Arc<AtomicUsize>,
+    ) -> (Job, oneshot::Receiver<Result<()>>) {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             Box::pin(async move {
                 let result = match conn {
                     Some(conn) => {
                         ran.fetch_add(1, Ordering::SeqCst);
-                        conn.execute("INSERT INTO t (n) VALUES (1)", [])
-                            .map(|_| ())
+                        statements
+                            .iter()
+                            .try_for_each(|sql| conn.execute(sql, []).map(|_| ()))
                             .map_err(Error::from)
                     }
                     None => Ok(()),
