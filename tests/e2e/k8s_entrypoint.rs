@@ -3,7 +3,8 @@
 //! `ssh-*` ports, a page on `http-*` ones) at their pod addresses, which the entrypoint reaches
 //! as it would from inside a cluster. The scheduler hands out the URLs with tokens it signs; a
 //! WebSocket terminal runs a command on the pod, the HTTP presentation's page arrives through
-//! the proxy, and tokens for something else are refused.
+//! the proxy, and so does a WebSocket upgrade (the pod's echo), and tokens for something else are
+//! refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use antidote_proto::api::v1 as api;
 use antidote_proto::sdk::entrypoint::{Claims, Signer};
 use antidote_tests::{Scheduler, presentation};
-use futures::SinkExt as _;
+use futures::{SinkExt as _, StreamExt as _};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::PATIENCE;
@@ -105,6 +106,35 @@ address = "{agent}"
         answer.body.contains("on node-k8s-entry"),
         "the fake pod's page: {}",
         answer.body
+    );
+
+    // A WebSocket through the HTTP proxy: the upgrade is spliced to the pod's own listener,
+    // which echoes with its page; without the token the upgrade is refused like a page.
+    let mut socket = websocket(&page)
+        .await
+        .unwrap_or_else(|status| panic!("proxied upgrade refused with {status}\n{}", logs()));
+    for round in 0..3 {
+        socket
+            .send(Message::text(format!("ping-{round}")))
+            .await
+            .unwrap();
+        let reply = tokio::time::timeout(PATIENCE, socket.next())
+            .await
+            .expect("the pod's echo comes back through the proxy");
+        match reply {
+            Some(Ok(Message::Text(text))) => assert!(
+                text.contains("on node-k8s-entry")
+                    && text.ends_with(&format!("echo: ping-{round}")),
+                "the pod's echo: {text}"
+            ),
+            other => panic!("proxied WebSocket answered {other:?}\n{}", logs()),
+        }
+    }
+    drop(socket);
+    assert_eq!(
+        websocket(&with_token(&page, None)).await.err(),
+        Some(401),
+        "a proxied upgrade without a token"
     );
 
     // A terminal on the router pod: the entrypoint logs in with the image's credentials.

@@ -1519,3 +1519,73 @@ async fn a_failed_member_s_replacement_reaches_ready() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_scheduler_killed_while_a_member_is_failed_replaces_it_once() {
+    // The agent fails the lesson's first provision. Pools are looked at every 30s, so the
+    // FAILED member is still FAILED (not yet being removed) when the scheduler is killed; the
+    // restarted scheduler's first look removes it from the agent and makes one replacement,
+    // and the READY member is kept.
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().display().to_string();
+    let mut env = Env::start(
+        &[
+            "--fail-lesson",
+            "hello-web",
+            "--fail-first",
+            "1",
+            "--state-dir",
+            &state_dir,
+        ],
+        Knobs {
+            extra_config: "[pools]\ninterval = \"30s\"\n\
+                           [[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n"
+                .to_owned(),
+            ..Knobs::default()
+        },
+    )
+    .await;
+    until_pool(&env, "hello-web", 0, "had one READY and one FAILED", |p| {
+        p.ready == 1 && p.failed == 1
+    })
+    .await;
+    let before = members(&env.scheduler.clients, "hello-web", &HashSet::new()).await;
+    let failed = before.iter().find(|l| l.status() == S::Failed).unwrap();
+    let ready = before.iter().find(|l| l.status() == S::Ready).unwrap();
+    assert!(
+        state.path().join(format!("{}.json", failed.id)).exists(),
+        "the agent holds the failed member's objects"
+    );
+    env.scheduler.process.kill9().await;
+
+    env.scheduler = Scheduler::start(env.dir.path(), &env.config).await.unwrap();
+    until_pool(&env, "hello-web", 0, "came back to 2 READY", |p| {
+        p.ready == 2 && p.failed == 0 && p.starting == 0 && p.removing == 0
+    })
+    .await;
+    let after: HashSet<String> = members(&env.scheduler.clients, "hello-web", &HashSet::new())
+        .await
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    assert!(after.contains(&ready.id), "the READY member was lost");
+    assert!(!after.contains(&failed.id), "the FAILED member was kept");
+    assert_eq!(after.len(), 2, "{after:?}");
+    // Three made in all (two first, one replacement), each once; the failed one is gone from
+    // the agent.
+    let created = creations(&env);
+    assert!(created.values().all(|n| *n == 1), "{created:?}");
+    assert_eq!(created.len(), 3, "{created:?}");
+    assert!(
+        !state.path().join(format!("{}.json", failed.id)).exists(),
+        "{} still on the agent",
+        failed.id
+    );
+    let events = events(&env, &failed.id).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("warm pool member failed")),
+        "{events:?}"
+    );
+}

@@ -7,7 +7,9 @@
 //!   conformance suite's `failed-probe`), ports named `ssh-*` are
 //!   real SSH servers (password login with the test images' credentials, a shell on a
 //!   pseudo-terminal: `ssh.rs`), `http-*`
-//!   answer HTTP with a page naming the pod, others accept and close. Then it is Running.
+//!   answer HTTP with a page naming the pod (and a WebSocket upgrade with an echo that names
+//!   the pod too, for the entrypoint's proxied upgrades), others accept and close. Then it is
+//!   Running.
 //! - a Job's pod succeeds, unless its command or a file it mounts from a ConfigMap (a
 //!   configurator's script) contains `--fail-marker`: then it fails with exit code 1 (the Job
 //!   controller retries it up to the Job's backoffLimit) and, when its container's
@@ -393,6 +395,10 @@ async fn serve(listener: tokio::net::TcpListener, kind: String, page: String) {
                 let mut buf = [0u8; 1024];
                 while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
             } else if kind.starts_with("http") {
+                if asks_websocket(&stream).await {
+                    echo_websocket(stream, &page).await;
+                    return;
+                }
                 let mut buf = [0u8; 1024];
                 let _ = stream.read(&mut buf).await;
                 let response = format!(
@@ -402,6 +408,41 @@ async fn serve(listener: tokio::net::TcpListener, kind: String, page: String) {
                 let _ = stream.write_all(response.as_bytes()).await;
             }
         });
+    }
+}
+
+/// Whether the request waiting on `stream` (peeked at, not read) asks for a WebSocket.
+async fn asks_websocket(stream: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    for _ in 0..50 {
+        let Ok(n) = stream.peek(&mut buf).await else {
+            return false;
+        };
+        let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+        if head.contains("\r\n\r\n") || n == buf.len() {
+            return head.contains("\r\nupgrade: websocket\r\n");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A WebSocket echo: every text message comes back prefixed with the pod's page.
+async fn echo_websocket(stream: tokio::net::TcpStream, page: &str) {
+    use futures::SinkExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+        return;
+    };
+    while let Some(Ok(message)) = ws.next().await {
+        let reply = match message {
+            Message::Text(text) => Message::text(format!("{} echo: {text}", page.trim())),
+            Message::Close(_) => return,
+            _ => continue,
+        };
+        if ws.send(reply).await.is_err() {
+            return;
+        }
     }
 }
 
