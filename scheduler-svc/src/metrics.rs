@@ -17,6 +17,9 @@
 //!   the live lessons and pages (PROTOCOL.md [W8]) of the agent's last complete snapshot;
 //! - `antidote_reaper_actions_total{action}`: live lessons expired (`expire_live_lesson`,
 //!   `expire_session`), orphans removed (`remove_orphan`), events pruned (`prune_events`);
+//! - `antidote_reaper_duty_runs_total{duty}`: ticks this process ran a duty (`expire`,
+//!   `orphans`); with replicas, only the one holding the `reaper` lease does, so summed over
+//!   replicas it is one per tick;
 //! - warm pools: `antidote_pool_target{lesson, stage}` (the target now, windows applied; set at
 //!   every look at the pools), `antidote_pool_members{lesson, stage, status}` (unclaimed
 //!   members, counted in the store at each scrape; `TERMINATING` for those being removed) and
@@ -98,6 +101,20 @@ struct ActionLabels {
     action: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DutyLabels {
+    duty: &'static str,
+}
+
+/// A duty of the reaper, run once per tick by one process.
+#[derive(Clone, Copy, Debug)]
+pub enum ReaperDuty {
+    /// Expiring idle live lessons and sessions, pruning events.
+    Expire,
+    /// Collecting orphans on the agents.
+    Orphans,
+}
+
 /// What the reaper did.
 #[derive(Clone, Copy, Debug)]
 pub enum ReaperAction {
@@ -132,6 +149,7 @@ pub struct Metrics {
     agent_errors: Family<CallLabels, Counter>,
     agent_ready: Family<AgentLabels, Gauge>,
     reaper: Family<ActionLabels, Counter>,
+    reaper_duties: Family<DutyLabels, Counter>,
     agent_state: Family<AgentStateLabels, Gauge>,
     pool_target: Family<PoolLabels, Gauge>,
     pool_members: Family<PoolMemberLabels, Gauge>,
@@ -163,6 +181,7 @@ impl Default for Metrics {
         let agent_errors = Family::<CallLabels, Counter>::default();
         let agent_ready = Family::<AgentLabels, Gauge>::default();
         let reaper = Family::<ActionLabels, Counter>::default();
+        let reaper_duties = Family::<DutyLabels, Counter>::default();
         let agent_state = Family::<AgentStateLabels, Gauge>::default();
         let pool_target = Family::<PoolLabels, Gauge>::default();
         let pool_members = Family::<PoolMemberLabels, Gauge>::default();
@@ -224,6 +243,11 @@ impl Default for Metrics {
             "What the reaper did: expired live lessons, removed orphans, pruned events",
             reaper.clone(),
         );
+        registry.register(
+            "reaper_duty_runs",
+            "Ticks this process ran a reaper duty (one replica at a time does)",
+            reaper_duties.clone(),
+        );
         let watch_streams = Family::<AgentLabels, Counter>::default();
         let snapshot_states = Family::<AgentLabels, Gauge>::default();
         let snapshot_pages = Family::<AgentLabels, Gauge>::default();
@@ -258,6 +282,7 @@ impl Default for Metrics {
             agent_errors,
             agent_ready,
             reaper,
+            reaper_duties,
             agent_state,
         }
     }
@@ -345,6 +370,18 @@ impl Metrics {
                 action: action.as_str(),
             })
             .inc_by(count);
+    }
+
+    /// Counts a tick on which this process ran `duty`.
+    pub fn duty_ran(&self, duty: ReaperDuty) {
+        self.reaper_duties
+            .get_or_create(&DutyLabels {
+                duty: match duty {
+                    ReaperDuty::Expire => "expire",
+                    ReaperDuty::Orphans => "orphans",
+                },
+            })
+            .inc();
     }
 
     /// Records which of an agent's states hold: ready, lost, drained.

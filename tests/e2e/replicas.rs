@@ -1,6 +1,7 @@
 //! Active-active replicas on one PostgreSQL database (DESIGN.md §3, replicas): a Watch on one
 //! replica follows a live lesson another replica drives, and killing replicas (kill -9) in the
-//! middle of 200 live lessons loses none, creates none twice and leaves no orphan.
+//! middle of 200 live lessons loses none, creates none twice and leaves no orphan; the reaper's
+//! duties run on one replica per tick, and another takes them over when it dies.
 //!
 //! The PostgreSQL server is the one `ANTIDOTE_TEST_POSTGRES` names, or the one
 //! `tests/postgres/pg.sh start` starts when that is unset (as `postgres.rs`: never skipped). Each
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::web::{Web, sample};
 use antidote_tests::{Clients, Scheduler, Tokens, example_curriculum, with_token};
 use tonic::transport::Channel;
 
@@ -332,4 +334,115 @@ async fn killing_replicas_mid_load_loses_nothing_and_creates_nothing_twice() {
     let left = held(&mut agent_client).await;
     assert!(left.is_empty(), "left on the agent: {left:?}");
     println!("replicas: {LESSONS} deleted in {:?}", removal.elapsed());
+}
+
+/// A reaper counter of `replica`: `antidote_reaper_duty_runs_total{duty="..."}` or
+/// `antidote_reaper_actions_total{action="..."}` (0 until first counted).
+async fn reaper_count(web: &Web, replica: &Scheduler, series: &str) -> f64 {
+    let url = format!(
+        "{}/metrics",
+        replica.process.extra_url("admin http").unwrap()
+    );
+    let text = web.get(&url).await.unwrap().body;
+    sample(&text, series).unwrap_or(0.0)
+}
+
+/// The reaper's duties run on one replica per tick (the `reaper` lease): over a window, the
+/// duty runs counted by two replicas add up to at most one per tick (both running would give
+/// twice that), lessons idle past their TTL are expired once each, and when the replica on
+/// duty is killed the other takes the duties over and expires what goes idle afterwards.
+#[tokio::test]
+async fn the_reaper_runs_its_duties_on_one_replica_per_tick() {
+    const EXPIRE_RUNS: &str = "antidote_reaper_duty_runs_total{duty=\"expire\"}";
+    const ORPHAN_RUNS: &str = "antidote_reaper_duty_runs_total{duty=\"orphans\"}";
+    const EXPIRED: &str = "antidote_reaper_actions_total{action=\"expire_live_lesson\"}";
+    let database = TestDatabase::create();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &[], &journal, None).await;
+    let config =
+        config(&agent.url()).replace("[reaper]\n", "[ttl]\nlive_lesson = \"3s\"\n[reaper]\n");
+    let (mut replicas, _) = replicas(dir.path(), &database.url, &config, 2).await;
+    let web = Web::default();
+
+    // Three lessons, never touched again: each expired once, by whichever replica is on duty.
+    let c = replicas[0].clients.clone();
+    let session = c.session().await.unwrap();
+    for slug in ["hello-web", "routing-basics", "netcat-toolbox"] {
+        c.request(&session, slug, 0).await.unwrap();
+    }
+    let start = Instant::now();
+    loop {
+        let mut expired = 0.0;
+        for replica in &replicas {
+            expired += reaper_count(&web, replica, EXPIRED).await;
+        }
+        if expired >= 3.0 {
+            assert_eq!(expired, 3.0, "{}", logs(&replicas, &agent));
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "expired {expired} of 3\n{}",
+            logs(&replicas, &agent)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A window of about 3 s: at most one run per 200 ms tick in all, per duty.
+    let mut before = Vec::new();
+    for replica in &replicas {
+        before.push((
+            reaper_count(&web, replica, EXPIRE_RUNS).await,
+            reaper_count(&web, replica, ORPHAN_RUNS).await,
+        ));
+    }
+    let window = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut deltas = Vec::new();
+    for (replica, (expire, orphans)) in replicas.iter().zip(&before) {
+        deltas.push((
+            reaper_count(&web, replica, EXPIRE_RUNS).await - expire,
+            reaper_count(&web, replica, ORPHAN_RUNS).await - orphans,
+        ));
+    }
+    let ticks = window.elapsed().as_secs_f64() / 0.2;
+    let expire_runs: f64 = deltas.iter().map(|d| d.0).sum();
+    let orphan_runs: f64 = deltas.iter().map(|d| d.1).sum();
+    for (duty, runs) in [("expire", expire_runs), ("orphans", orphan_runs)] {
+        assert!(
+            runs >= 1.0 && runs <= ticks + 2.0,
+            "{duty}: {runs} runs over {ticks:.1} ticks ({deltas:?})\n{}",
+            logs(&replicas, &agent)
+        );
+    }
+
+    // The replica on duty dies; the other takes the lease over and expires a new idle lesson.
+    let on_duty = if deltas[0].0 >= deltas[1].0 { 0 } else { 1 };
+    let mut dead = replicas.remove(on_duty);
+    dead.process.kill9().await;
+    let survivor = &replicas[0];
+    let runs = reaper_count(&web, survivor, EXPIRE_RUNS).await;
+    let expired = reaper_count(&web, survivor, EXPIRED).await;
+    let c = survivor.clients.clone();
+    let session = c.session().await.unwrap();
+    c.request(&session, "hello-web", 0).await.unwrap();
+    let start = Instant::now();
+    loop {
+        let now = (
+            reaper_count(&web, survivor, EXPIRE_RUNS).await,
+            reaper_count(&web, survivor, EXPIRED).await,
+        );
+        if now.0 > runs && now.1 > expired {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the survivor never took the duties over: runs {runs} -> {}, expired {expired} -> {}\n{}",
+            now.0,
+            now.1,
+            logs(&replicas, &agent)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

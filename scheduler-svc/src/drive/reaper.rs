@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::reconcile::Reconciler;
 use super::replicas::{self, Replica};
 use crate::agents::Fleet;
-use crate::metrics::{Metrics, ReaperAction};
+use crate::metrics::{Metrics, ReaperAction, ReaperDuty};
 use crate::model::{LiveLessonId, Millis};
 use crate::settings::{ReaperConfig, TtlConfig};
 use crate::store::Store;
@@ -63,9 +63,11 @@ impl Reaper {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = expiry.tick() => if self.on_duty().await {
+                    self.metrics.duty_ran(ReaperDuty::Expire);
                     self.expire().await;
                 },
                 _ = orphans.tick() => if self.on_duty().await {
+                    self.metrics.duty_ran(ReaperDuty::Orphans);
                     self.collect_orphans(&mut suspects).await;
                 } else {
                     // Another replica collects; should this one take over, its suspects start
