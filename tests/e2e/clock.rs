@@ -1,5 +1,5 @@
 //! Time: idle TTLs are measured on the monotonic clock, so a step of the system clock expires
-//! nothing early. The step is libfaketime's, for the scheduler process only (Debian's
+//! nothing early, and a step back keeps nothing alive late. The step is libfaketime's, for the scheduler process only (Debian's
 //! `faketime`; never the machine's clock, which TLS, JWT and etcd share).
 
 use std::path::Path;
@@ -15,9 +15,9 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// Two live lessons idle since 10 s apart, TTL 20 s; the scheduler's wall clock then jumps a day
 /// ahead. The older one expires when its 20 s are up, and at that moment the younger one, with
 /// about 10 s left, is still READY. Read from the wall clock, both would expire at the first
-/// reaper tick after the step.
+/// reaper tick after the step. A step back then does not keep the younger one alive.
 #[tokio::test]
-async fn a_clock_step_forward_expires_nothing_early() {
+async fn clock_steps_forward_and_back_expire_nothing_early_or_late() {
     assert!(
         Path::new(LIBFAKETIME).exists(),
         "{LIBFAKETIME} is missing: apt-get install faketime (tests/run installs it)"
@@ -102,4 +102,18 @@ address = "{agent}"
         "the younger live lesson expired with the older one\n{}",
         logs()
     );
+
+    // Then a step back by two days (a day behind the real time): the younger one still expires
+    // when its own 20 s are up. Read from the wall clock, it would live another two days.
+    std::fs::write(&offset, "-2d\n").unwrap();
+    c.follow(&younger.id, PATIENCE, |l| {
+        l.status() == api::LiveLessonStatus::Terminating
+    })
+    .await
+    .unwrap_or_else(|err| {
+        panic!(
+            "the younger one outlived its TTL after a step back: {err:#}\n{}",
+            logs()
+        )
+    });
 }

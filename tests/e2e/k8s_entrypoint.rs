@@ -3,8 +3,8 @@
 //! `ssh-*` ports, a page on `http-*` ones) at their pod addresses, which the entrypoint reaches
 //! as it would from inside a cluster. The scheduler hands out the URLs with tokens it signs; a
 //! WebSocket terminal runs a command on the pod, the HTTP presentation's page arrives through
-//! the proxy, and so does a WebSocket upgrade (the pod's echo), and tokens for something else are
-//! refused.
+//! the proxy, and so does a WebSocket upgrade (the pod's echo); no token, an expired one, and
+//! tokens for another live lesson or endpoint or of another key are refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use futures::{SinkExt as _, StreamExt as _};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::PATIENCE;
-use crate::entrypoint::{KEY, get, read_until, run, websocket, with_token};
+use crate::entrypoint::{KEY, get, read_until, run, unix_now, websocket, with_token};
 use crate::k8s::{admin, agent_k8s, agent_kubeconfig, fake_kubelet};
 
 #[tokio::test]
@@ -150,8 +150,24 @@ address = "{agent}"
     read_until(&mut terminal, "typed-5").await;
     drop(terminal);
 
-    // Refusals: no token, another presentation's token, a stranger's key.
+    // Refusals: no token, an expired one, one for another live lesson, one for another
+    // endpoint, one signed by a stranger.
     let signer = Signer::from_pem("k1", KEY.as_bytes()).unwrap();
+    let mut expired = Claims::new(&lesson.id, "router", "cli", Duration::from_secs(60));
+    expired.exp = unix_now() - 120;
+    let expired = signer.sign(&expired);
+    let other_lesson = signer.sign(&Claims::new(
+        &format!("{}x", lesson.id),
+        "router",
+        "cli",
+        Duration::from_secs(60),
+    ));
+    let other_page = signer.sign(&Claims::new(
+        &format!("{}x", lesson.id),
+        "web",
+        "page",
+        Duration::from_secs(60),
+    ));
     let web_cli = signer.sign(&Claims::new(
         &lesson.id,
         "web",
@@ -166,18 +182,30 @@ address = "{agent}"
     ));
     for (token, want, what) in [
         (None, 401, "no token"),
+        (Some(expired.as_str()), 401, "an expired token"),
         (Some(stranger.as_str()), 401, "a token of another key"),
+        (
+            Some(other_lesson.as_str()),
+            403,
+            "a token for another live lesson",
+        ),
         (Some(web_cli.as_str()), 403, "a token for another endpoint"),
     ] {
         let refused = websocket(&with_token(&cli, token)).await.err();
         assert_eq!(refused, Some(want), "terminal with {what}");
     }
-    let refused = get(&with_token(&page, None), &[]).await;
-    assert_eq!(
-        refused.status, 401,
-        "page without a token: {}",
-        refused.body
-    );
+    for (token, want, what) in [
+        (None, 401, "no token"),
+        (Some(expired.as_str()), 401, "an expired token"),
+        (
+            Some(other_page.as_str()),
+            403,
+            "a token for another live lesson",
+        ),
+    ] {
+        let refused = get(&with_token(&page, token), &[]).await;
+        assert_eq!(refused.status, want, "page with {what}: {}", refused.body);
+    }
 
     // antidotectl ssh: the same way in from a terminal (here a pipe), the remote shell's exit
     // status for its own; without the session's token it gets nothing.

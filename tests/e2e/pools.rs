@@ -1356,6 +1356,93 @@ async fn a_claim_honours_the_request_s_placement_labels() {
     }
 }
 
+/// A lesson's own `placement.requires` binds its pool as it binds a request: members are placed
+/// only on agents carrying the labels, and a claim preferring other labels still gets one of
+/// them (READY at once), never a lesson on an agent the lesson refuses.
+#[tokio::test]
+async fn a_pool_of_a_lesson_requiring_labels_keeps_and_hands_out_members_where_it_may_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let eu = crate::start_agent(
+        &dir,
+        &["--label", "region=eu"],
+        &dir.path().join("eu"),
+        None,
+    )
+    .await;
+    let us = crate::start_agent(
+        &dir,
+        &["--label", "region=us"],
+        &dir.path().join("us"),
+        None,
+    )
+    .await;
+    let curriculum = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/fleet-curriculum")
+        .canonicalize()
+        .unwrap();
+    let config = format!(
+        "instance_id = \"e2e-pools-lesson-labels\"\ncurriculum = \"{}\"\ntier = \"prod\"\n\
+         [limits]\nsessions_per_ip = 0\n\
+         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
+         [[agents]]\nname = \"eu\"\naddress = \"{}\"\n\
+         [[agents]]\nname = \"us\"\naddress = \"{}\"\n{}",
+        curriculum.display(),
+        eu.url(),
+        us.url(),
+        pools_config("[[pools.lessons]]\nlesson = \"eu-only\"\nsize = 3\n"),
+    );
+    let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let c = &scheduler.clients;
+    let settled = |want: usize| async move {
+        let start = tokio::time::Instant::now();
+        loop {
+            let now = members(c, "eu-only", &HashSet::new()).await;
+            let unclaimed: Vec<&api::LiveLesson> = now
+                .iter()
+                .filter(|l| c.tokens.of_lesson(&l.id).is_none())
+                .collect();
+            assert!(
+                now.iter().all(|l| l.agent.is_empty() || l.agent == "eu"),
+                "a member of eu-only on an agent without region=eu: {now:?}"
+            );
+            if unclaimed.len() == want && unclaimed.iter().all(|l| l.status() == S::Ready) {
+                return;
+            }
+            assert!(start.elapsed() < PATIENCE, "{now:?}");
+            tokio::time::sleep(POLL).await;
+        }
+    };
+    settled(3).await;
+    let session = c.session().await.unwrap();
+    let placement = api::PlacementPreference {
+        prefers: HashMap::from([("region".to_owned(), "us".to_owned())]),
+        ..Default::default()
+    };
+    let claimed = c
+        .request_placed(&session, "eu-only", 0, Some(placement))
+        .await
+        .unwrap();
+    assert_eq!(claimed.status(), S::Ready, "a pool hit: {claimed:?}");
+    assert_eq!(c.agent_of(&claimed.id).await.unwrap(), "eu");
+    // The pool refills, on eu again.
+    settled(3).await;
+    // A request requiring what the lesson refuses is answered with the reason, and takes no
+    // member.
+    let session = c.session().await.unwrap();
+    let placement = api::PlacementPreference {
+        requires: HashMap::from([("region".to_owned(), "us".to_owned())]),
+        ..Default::default()
+    };
+    let refused = c
+        .request_placed(&session, "eu-only", 0, Some(placement))
+        .await;
+    match refused {
+        Err(status) => assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}"),
+        Ok(lesson) => panic!("eu-only placed against its own labels: {lesson:?}"),
+    }
+    settled(3).await;
+}
+
 #[tokio::test]
 async fn unclaimed_members_outlive_the_ttl_and_a_claimed_one_lives_by_it() {
     let env = Env::start(
