@@ -23,77 +23,12 @@ use antidote_proto::api::v1 as api;
 use antidote_tests::{Clients, Process, Scheduler, Tokens, example_curriculum, with_token};
 use tonic::Code;
 
-use crate::postgres::start_on;
+use crate::postgres::{PrivatePostgres, start_on};
 use crate::{PATIENCE, start_agent};
 
 /// The longest any one call may take before it counts as a hang (the store's own waits, such as
 /// a PostgreSQL connection's acquire timeout, are shorter).
 const CALL_DEADLINE: Duration = Duration::from_secs(30);
-
-/// A PostgreSQL server of this test's own, for faults: `tests/postgres/pg.sh` with a private
-/// state directory and port. Stopped and deleted on drop.
-struct PrivatePostgres {
-    /// pg.sh's state directory (cluster, socket, log).
-    state: PathBuf,
-    /// Its TCP port on 127.0.0.1.
-    port: u16,
-    /// The maintenance database's URL, which the schedulers use too.
-    url: String,
-}
-
-impl PrivatePostgres {
-    async fn start() -> PrivatePostgres {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let server = PrivatePostgres {
-            state: PathBuf::from(format!(
-                "/tmp/antidote-pg-faults-{}",
-                uuid::Uuid::new_v4().simple()
-            )),
-            port,
-            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-        };
-        server.pg(&["start"]).await;
-        server
-    }
-
-    /// Runs `pg.sh ARGS` on this server; panics if it fails.
-    async fn pg(&self, args: &[&str]) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
-        let output = tokio::process::Command::new(&script)
-            .args(args)
-            .env("ANTIDOTE_PG_STATE", &self.state)
-            .env("ANTIDOTE_PG_PORT", self.port.to_string())
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
-        assert!(
-            output.status.success(),
-            "pg.sh {args:?}: {}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
-        let _ = std::process::Command::new(script)
-            .arg("purge")
-            .env("ANTIDOTE_PG_STATE", &self.state)
-            .env("ANTIDOTE_PG_PORT", self.port.to_string())
-            .stdin(std::process::Stdio::null())
-            .output();
-        // pg.sh's start lock beside the state directory.
-        let mut lock = self.state.clone().into_os_string();
-        lock.push(".lock");
-        let _ = std::fs::remove_file(lock);
-    }
-}
 
 /// What the clients of a load saw.
 #[derive(Default)]
@@ -1282,7 +1217,7 @@ address = "{fast}"
 
 /// Rows of `sql` on database `url` (psql's unaligned output, one line a row, `|` between
 /// columns).
-fn query(url: &str, sql: &str) -> Vec<String> {
+pub(crate) fn query(url: &str, sql: &str) -> Vec<String> {
     let psql = ["/usr/lib/postgresql/15/bin/psql", "psql"]
         .into_iter()
         .find(|p| !p.starts_with('/') || Path::new(p).exists())

@@ -84,6 +84,90 @@ impl Drop for TestDatabase {
     }
 }
 
+/// A PostgreSQL server of a test's own (for faults, or TLS): `tests/postgres/pg.sh` with a private
+/// state directory and port. Stopped and deleted on drop.
+pub(crate) struct PrivatePostgres {
+    /// pg.sh's state directory (cluster, socket, log).
+    state: PathBuf,
+    /// Its TCP port on 127.0.0.1.
+    pub(crate) port: u16,
+    /// The maintenance database's URL, which the schedulers use too.
+    pub(crate) url: String,
+}
+
+impl PrivatePostgres {
+    pub(crate) async fn start() -> PrivatePostgres {
+        PrivatePostgres::start_with(None).await
+    }
+
+    /// A server serving TLS with `tls`'s server.crt and server.key, and TCP clients only over
+    /// TLS (pg.sh's ANTIDOTE_PG_TLS_DIR).
+    pub(crate) async fn start_tls(tls: &Path) -> PrivatePostgres {
+        PrivatePostgres::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<&Path>) -> PrivatePostgres {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let server = PrivatePostgres {
+            state: PathBuf::from(format!(
+                "/tmp/antidote-pg-faults-{}",
+                uuid::Uuid::new_v4().simple()
+            )),
+            port,
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        };
+        server.pg_with(&["start"], tls).await;
+        server
+    }
+
+    /// Runs `pg.sh ARGS` on this server; panics if it fails.
+    pub(crate) async fn pg(&self, args: &[&str]) {
+        self.pg_with(args, None).await
+    }
+
+    async fn pg_with(&self, args: &[&str], tls: Option<&Path>) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
+        let mut command = tokio::process::Command::new(&script);
+        command
+            .args(args)
+            .env("ANTIDOTE_PG_STATE", &self.state)
+            .env("ANTIDOTE_PG_PORT", self.port.to_string())
+            .stdin(std::process::Stdio::null());
+        if let Some(tls) = tls {
+            command.env("ANTIDOTE_PG_TLS_DIR", tls);
+        }
+        let output = command
+            .output()
+            .await
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+        assert!(
+            output.status.success(),
+            "pg.sh {args:?}: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
+        let _ = std::process::Command::new(script)
+            .arg("purge")
+            .env("ANTIDOTE_PG_STATE", &self.state)
+            .env("ANTIDOTE_PG_PORT", self.port.to_string())
+            .stdin(std::process::Stdio::null())
+            .output();
+        // pg.sh's start lock beside the state directory.
+        let mut lock = self.state.clone().into_os_string();
+        lock.push(".lock");
+        let _ = std::fs::remove_file(lock);
+    }
+}
+
 /// Starts the scheduler binary with `config` and `database = "<url>"` in its configuration
 /// file (as an operator writes it), like [`Scheduler::start`] does with an SQLite file.
 pub(crate) async fn start_on(dir: &Path, url: &str, config: &str) -> Scheduler {
@@ -270,4 +354,100 @@ async fn a_second_scheduler_on_one_sqlite_file_is_refused() {
     env.scheduler = Scheduler::start(env.dir.path(), &env.config)
         .await
         .expect("the file is free once its scheduler stopped");
+}
+
+/// Runs `scheduler-svc serve` on `url` and expects it to refuse to start: its exit's stderr.
+async fn refused_start(dir: &Path, url: &str, agent: &str) -> String {
+    let path = dir.join("antidote-refused.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndatabase = \"{url}\"\n{}",
+            config(agent)
+        ),
+    )
+    .unwrap();
+    let run = tokio::process::Command::new(workspace_bin("scheduler-svc"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(PATIENCE, run)
+        .await
+        .unwrap_or_else(|_| panic!("the scheduler on {url} neither started nor exited"))
+        .expect("the scheduler runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "started on {url}: {stderr}");
+    stderr
+}
+
+/// PostgreSQL on another machine is reached over TLS that verifies the server. The test's own
+/// server takes TCP clients over TLS only, with a certificate from a CA the test makes: a
+/// scheduler whose URL says `sslmode=verify-full` and names that CA runs a lesson on it over
+/// TLS (pg_stat_ssl says so); plaintext is refused by the server, and a CA that did not sign
+/// the server's certificate is refused by the scheduler, both at start and naming why.
+#[tokio::test]
+async fn postgresql_over_tls_is_verified_and_plaintext_refused() {
+    use antidote_tests::pki::{Ca, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("pg-tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    let ca = Ca::new("antidote-test-postgres-ca");
+    ca.issue(&["localhost", "127.0.0.1"], Validity::Until(2080, 1, 1))
+        .write(&tls.join("server.crt"), &tls.join("server.key"));
+    let ca_file = dir.path().join("ca.pem");
+    ca.write(&ca_file);
+    let stranger = dir.path().join("stranger.pem");
+    Ca::new("stranger").write(&stranger);
+    let postgres = PrivatePostgres::start_tls(&tls).await;
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &[], &journal, None).await;
+    let base = format!("postgres://postgres@localhost:{}/postgres", postgres.port);
+
+    let stderr = refused_start(dir.path(), &format!("{base}?sslmode=disable"), &agent.url()).await;
+    assert!(
+        stderr.contains("no encryption") && stderr.contains("pg_hba.conf"),
+        "plaintext: {stderr}"
+    );
+    let stderr = refused_start(
+        dir.path(),
+        &format!(
+            "{base}?sslmode=verify-full&sslrootcert={}",
+            stranger.display()
+        ),
+        &agent.url(),
+    )
+    .await;
+    assert!(
+        stderr.contains("certificate") && stderr.contains("UnknownIssuer"),
+        "another CA: {stderr}"
+    );
+
+    let url = format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca_file.display()
+    );
+    let scheduler = start_on(dir.path(), &url, &config(&agent.url())).await;
+    let c = &scheduler.clients;
+    let lesson = c
+        .request(&c.session().await.unwrap(), "hello-web", 0)
+        .await
+        .unwrap();
+    c.ready(&lesson.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", scheduler.process.log_text()));
+    let connections = crate::faults::query(
+        &format!(
+            "{base}?sslmode=verify-full&sslrootcert={}",
+            ca_file.display()
+        ),
+        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.application_name = 'antidote-scheduler'",
+    );
+    assert!(
+        !connections.is_empty() && connections.iter().all(|ssl| ssl == "t"),
+        "the scheduler's connections and whether each is TLS: {connections:?}"
+    );
 }

@@ -21,7 +21,10 @@
 # Safe to call concurrently: starts are serialised by a lock file.
 #
 # Environment: ANTIDOTE_PG_STATE (state dir, default /tmp/antidote-pg),
-#              ANTIDOTE_PG_PORT (TCP port on 127.0.0.1, default 54329).
+#              ANTIDOTE_PG_PORT (TCP port on 127.0.0.1, default 54329),
+#              ANTIDOTE_PG_TLS_DIR (when a new cluster is created: a directory holding
+#              server.crt and server.key; the server then serves TLS with them and refuses
+#              TCP clients that do not use it; the unix socket stays open to its owner).
 set -euo pipefail
 
 STATE=$(realpath -m -- "${ANTIDOTE_PG_STATE:-/tmp/antidote-pg}")
@@ -77,6 +80,31 @@ install() {
   fi
 }
 
+# TLS with the certificate and key in ANTIDOTE_PG_TLS_DIR, copied into the cluster (the key
+# must belong to the server's user, mode 0600), and TCP only over TLS.
+tls_only() {
+  local dir=$ANTIDOTE_PG_TLS_DIR
+  [[ -r $dir/server.crt && -r $dir/server.key ]] ||
+    die "ANTIDOTE_PG_TLS_DIR=$dir holds no server.crt and server.key"
+  log "TLS only on TCP, with $dir/server.crt"
+  # (`command`: this script's own `install` installs PostgreSQL.)
+  command install -m 0644 "$dir/server.crt" "$DATA/server.crt"
+  command install -m 0600 "$dir/server.key" "$DATA/server.key"
+  if [[ $(id -u) == 0 ]]; then
+    chown postgres: "$DATA/server.crt" "$DATA/server.key"
+  fi
+  cat >>"$DATA/postgresql.conf" <<CONF
+ssl = on
+ssl_cert_file = 'server.crt'
+ssl_key_file = 'server.key'
+CONF
+  cat >"$DATA/pg_hba.conf" <<CONF
+local   all all               trust
+hostssl all all 127.0.0.1/32  trust
+hostssl all all ::1/128       trust
+CONF
+}
+
 start() {
   if answers; then
     echo "ANTIDOTE_TEST_POSTGRES=$URL"
@@ -91,6 +119,9 @@ start() {
     log "creating a cluster in $DATA"
     as_owner "$BIN/initdb" -D "$DATA" --auth=trust --username=postgres --encoding=UTF8 \
       --no-sync >&2 9>&-
+    if [[ -n ${ANTIDOTE_PG_TLS_DIR:-} ]]; then
+      tls_only
+    fi
   fi
   log "starting PostgreSQL on 127.0.0.1:$PORT (socket dir $SOCK)"
   # Many test databases at once, each with a pool of its own: room for their connections.

@@ -90,6 +90,29 @@ pub enum Database {
     Postgres(String),
 }
 
+/// Why a PostgreSQL connection to another machine is not safe from the network between (None:
+/// it is verified TLS, or it never leaves the machine: a unix socket or a loopback address).
+fn unverified(options: &PgConnectOptions) -> Option<&'static str> {
+    use sqlx::postgres::PgSslMode;
+    let host = options.get_host();
+    let local = options.get_socket().is_some()
+        || host.starts_with('/')
+        || host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match options.get_ssl_mode() {
+        _ if local => None,
+        PgSslMode::VerifyCa | PgSslMode::VerifyFull => None,
+        PgSslMode::Require => Some("is encrypted but the server's certificate is not verified"),
+        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {
+            Some("may be plaintext (sslmode is disable, allow or prefer)")
+        }
+    }
+}
+
 impl Database {
     /// Reads the setting's text.
     pub fn parse(text: &str) -> Database {
@@ -321,6 +344,14 @@ impl Store {
             .application_name("antidote-scheduler")
             // As for SQLite (see open_sqlite).
             .log_statements(log::LevelFilter::Off);
+        if let Some(why) = unverified(&options) {
+            tracing::warn!(
+                host = options.get_host(),
+                "the connection to PostgreSQL {why}: add sslmode=verify-full (and sslrootcert=CA \
+                 unless the system's roots sign the server's certificate) to `database`, unless \
+                 a mesh encrypts it"
+            );
+        }
         let pool = PgPoolOptions::new()
             .max_connections(POSTGRES_CONNECTIONS)
             .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
@@ -1208,6 +1239,23 @@ mod tests {
             })
         });
         (job, rx)
+    }
+
+    #[test]
+    fn connections_leaving_the_machine_unverified_are_named() {
+        let why = |url: &str| unverified(&PgConnectOptions::from_str(url).unwrap());
+        assert_eq!(why("postgres://u@127.0.0.1:5432/d"), None);
+        assert_eq!(why("postgres://u@localhost/d?sslmode=disable"), None);
+        assert_eq!(why("postgres://u@[::1]:5432/d"), None);
+        assert_eq!(why("postgres://u@db.example/d?host=/run/postgresql"), None);
+        assert_eq!(why("postgres://u@db.example/d?sslmode=verify-full"), None);
+        assert_eq!(why("postgres://u@db.example/d?sslmode=verify-ca"), None);
+        assert!(
+            why("postgres://u@db.example/d?sslmode=require")
+                .is_some_and(|w| w.contains("not verified"))
+        );
+        assert!(why("postgres://u@db.example/d").is_some_and(|w| w.contains("plaintext")));
+        assert!(why("postgres://u@10.0.0.5/d?sslmode=prefer").is_some());
     }
 
     #[test]
