@@ -363,7 +363,7 @@ impl Docker {
             &self.docker,
             &self.firewall,
             &spec.live_lesson_id,
-            &std::collections::HashSet::new(),
+            &HashMap::new(),
         )
         .await?;
         let lesson_net = engine::lesson_network(&spec.live_lesson_id);

@@ -125,14 +125,15 @@ pub struct Placed {
     pub internal_address: String,
 }
 
-/// Whether it created the network (not: it was there, or a concurrent attempt made it).
+/// The id of the network if this call created it (None: it was there, or a concurrent attempt
+/// made it).
 async fn ensure_network(
     docker: &Docker,
     name: &str,
     labels: &HashMap<String, String>,
     internal: bool,
     subnet: Option<&str>,
-) -> Result<bool, EngineError> {
+) -> Result<Option<String>, EngineError> {
     // `subnet` stays for engines where overlapping pools are allowed; today every caller
     // passes None (see `create`).
     let existing = docker
@@ -141,7 +142,7 @@ async fn ensure_network(
         }))
         .await?;
     if existing.iter().any(|n| n.name.as_deref() == Some(name)) {
-        return Ok(false);
+        return Ok(None);
     }
     let request = NetworkCreateRequest {
         name: name.to_owned(),
@@ -158,11 +159,11 @@ async fn ensure_network(
         ..Default::default()
     };
     match docker.create_network(request).await {
-        Ok(_) => Ok(true),
+        Ok(created) => Ok(Some(created.id)),
         // A concurrent attempt created it first: same name, same owner.
         Err(DockerError::DockerResponseServerError {
             status_code: 409, ..
-        }) => Ok(false),
+        }) => Ok(None),
         Err(err) => Err(err.into()),
     }
 }
@@ -179,9 +180,9 @@ pub async fn create(
     let labels = labels(spec);
     let lesson_net = lesson_network(id);
     // Networks created here have new bridges: their firewall rules go in without a check.
-    let mut fresh = HashSet::new();
-    if ensure_network(docker, &lesson_net, &labels, false, None).await? {
-        fresh.insert(lesson_net.clone());
+    let mut fresh = HashMap::new();
+    if let Some(created) = ensure_network(docker, &lesson_net, &labels, false, None).await? {
+        fresh.insert(lesson_net.clone(), created);
     }
     for index in 0..spec.connections.len() {
         // The curriculum's subnet is not given to Docker's IPAM: Docker refuses overlapping
@@ -191,12 +192,26 @@ pub async fn create(
         // drop the lesson's own addresses; other lessons are still cut off by Docker's
         // isolation between bridges.
         let network = connection_network(id, index);
-        if ensure_network(docker, &network, &labels, false, None).await? {
-            fresh.insert(network);
+        if let Some(created) = ensure_network(docker, &network, &labels, false, None).await? {
+            fresh.insert(network, created);
         }
     }
-    // Before any container exists, so that no endpoint ever runs unconfined.
-    let confinement = confine_networks(docker, firewall, id, &fresh).await?;
+    // Before any container exists, so that no endpoint ever runs unconfined. When this call
+    // created every network of the lesson, it knows their bridges without asking the engine.
+    let confinement = if fresh.len() == 1 + spec.connections.len() {
+        let mut outcome = Confinement::Confined;
+        for (name, network_id) in &fresh {
+            if let Confinement::Unconfined(why) = firewall
+                .confine(name, &default_bridge(network_id), true)
+                .await?
+            {
+                outcome = Confinement::Unconfined(why);
+            }
+        }
+        outcome
+    } else {
+        confine_networks(docker, firewall, id, &fresh).await?
+    };
     let mut placed = HashMap::new();
     for endpoint in &spec.endpoints {
         let name = container_name(id, &endpoint.name);
@@ -323,12 +338,12 @@ pub async fn create(
 
 /// Installs the host firewall rules of every network of a live lesson (idempotent): the lesson's
 /// bridges may not reach the host, nor beyond themselves unless egress is allowed. `fresh`
-/// names the networks just created (see [`Firewall::confine`]).
+/// maps the networks just created to their ids (see [`Firewall::confine`]).
 pub async fn confine_networks(
     docker: &Docker,
     firewall: &Firewall,
     live_lesson_id: &str,
-    fresh: &HashSet<String>,
+    fresh: &HashMap<String, String>,
 ) -> Result<Confinement, EngineError> {
     let networks = docker
         .list_networks(Some(ListNetworksOptions {
@@ -343,19 +358,24 @@ pub async fn confine_networks(
         let (Some(name), Some(id)) = (network.name, network.id) else {
             continue;
         };
-        // Docker names a bridge `br-<first 12 of the network id>` unless told otherwise.
         let bridge = network
             .options
             .as_ref()
             .and_then(|o| o.get("com.docker.network.bridge.name"))
             .cloned()
-            .unwrap_or_else(|| format!("br-{}", &id[..12.min(id.len())]));
-        let fresh = fresh.contains(&name);
+            .unwrap_or_else(|| default_bridge(&id));
+        let fresh = fresh.contains_key(&name);
         if let Confinement::Unconfined(why) = firewall.confine(&name, &bridge, fresh).await? {
             outcome = Confinement::Unconfined(why);
         }
     }
     Ok(outcome)
+}
+
+/// The bridge Docker names for a network it was given no bridge name for: `br-` and the first
+/// 12 characters of the network's id.
+fn default_bridge(network_id: &str) -> String {
+    format!("br-{}", &network_id[..12.min(network_id.len())])
 }
 
 /// Where a container's ports are published and its address on the lesson network.
@@ -673,7 +693,7 @@ pub async fn network_lessons(
             filters: Some(HashMap::from([("label".to_owned(), filters)])),
         }))
         .await?;
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     Ok(networks
         .into_iter()
         .filter_map(|n| n.labels)

@@ -2,7 +2,8 @@
 //!
 //! Each round, interleaved: the baseline creates N single-endpoint "lessons" straight through
 //! the Docker API with C concurrent clients (a network, a container publishing port 8080 on
-//! 127.0.0.1, start, wait until HTTP answers), then removes them (container, network); then the
+//! 127.0.0.1, start, hello-web's stage-0 configuration script run in it by exec as agent-docker
+//! runs it, wait until HTTP answers), then removes them (container, network); then the
 //! same number of `hello-web` live lessons go through the scheduler's public API at the same
 //! concurrency (session → request → watch until READY), and are deleted (until gone). It prints
 //! both wall times and their ratios.
@@ -17,9 +18,13 @@ use antidote_proto::sdk::probe::{Expect, until_ready};
 use antidote_tests::{Process, Ratios, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding};
+use bollard::exec::StartExecResults;
+use bollard::models::{
+    ContainerCreateBody, ExecConfig, HostConfig, NetworkCreateRequest, PortBinding,
+};
 use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
 use clap::Parser;
+use futures::StreamExt as _;
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +41,16 @@ struct Args {
     /// Rounds (baseline and scheduler alternate within each).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// The baseline skips the lesson's configuration script (the baseline before 2026-12-06,
+    /// which did less Docker work than the lesson needs).
+    #[arg(long)]
+    baseline_without_configuration: bool,
+}
+
+/// hello-web's stage-0 configuration, which agent-docker runs by exec in its container.
+fn configuration() -> anyhow::Result<String> {
+    let path = example_curriculum().join("lessons/hello-web/stage0/configs/web.sh");
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
 }
 
 #[tokio::main]
@@ -74,7 +89,10 @@ async fn main() -> anyhow::Result<()> {
         .id;
     clients.ready(&id).await?;
     clients.delete(&id, Duration::from_secs(120)).await?;
-    baseline_lesson(&docker, 0, true).await?;
+    let script = (!args.baseline_without_configuration)
+        .then(configuration)
+        .transpose()?;
+    baseline_lesson(&docker, 0, script.as_deref(), true).await?;
 
     println!(
         "docker-bench: {} single-endpoint HTTP lessons per round, concurrency {}, {} rounds",
@@ -82,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut ratios = Ratios::default();
     for round in 1..=args.rounds {
-        let baseline = baseline(&docker, &args).await?;
+        let baseline = baseline(&docker, &args, script.as_deref()).await?;
         let scheduler = clients
             .lifecycles(
                 "hello-web",
@@ -97,10 +115,15 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn baseline(docker: &Docker, args: &Args) -> anyhow::Result<(Duration, Duration)> {
+async fn baseline(
+    docker: &Docker,
+    args: &Args,
+    script: Option<&str>,
+) -> anyhow::Result<(Duration, Duration)> {
     let up = fan_out(args.lessons, args.concurrency, |i| {
         let docker = docker.clone();
-        async move { baseline_lesson(&docker, i, false).await }
+        let script = script.map(str::to_owned);
+        async move { baseline_lesson(&docker, i, script.as_deref(), false).await }
     })
     .await?;
     let down = fan_out(args.lessons, args.concurrency, |i| {
@@ -115,8 +138,14 @@ fn baseline_name(i: usize) -> String {
     format!("bench-baseline-{i}")
 }
 
-/// One lesson's worth of Docker work, done directly: network, container, start, HTTP answers.
-async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow::Result<()> {
+/// One lesson's worth of Docker work, done directly: network, container, start, the
+/// configuration `script` (if any) by exec, HTTP answers.
+async fn baseline_lesson(
+    docker: &Docker,
+    i: usize,
+    script: Option<&str>,
+    and_remove: bool,
+) -> anyhow::Result<()> {
     let name = baseline_name(i);
     docker
         .create_network(NetworkCreateRequest {
@@ -165,6 +194,9 @@ async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow:
         .and_then(|p| p.get("8080/tcp").cloned().flatten())
         .and_then(|b| b.first().and_then(|b| b.host_port.clone()))
         .context("port 8080 was not published")?;
+    if let Some(script) = script {
+        configure(docker, &name, script).await?;
+    }
     let address = format!("127.0.0.1:{port}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     until_ready(&address, Expect::Http, deadline)
@@ -173,6 +205,34 @@ async fn baseline_lesson(docker: &Docker, i: usize, and_remove: bool) -> anyhow:
     if and_remove {
         baseline_remove(docker, i).await?;
     }
+    Ok(())
+}
+
+/// Runs `script` in `container` with `sh -c`, its output read to the end, and checks that it
+/// exited 0: exec create, start (attached), inspect.
+async fn configure(docker: &Docker, container: &str, script: &str) -> anyhow::Result<()> {
+    let exec = docker
+        .create_exec(
+            container,
+            ExecConfig {
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                cmd: Some(vec!["sh".into(), "-c".into(), script.into()]),
+                ..Default::default()
+            },
+        )
+        .await?;
+    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await?
+    {
+        while let Some(chunk) = output.next().await {
+            chunk?;
+        }
+    }
+    let code = docker.inspect_exec(&exec.id).await?.exit_code;
+    anyhow::ensure!(
+        code == Some(0),
+        "the configuration in {container} exited {code:?}"
+    );
     Ok(())
 }
 
