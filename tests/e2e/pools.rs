@@ -1237,35 +1237,52 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
     );
 }
 
-#[tokio::test]
-async fn a_claim_honours_the_request_s_placement_labels() {
-    let dir = tempfile::tempdir().unwrap();
-    let eu = crate::start_agent(
-        &dir,
-        &["--label", "region=eu"],
-        &dir.path().join("eu"),
-        None,
-    )
-    .await;
-    let us = crate::start_agent(
-        &dir,
-        &["--label", "region=us"],
-        &dir.path().join("us"),
-        None,
-    )
-    .await;
+/// Two test agents labelled `region=eu` and `region=us` (configured as `eu` and `us`) and a
+/// scheduler on `curriculum` at `tier` with `pools` (a `[[pools.lessons]]` table).
+async fn two_regions(
+    dir: &tempfile::TempDir,
+    instance: &str,
+    curriculum: &std::path::Path,
+    tier: &str,
+    pools: &str,
+) -> (antidote_tests::Process, antidote_tests::Process, Scheduler) {
+    let agent = |region: &'static str| async move {
+        crate::start_agent(
+            dir,
+            &["--label", &format!("region={region}")],
+            &dir.path().join(region),
+            None,
+        )
+        .await
+    };
+    let eu = agent("eu").await;
+    let us = agent("us").await;
     let config = format!(
-        "instance_id = \"e2e-pools-labels\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
+        "instance_id = \"{instance}\"\ncurriculum = \"{}\"\ntier = \"{tier}\"\n\
          [limits]\nsessions_per_ip = 0\n\
          [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
          [[agents]]\nname = \"eu\"\naddress = \"{}\"\n\
          [[agents]]\nname = \"us\"\naddress = \"{}\"\n{}",
-        antidote_tests::example_curriculum().display(),
+        curriculum.display(),
         eu.url(),
         us.url(),
-        pools_config("[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 4\n"),
+        pools_config(pools),
     );
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    (eu, us, scheduler)
+}
+
+#[tokio::test]
+async fn a_claim_honours_the_request_s_placement_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_eu, _us, scheduler) = two_regions(
+        &dir,
+        "e2e-pools-labels",
+        &antidote_tests::example_curriculum(),
+        "local",
+        "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 4\n",
+    )
+    .await;
     let c = &scheduler.clients;
     // Members are spread over the agents that fit, by load (placements running at once may
     // see the same loads, so not necessarily two each).
@@ -1362,36 +1379,18 @@ async fn a_claim_honours_the_request_s_placement_labels() {
 #[tokio::test]
 async fn a_pool_of_a_lesson_requiring_labels_keeps_and_hands_out_members_where_it_may_run() {
     let dir = tempfile::tempdir().unwrap();
-    let eu = crate::start_agent(
-        &dir,
-        &["--label", "region=eu"],
-        &dir.path().join("eu"),
-        None,
-    )
-    .await;
-    let us = crate::start_agent(
-        &dir,
-        &["--label", "region=us"],
-        &dir.path().join("us"),
-        None,
-    )
-    .await;
     let curriculum = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/fleet-curriculum")
         .canonicalize()
         .unwrap();
-    let config = format!(
-        "instance_id = \"e2e-pools-lesson-labels\"\ncurriculum = \"{}\"\ntier = \"prod\"\n\
-         [limits]\nsessions_per_ip = 0\n\
-         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
-         [[agents]]\nname = \"eu\"\naddress = \"{}\"\n\
-         [[agents]]\nname = \"us\"\naddress = \"{}\"\n{}",
-        curriculum.display(),
-        eu.url(),
-        us.url(),
-        pools_config("[[pools.lessons]]\nlesson = \"eu-only\"\nsize = 3\n"),
-    );
-    let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
+    let (_eu, _us, scheduler) = two_regions(
+        &dir,
+        "e2e-pools-lesson-labels",
+        &curriculum,
+        "prod",
+        "[[pools.lessons]]\nlesson = \"eu-only\"\nsize = 3\n",
+    )
+    .await;
     let c = &scheduler.clients;
     let settled = |want: usize| async move {
         let start = tokio::time::Instant::now();
