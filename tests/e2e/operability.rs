@@ -115,6 +115,17 @@ async fn metrics_count_a_lifecycle_on_scheduler_and_agent() {
         Some(0.0),
         "{text}"
     );
+    // The scheduler said the live lesson was new (PROTOCOL.md [P9]): the agent looked for no
+    // objects to adopt before creating it.
+    assert_eq!(
+        sample(
+            text,
+            r#"antidote_agent_adoption_looks_total{found="false"}"#
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "{text}"
+    );
     // Getting an unknown id is an error the agent counts by its code.
     let _ = env
         .agent_client()

@@ -93,7 +93,10 @@ async fn ten_thousand_live_lessons_arrive_in_pages_and_the_agent_stays_ready() {
         let (mut client, spec) = (client.clone(), spec(&cluster));
         async move {
             client
-                .provision(agent::ProvisionRequest { spec: Some(spec) })
+                .provision(agent::ProvisionRequest {
+                    spec: Some(spec),
+                    new_live_lesson: true,
+                })
                 .await?;
             Ok(())
         }

@@ -225,6 +225,7 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
     agent_client
         .provision(agent::ProvisionRequest {
             spec: Some(spec.clone()),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -241,6 +242,7 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
     agent_client
         .provision(agent::ProvisionRequest {
             spec: Some(foreign_spec),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -257,6 +259,7 @@ async fn orphans_on_an_agent_are_removed_after_the_grace_period() {
     agent_client
         .provision(agent::ProvisionRequest {
             spec: Some(legacy_spec),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -303,7 +303,9 @@ impl<B: Backend> Agent<B> {
     /// Whether the backend holds objects of a live lesson.
     async fn exists(&self, id: &str) -> Result<bool, Status> {
         let selector = HashMap::from([(labels::LIVE_LESSON.to_owned(), id.to_owned())]);
-        Ok(!self.backend.discover(&selector).await?.is_empty())
+        let found = !self.backend.discover(&selector).await?.is_empty();
+        self.metrics.looked(found);
+        Ok(found)
     }
 
     /// Records `spec` as the newest and starts its driver (replacing an older one).
@@ -357,6 +359,7 @@ impl<B: Backend> Agent<B> {
     async fn provision(
         self: &Arc<Self>,
         spec: proto::LessonSpec,
+        new_live_lesson: bool,
     ) -> Result<proto::LiveLessonState, Status> {
         let id = spec.live_lesson_id.clone();
         let _turn = self.turn(&id).await;
@@ -429,7 +432,9 @@ impl<B: Backend> Agent<B> {
             ));
         }
         // Unknown here but present in the backend (this agent restarted): adopt, never duplicate.
-        let (start, phase, reason) = if self.exists(&id).await? {
+        // A live lesson the scheduler calls new has nothing to adopt (PROTOCOL.md [P9]): no look (Create
+        // finds what exists anyway).
+        let (start, phase, reason) = if !new_live_lesson && self.exists(&id).await? {
             (
                 Start::Adopt,
                 Phase::Configuring,
@@ -525,7 +530,7 @@ impl<B: Backend> Agent<B> {
         if self.work().contains_key(&id) {
             // Held here: the Provision table answers (PROTOCOL.md [A1]).
             drop(turn);
-            return self.provision(spec).await;
+            return self.provision(spec, false).await;
         }
         if !self.exists(&id).await? {
             self.book.remove(&id);
@@ -695,8 +700,9 @@ impl<B: Backend> BackendRpc for AgentService<B> {
             .metrics
             .clone()
             .rpc("Provision", async move {
-                let spec = agent.check(request.into_inner().spec)?;
-                let state = agent.provision(spec).await?;
+                let request = request.into_inner();
+                let spec = agent.check(request.spec)?;
+                let state = agent.provision(spec, request.new_live_lesson).await?;
                 Ok(Response::new(proto::ProvisionResponse {
                     state: Some(state),
                 }))

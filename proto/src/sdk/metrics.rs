@@ -60,12 +60,18 @@ struct PhaseLabels {
     phase: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FoundLabels {
+    found: &'static str,
+}
+
 /// An agent's metrics.
 pub struct AgentMetrics {
     registry: Registry,
     rpcs: HistogramFamily<RpcLabels>,
     realise: HistogramFamily<OutcomeLabels>,
     live_lessons: Family<PhaseLabels, Gauge>,
+    looks: Family<FoundLabels, prometheus_client::metrics::counter::Counter>,
 }
 
 impl std::fmt::Debug for AgentMetrics {
@@ -83,6 +89,7 @@ impl Default for AgentMetrics {
             Histogram::new(provisioning_buckets())
         });
         let live_lessons = Family::<PhaseLabels, Gauge>::default();
+        let looks = Family::<FoundLabels, prometheus_client::metrics::counter::Counter>::default();
         registry.register_with_unit(
             "rpc_duration",
             "Answered antidote.agent.v1 calls by method and gRPC code (Watch excepted)",
@@ -100,11 +107,18 @@ impl Default for AgentMetrics {
             "Live lessons held, by phase",
             live_lessons.clone(),
         );
+        registry.register(
+            "adoption_looks",
+            "Looks in the backend for a live lesson's objects before creating it (Provision or \
+             Recover of one not held here, not said to be new), by whether any were found",
+            looks.clone(),
+        );
         AgentMetrics {
             registry,
             rpcs,
             realise,
             live_lessons,
+            looks,
         }
     }
 }
@@ -130,6 +144,12 @@ impl AgentMetrics {
             Err(status) => status.code(),
         };
         result
+    }
+
+    /// Counts one look for a live lesson's objects, and whether any were `found`.
+    pub fn looked(&self, found: bool) {
+        let found = if found { "true" } else { "false" };
+        self.looks.get_or_create(&FoundLabels { found }).inc();
     }
 
     /// Records one generation's time to READY (`ready`) or FAILED.

@@ -380,9 +380,15 @@ impl Agent {
     }
 
     /// Asks the agent to realise the desired generation (idempotent on id + generation).
-    pub async fn provision(&self, desired: &Desired<'_>) -> Result<Report, Error> {
+    /// `new_live_lesson`: no agent was asked for this live lesson before (PROTOCOL.md [P9]).
+    pub async fn provision(
+        &self,
+        desired: &Desired<'_>,
+        new_live_lesson: bool,
+    ) -> Result<Report, Error> {
         let request = proto::ProvisionRequest {
             spec: Some(convert::lesson_spec(desired)),
+            new_live_lesson,
         };
         let response = self
             .call("Provision", request, |mut c, r| async move {

@@ -704,11 +704,21 @@ impl Reconciler {
         let Some(_call) = self.call_slot(&agent.name) else {
             return Ok(Next::After(inner.config.backoff_initial));
         };
+        // Placed just now for the first time: no agent was ever asked for it (PROTOCOL.md [P9]).
+        // A live lesson with a recorded agent (a retry, a restart of ours) or moved off a lost
+        // agent is not new.
+        let new = lesson.agent.is_none()
+            && placed.decision.is_some()
+            && placed.moved_from.is_none()
+            && !recovering;
         let Some(current) = self.claim(lesson, placed).await? else {
             return Ok(Next::Done);
         };
         let observer = agent.observe(current.id);
-        let report = match self.call(&agent, &current, definition, recovering).await {
+        let report = match self
+            .call(&agent, &current, definition, recovering, new)
+            .await
+        {
             Ok(report) => report,
             Err(err) => return self.agent_error(&current, err, deadline).await,
         };
@@ -840,13 +850,15 @@ impl Reconciler {
         Ok(Some(updated))
     }
 
-    /// Provision, or Recover after the agent restarted (Provision again if it lost the lesson).
+    /// Provision (saying whether the live lesson is `new`), or Recover after the agent restarted
+    /// (Provision again if it lost the lesson).
     async fn call(
         &self,
         agent: &Agent,
         current: &LiveLesson,
         definition: &Lesson,
         recovering: bool,
+        new: bool,
     ) -> Result<Report, Error> {
         let desired = Desired {
             instance_id: &self.inner.instance_id,
@@ -856,12 +868,12 @@ impl Reconciler {
             catalog: &self.inner.catalog,
         };
         if !(recovering && !current.handle.is_empty() && agent.has(capabilities::RECOVER)) {
-            return agent.provision(&desired).await;
+            return agent.provision(&desired, new).await;
         }
         match agent.recover(&desired).await {
             Err(err) if agents::lost_it(&err) => {
                 tracing::info!("agent lost the live lesson; provisioning it again");
-                agent.provision(&desired).await
+                agent.provision(&desired, false).await
             }
             other => other,
         }

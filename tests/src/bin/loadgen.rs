@@ -554,7 +554,10 @@ async fn direct(
     };
     let start = Instant::now();
     client
-        .provision(agent::ProvisionRequest { spec: Some(spec) })
+        .provision(agent::ProvisionRequest {
+            spec: Some(spec),
+            new_live_lesson: true,
+        })
         .await?;
     let latency = start.elapsed();
     client

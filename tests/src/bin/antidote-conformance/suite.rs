@@ -275,14 +275,18 @@ impl Suite {
             .context("no Watch stream (`watch-snapshot` did not pass)")
     }
 
-    /// Provisions `spec`, remembering its live lesson for the clean-up.
+    /// Provisions `spec`, remembering its live lesson for the clean-up. The first Provision of a
+    /// live lesson says it is new, as the scheduler's does (PROTOCOL.md [P9]).
     pub async fn provision(
         &mut self,
         spec: proto::LessonSpec,
     ) -> Result<tonic::Response<proto::ProvisionResponse>, tonic::Status> {
-        self.created.insert(spec.live_lesson_id.clone());
+        let new_live_lesson = self.created.insert(spec.live_lesson_id.clone());
         self.client
-            .provision(proto::ProvisionRequest { spec: Some(spec) })
+            .provision(proto::ProvisionRequest {
+                spec: Some(spec),
+                new_live_lesson,
+            })
             .await
     }
 

@@ -122,6 +122,7 @@ pub async fn bad_spec_codes(suite: &mut Suite) -> Verdict {
             .client
             .provision(proto::ProvisionRequest {
                 spec: Some(spec.clone()),
+                ..Default::default()
             })
             .await;
         if result.is_ok() {
@@ -141,7 +142,7 @@ pub async fn bad_spec_codes(suite: &mut Suite) -> Verdict {
     }
     let result = suite
         .client
-        .provision(proto::ProvisionRequest { spec: None })
+        .provision(proto::ProvisionRequest::default())
         .await;
     if let Err(err) = expect_refusal(result, Code::InvalidArgument, "INVALID_SPEC")
         .and_then(|refusal| refusal.expect("field", "spec"))
@@ -225,7 +226,10 @@ pub async fn error_details(suite: &mut Suite) -> Verdict {
     spec.generation = 0;
     let result = suite
         .client
-        .provision(proto::ProvisionRequest { spec: Some(spec) })
+        .provision(proto::ProvisionRequest {
+            spec: Some(spec),
+            ..Default::default()
+        })
         .await;
     note(
         "Provision of generation 0",

@@ -75,7 +75,10 @@ pub async fn concurrent_provision(suite: &mut Suite) -> Verdict {
         let spec = spec.clone();
         async move {
             client
-                .provision(proto::ProvisionRequest { spec: Some(spec) })
+                .provision(proto::ProvisionRequest {
+                    spec: Some(spec),
+                    new_live_lesson: true,
+                })
                 .await
         }
     });
