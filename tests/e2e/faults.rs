@@ -285,6 +285,14 @@ async fn postgres_restarted_mid_load_loses_nothing_acknowledged() {
     postgres.pg(&["stop"]).await;
     let outage = Instant::now();
     tally.lock().unwrap().unavailable_since_mark.clear();
+    // One more learner on each replica: the load's workers may all be retrying on one replica
+    // when the server stops (CI once saw 107 refusals from one and none from the other).
+    for (replica, replica_clients) in clients.iter().enumerate() {
+        let (replica_clients, tally) = (replica_clients.clone(), tally.clone());
+        workers.spawn(async move {
+            one_learner(&replica_clients, replica, "hello-web", &tally).await;
+        });
+    }
     wait_for(&tally, "UNAVAILABLE from both replicas", |t| {
         (0..2).all(|r| t.unavailable_since_mark.get(&r).copied().unwrap_or(0) >= 1)
     })
