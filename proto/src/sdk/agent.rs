@@ -83,7 +83,10 @@ pub trait Backend: Send + Sync + 'static {
     /// configuration, probe every presentation, wait the ready delay. Report progress through
     /// `report`; return the endpoints' final states (READY follows), or a reason a person can act
     /// on (FAILED follows). The future is dropped when a newer generation arrives or the live
-    /// lesson is deprovisioned, so every step must be safe to repeat.
+    /// lesson is deprovisioned, so every step must be safe to repeat. Its first step (up to its
+    /// first wait) runs inside the Provision call, the rest in a task of its own: a backend
+    /// with nothing to wait for answers Provision READY. So do no long blocking work before the
+    /// first `.await`.
     async fn realise(
         &self,
         spec: proto::LessonSpec,
@@ -182,8 +185,9 @@ impl Report {
 struct Work {
     /// The newest spec received.
     spec: proto::LessonSpec,
-    /// The task taking it to READY or FAILED.
-    driver: JoinHandle<()>,
+    /// The task taking it to READY or FAILED; `None` when the work finished on its first step,
+    /// inside the Provision call.
+    driver: Option<JoinHandle<()>>,
 }
 
 /// The runtime: answers `antidote.agent.v1` around a [`Backend`].
@@ -309,7 +313,8 @@ impl<B: Backend> Agent<B> {
     }
 
     /// Records `spec` as the newest and starts its driver (replacing an older one).
-    fn drive(self: &Arc<Self>, spec: proto::LessonSpec, start: Start) {
+    /// Returns whether the work goes on in a task (it did not finish on its first step).
+    fn drive(self: &Arc<Self>, spec: proto::LessonSpec, start: Start) -> bool {
         let id = spec.live_lesson_id.clone();
         let report = Report {
             book: self.book.clone(),
@@ -326,7 +331,7 @@ impl<B: Backend> Agent<B> {
             stage = spec.stage,
             start = ?start,
         );
-        let driver = tokio::spawn(
+        let mut work = Box::pin(
             {
                 let spec = spec.clone();
                 async move {
@@ -351,8 +356,47 @@ impl<B: Backend> Agent<B> {
             }
             .instrument(span),
         );
-        if let Some(old) = self.work().insert(id, Work { spec, driver }) {
-            old.driver.abort();
+        // One step here, in the Provision call: work that needs no waiting (a backend with
+        // nothing to create, objects already there) is READY in Provision's own answer, and
+        // the scheduler records it without waiting for a Watch event. Whatever waits goes on
+        // in a task; its first poll there registers the real waker in place of this no-op one.
+        // The older generation's driver stops first: its reports would be dropped anyway.
+        if let Some(driver) = self.work().get(&id).and_then(|old| old.driver.as_ref()) {
+            driver.abort();
+        }
+        let mut first = std::task::Context::from_waker(std::task::Waker::noop());
+        let driver = match work.as_mut().poll(&mut first) {
+            std::task::Poll::Ready(()) => None,
+            std::task::Poll::Pending => Some(tokio::spawn(work)),
+        };
+        let pending = driver.is_some();
+        self.work().insert(id, Work { spec, driver });
+        pending
+    }
+
+    /// Stores `state`, the first of a generation, and starts its driver; returns the state to
+    /// answer Provision with. Watchers hear of `state` only if the driver did not finish on its
+    /// first step: otherwise its READY (or FAILED) replaced it already, and the passing state
+    /// would only be one more event to every watcher and a wait for the scheduler.
+    fn start(
+        self: &Arc<Self>,
+        spec: proto::LessonSpec,
+        start: Start,
+        state: proto::LiveLessonState,
+    ) -> proto::LiveLessonState {
+        let id = spec.live_lesson_id.clone();
+        let state = self.book.put_quietly(state);
+        if self.drive(spec, start) {
+            // Re-stored at a new revision, so that it reaches watchers in order (the driver may
+            // have moved it on already: then this repeats its newest state).
+            return self.book.update(&id, |_| {}).unwrap_or(state);
+        }
+        // READY already: the answer. FAILED already: watchers heard it, but Provision never
+        // answers FAILED (PROTOCOL.md [P1]: failures come on the state), so the answer is the
+        // state it started from, older than the failure.
+        match self.book.get(&id) {
+            Some(now) if now.phase == Phase::Ready as i32 => now,
+            _ => state,
         }
     }
 
@@ -416,9 +460,7 @@ impl<B: Backend> Agent<B> {
                 format!("changing to stage {}", spec.stage),
             );
             state.endpoints = current.endpoints;
-            let state = self.book.put(state);
-            self.drive(spec, start);
-            return Ok(state);
+            return Ok(self.start(spec, start, state));
         }
         let max = self.description.max_live_lessons;
         if max > 0 && self.work().len() as u32 >= max {
@@ -443,9 +485,8 @@ impl<B: Backend> Agent<B> {
         } else {
             (Start::Create, Phase::Pending, "accepted")
         };
-        let state = self.book.put(spec::initial_state(&spec, phase, reason));
-        self.drive(spec, start);
-        Ok(state)
+        let state = spec::initial_state(&spec, phase, reason);
+        Ok(self.start(spec, start, state))
     }
 
     async fn deprovision(&self, id: &str) -> Result<(), Status> {
@@ -456,15 +497,29 @@ impl<B: Backend> Agent<B> {
             // Stop the driver and wait until it has stopped: a task running on another worker
             // thread finishes its current step first, and whatever that step creates must exist
             // before the removal below looks for it (PROTOCOL.md [D2]).
-            interrupted = !work.driver.is_finished();
-            work.driver.abort();
-            let _ = work.driver.await;
+            if let Some(driver) = work.driver {
+                interrupted = !driver.is_finished();
+                driver.abort();
+                let _ = driver.await;
+            }
         }
-        self.book.update(id, |s| {
-            s.phase = Phase::Terminating as i32;
-            s.reason = "removing".into();
-        });
-        self.backend.remove(id).await?;
+        // One step of the removal first: watchers hear TERMINATING only when it has to wait
+        // (a backend with nothing to remove is done at once, and the deletion says it all).
+        let mut removal = std::pin::pin!(self.backend.remove(id));
+        let first = removal
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        let removed = match first {
+            std::task::Poll::Ready(removed) => removed,
+            std::task::Poll::Pending => {
+                self.book.update(id, |s| {
+                    s.phase = Phase::Terminating as i32;
+                    s.reason = "removing".into();
+                });
+                removal.await
+            }
+        };
+        removed?;
         if interrupted {
             // A request the stopped driver had already sent (a container being created) is
             // still carried out by the backend after the removal looked: look again once it
@@ -800,4 +855,143 @@ fn offered(capabilities: &[String]) -> Vec<String> {
         offered.push(super::capabilities::WATCH_PAGES.to_owned());
     }
     offered
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt as _;
+
+    use super::*;
+    use crate::agent::v1::{WatchEvent, WatchRequest, watch_event::Event};
+
+    /// A backend whose realisation and removal are done at once, or wait for `gate`, or fail
+    /// at once, by the lesson's slug.
+    #[derive(Default)]
+    struct Scripted {
+        gate: Arc<tokio::sync::Notify>,
+    }
+
+    #[tonic::async_trait]
+    impl Backend for Scripted {
+        fn describe(&self) -> Description {
+            Description::new("scripted", "0", &[])
+        }
+
+        async fn realise(
+            &self,
+            spec: proto::LessonSpec,
+            _start: Start,
+            _report: Report,
+        ) -> Result<Vec<proto::EndpointState>, String> {
+            match spec.lesson_slug.as_str() {
+                "waits" => self.gate.notified().await,
+                "fails" => return Err("no such image".into()),
+                _ => {}
+            }
+            Ok(vec![])
+        }
+
+        async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+            if live_lesson_id.starts_with("slow") {
+                self.gate.notified().await;
+            }
+            Ok(())
+        }
+    }
+
+    fn spec(id: &str, lesson: &str) -> proto::LessonSpec {
+        proto::LessonSpec {
+            live_lesson_id: id.into(),
+            lesson_slug: lesson.into(),
+            generation: 1,
+            ..Default::default()
+        }
+    }
+
+    async fn next(stream: &mut WatchStream) -> WatchEvent {
+        stream
+            .next()
+            .await
+            .expect("the stream goes on")
+            .expect("no error")
+    }
+
+    /// The phase of a Changed event, or "deleted".
+    fn seen(event: &WatchEvent) -> String {
+        match &event.event {
+            Some(Event::Changed(state)) => format!(
+                "{} {:?}",
+                state.live_lesson_id,
+                Phase::try_from(state.phase).unwrap_or(Phase::Unspecified)
+            ),
+            Some(Event::Deleted(deleted)) => format!("{} deleted", deleted.live_lesson_id),
+            other => format!("{other:?}"),
+        }
+    }
+
+    async fn watching(agent: &Arc<Agent<Scripted>>) -> WatchStream {
+        let mut stream = agent.book.watch(WatchRequest::default());
+        let first = next(&mut stream).await;
+        assert!(matches!(first.event, Some(Event::Snapshot(_))), "{first:?}");
+        stream
+    }
+
+    #[tokio::test]
+    async fn work_with_nothing_to_wait_for_is_ready_in_provisions_answer_with_no_passing_events() {
+        let agent = Agent::new(Scripted::default());
+        let mut stream = watching(&agent).await;
+        let answered = agent.provision(spec("a", "instant"), true).await.unwrap();
+        assert_eq!(answered.phase, Phase::Ready as i32, "{answered:?}");
+        let event = next(&mut stream).await;
+        assert_eq!(seen(&event), "a Ready");
+        assert_eq!(event.revision, answered.revision);
+        agent.deprovision("a").await.unwrap();
+        let event = next(&mut stream).await;
+        assert_eq!(seen(&event), "a deleted", "no TERMINATING before it");
+        assert!(event.revision > answered.revision);
+    }
+
+    #[tokio::test]
+    async fn work_that_waits_answers_its_first_state_and_watchers_see_every_one() {
+        let backend = Scripted::default();
+        let gate = backend.gate.clone();
+        let agent = Agent::new(backend);
+        let mut stream = watching(&agent).await;
+        let answered = agent
+            .provision(spec("slow-a", "waits"), true)
+            .await
+            .unwrap();
+        assert_eq!(answered.phase, Phase::Pending as i32, "{answered:?}");
+        let pending = next(&mut stream).await;
+        assert_eq!(seen(&pending), "slow-a Pending");
+        assert_eq!(pending.revision, answered.revision);
+        gate.notify_one();
+        let ready = next(&mut stream).await;
+        assert_eq!(seen(&ready), "slow-a Ready");
+        assert!(ready.revision > pending.revision);
+        let removing = tokio::spawn({
+            let agent = agent.clone();
+            async move { agent.deprovision("slow-a").await }
+        });
+        let terminating = next(&mut stream).await;
+        assert_eq!(seen(&terminating), "slow-a Terminating");
+        gate.notify_one();
+        removing.await.unwrap().unwrap();
+        assert_eq!(seen(&next(&mut stream).await), "slow-a deleted");
+    }
+
+    #[tokio::test]
+    async fn work_failing_on_its_first_step_is_never_provisions_answer() {
+        let agent = Agent::new(Scripted::default());
+        let mut stream = watching(&agent).await;
+        let answered = agent.provision(spec("b", "fails"), true).await.unwrap();
+        assert_eq!(answered.phase, Phase::Pending as i32, "[P1]: {answered:?}");
+        let failed = next(&mut stream).await;
+        assert_eq!(seen(&failed), "b Failed");
+        assert!(failed.revision > answered.revision);
+        assert_eq!(
+            agent.book.get("b").map(|s| s.phase),
+            Some(Phase::Failed as i32)
+        );
+    }
 }

@@ -105,12 +105,27 @@ impl StateBook {
     }
 
     /// Stores a new state (bumping the revision) and tells watchers; returns it as stored.
-    pub fn put(&self, mut state: LiveLessonState) -> LiveLessonState {
+    pub fn put(&self, state: LiveLessonState) -> LiveLessonState {
+        self.store(state, true)
+    }
+
+    /// Stores a new state (bumping the revision) without telling watchers: for a state that is
+    /// replaced at once (an agent's first answer to Provision when its work needs no waiting).
+    /// Watchers see the next [`StateBook::put`] or [`StateBook::update`] of it; its revision is
+    /// never sent, and revisions on a stream still only increase.
+    pub fn put_quietly(&self, state: LiveLessonState) -> LiveLessonState {
+        self.store(state, false)
+    }
+
+    fn store(&self, mut state: LiveLessonState, tell: bool) -> LiveLessonState {
         let mut book = self.lock();
         book.revision += 1;
         state.revision = book.revision;
         book.states
             .insert(state.live_lesson_id.clone(), state.clone());
+        if !tell {
+            return state;
+        }
         let _ = self.events.send((
             WatchEvent {
                 revision: book.revision,
