@@ -656,3 +656,73 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
         }
     }
 }
+
+/// A scheduler that exports no spans records none (no OpenTelemetry layer: it cost 15 % of its
+/// CPU), yet passes the caller's trace context on: an exporting agent's spans join the caller's
+/// trace, as children of the caller's span.
+#[tokio::test]
+async fn a_scheduler_exporting_nothing_still_passes_the_callers_trace_to_its_agent() {
+    let receiver = Receiver::default();
+    let collector = format!("http://{}", receiver.start().await.unwrap());
+    let env = Env::start(
+        &[],
+        Knobs {
+            // The scheduler exports nothing; its agent does.
+            extra_config: "[telemetry]\notlp_endpoint = \"\"\n".into(),
+            agent_env: vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.clone())],
+            ..Knobs::default()
+        },
+    )
+    .await;
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let caller_span = "5a1e5a1e5a1e5a1e";
+    let mut request = tonic::Request::new(api::RequestLiveLessonRequest {
+        session_id: session.clone(),
+        lesson_slug: "hello-web".into(),
+        stage: 0,
+        placement: None,
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-{caller_span}-01").parse().unwrap(),
+    );
+    let lesson = c
+        .lessons
+        .clone()
+        .request_live_lesson(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let ready = c.ready(&lesson.id).await.unwrap();
+    assert_eq!(
+        ready.status(),
+        api::LiveLessonStatus::Ready,
+        "{}",
+        env.logs()
+    );
+    let provisioned = |spans: &[antidote_tests::otlp::Span]| {
+        spans.iter().any(|s| {
+            s.trace_id == trace_id
+                && s.service == "test-agent"
+                && s.name == "rpc"
+                && s.parent_id == caller_span
+        }) && spans
+            .iter()
+            .any(|s| s.trace_id == trace_id && s.service == "test-agent" && s.name == "realise")
+    };
+    let all = receiver
+        .wait_for(Duration::from_secs(60), provisioned)
+        .await;
+    assert!(
+        provisioned(&all),
+        "the agent's Provision span is not in trace {trace_id} under the caller's span \
+         {caller_span} within 60 s; received: {all:#?}\n{}",
+        env.logs()
+    );
+    assert!(
+        all.iter().all(|s| s.service != "scheduler-svc"),
+        "the scheduler exported spans: {all:#?}"
+    );
+}

@@ -105,6 +105,9 @@ where
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .trace_fn(super::trace::span)
+        // The caller's trace context, current while the call runs (kept when spans are not
+        // exported: see `trace`).
+        .layer(super::trace::PassContext)
         // Oversized requests are RESOURCE_EXHAUSTED (tonic says OUT_OF_RANGE).
         .layer(super::errors::RequestTooLarge {
             reason: crate::agent::v1::ErrorReason::RequestTooLarge.as_str_name(),

@@ -167,6 +167,9 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     let server = tonic::transport::Server::builder()
         // A span per call, child of the caller's W3C trace context.
         .trace_fn(antidote_proto::sdk::trace::span)
+        // The caller's trace context, current while the call runs: passed on to agents even
+        // when spans are not exported.
+        .layer(antidote_proto::sdk::trace::PassContext)
         // Serve the API's streams and the many small calls of many learners on few connections.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         // Bounded: streams per connection, and how long a unary call may run (a Watch's

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::sdk::{capabilities, errors};
+use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -256,7 +257,7 @@ impl Reconciler {
 
     /// Schedules a live lesson for reconciliation. The work joins the current span's trace.
     fn enqueue(&self, id: LiveLessonId) {
-        let context = tracing::Span::current().context();
+        let context = antidote_proto::sdk::trace::current_context();
         if context.span().span_context().is_valid() {
             lock(&self.inner.origins).insert(id, context);
         }
@@ -624,7 +625,12 @@ impl Reconciler {
                 // Work in flight is dropped at shutdown; the store still holds the desired state
                 // and the next process resumes it.
                 _ = shutdown.cancelled() => return,
-                next = self.run(id).instrument(span) => next,
+                // The origin is also current (not only the span's parent), so that it is passed
+                // on to the agent when spans are not recorded.
+                next = self
+                    .run(id)
+                    .instrument(span)
+                    .with_context(origin.clone().unwrap_or_default()) => next,
             };
             if let (Some(origin), Ok(Next::After(_) | Next::Wait) | Err(_)) = (origin, &next) {
                 // A retry still belongs to the trace that asked, unless a newer request came.

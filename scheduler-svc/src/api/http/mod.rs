@@ -43,6 +43,7 @@ use axum::routing::{MethodRouter, get};
 use futures::future::BoxFuture;
 use futures::{Stream, StreamExt as _};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use opentelemetry::context::FutureExt as _;
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor, SerializeOptions};
 use tokio::net::TcpListener;
@@ -615,6 +616,8 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
                         body: Result<Bytes, BytesRejection>| async move {
         let span = tracing::info_span!("http", http.route = route.path, rpc = route.rpc);
         antidote_proto::sdk::trace::set_parent(&span, &headers);
+        // Current while the call runs, so that it is passed on without recorded spans too.
+        let context = antidote_proto::sdk::trace::extract(&headers);
         async move {
             // Axum's own refusals, in the API's error shape.
             let (params, query, body) = match (params, query, body) {
@@ -652,6 +655,7 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
             .await
         }
         .instrument(span)
+        .with_context(context)
         .await
     };
     let handler = axum::routing::on(
