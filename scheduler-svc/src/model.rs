@@ -21,18 +21,14 @@ pub struct BadId {
 
 macro_rules! uuid_id {
     ($name:ident, $what:literal) => {
-        #[doc = concat!("A ", $what, " (a UUIDv7: time-ordered, random below the millisecond).")]
+        #[doc = concat!("A ", $what, " (a random UUID).")]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(pub Uuid);
 
         impl $name {
-            /// A new id. Time-ordered (UUIDv7), so that the rows and index entries of new
-            /// sessions, live lessons and their events land at the right edge of the store's
-            /// B-trees instead of on random pages (a commit then dirties fewer pages). Not a
-            /// secret: every call needs the session's token, and another session's ids answer
-            /// as unknown ones do. It tells its creation time to whoever holds it.
+            /// A new random id.
             pub fn new() -> Self {
-                Self(Uuid::now_v7())
+                Self(Uuid::new_v4())
             }
         }
 
@@ -430,16 +426,6 @@ pub mod clock_time {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_made_later_sort_after_earlier_ones() {
-        // Time-ordered, in text as the store keys them: new rows land at the B-trees' right
-        // edges. (Random UUIDs would fail this almost surely.)
-        let sessions: Vec<String> = (0..1000).map(|_| SessionId::new().to_string()).collect();
-        assert!(sessions.windows(2).all(|w| w[0] < w[1]), "{sessions:?}");
-        let lessons: Vec<String> = (0..1000).map(|_| LiveLessonId::new().to_string()).collect();
-        assert!(lessons.windows(2).all(|w| w[0] < w[1]), "{lessons:?}");
-    }
 
     #[test]
     fn pool_windows_pick_the_target() {
