@@ -537,14 +537,22 @@ async fn cors_is_closed_by_default() {
     );
 }
 
-#[tokio::test]
-async fn one_request_is_one_trace_across_scheduler_and_agent() {
+/// A hello-web lesson requested with a caller's trace context (a new trace id under
+/// `caller_span`, as a mesh or a web front end would send it) and READY. Its agent exports to a
+/// real OTLP receiver; the scheduler too when `scheduler_exports`. Returns the receiver, the
+/// environment and the trace id.
+async fn traced_request(scheduler_exports: bool, caller_span: &str) -> (Receiver, Env, String) {
     let receiver = Receiver::default();
     let collector = format!("http://{}", receiver.start().await.unwrap());
+    let endpoint = if scheduler_exports {
+        collector.as_str()
+    } else {
+        ""
+    };
     let env = Env::start(
         &[],
         Knobs {
-            extra_config: format!("[telemetry]\notlp_endpoint = \"{collector}\"\n"),
+            extra_config: format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n"),
             agent_env: vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.clone())],
             ..Knobs::default()
         },
@@ -552,8 +560,6 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
     .await;
     let c = &env.scheduler.clients;
     let session = c.session().await.unwrap();
-
-    // The caller's trace context, as a mesh or a web front end would send it.
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
     let mut request = tonic::Request::new(api::RequestLiveLessonRequest {
         session_id: session.clone(),
@@ -563,9 +569,7 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
     });
     request.metadata_mut().insert(
         "traceparent",
-        format!("00-{trace_id}-00f067aa0ba902b7-01")
-            .parse()
-            .unwrap(),
+        format!("00-{trace_id}-{caller_span}-01").parse().unwrap(),
     );
     let lesson = c
         .lessons
@@ -581,6 +585,12 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
         "{}",
         env.logs()
     );
+    (receiver, env, trace_id)
+}
+
+#[tokio::test]
+async fn one_request_is_one_trace_across_scheduler_and_agent() {
+    let (receiver, env, trace_id) = traced_request(true, "00f067aa0ba902b7").await;
 
     // Spans are exported in batches (every few seconds): wait until both processes sent theirs.
     let complete = |spans: &[antidote_tests::otlp::Span]| {
@@ -662,46 +672,9 @@ async fn one_request_is_one_trace_across_scheduler_and_agent() {
 /// trace, as children of the caller's span.
 #[tokio::test]
 async fn a_scheduler_exporting_nothing_still_passes_the_callers_trace_to_its_agent() {
-    let receiver = Receiver::default();
-    let collector = format!("http://{}", receiver.start().await.unwrap());
-    let env = Env::start(
-        &[],
-        Knobs {
-            // The scheduler exports nothing; its agent does.
-            extra_config: "[telemetry]\notlp_endpoint = \"\"\n".into(),
-            agent_env: vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.clone())],
-            ..Knobs::default()
-        },
-    )
-    .await;
-    let c = &env.scheduler.clients;
-    let session = c.session().await.unwrap();
-    let trace_id = uuid::Uuid::new_v4().simple().to_string();
     let caller_span = "5a1e5a1e5a1e5a1e";
-    let mut request = tonic::Request::new(api::RequestLiveLessonRequest {
-        session_id: session.clone(),
-        lesson_slug: "hello-web".into(),
-        stage: 0,
-        placement: None,
-    });
-    request.metadata_mut().insert(
-        "traceparent",
-        format!("00-{trace_id}-{caller_span}-01").parse().unwrap(),
-    );
-    let lesson = c
-        .lessons
-        .clone()
-        .request_live_lesson(request)
-        .await
-        .unwrap()
-        .into_inner();
-    let ready = c.ready(&lesson.id).await.unwrap();
-    assert_eq!(
-        ready.status(),
-        api::LiveLessonStatus::Ready,
-        "{}",
-        env.logs()
-    );
+    // The scheduler exports nothing; its agent does.
+    let (receiver, env, trace_id) = traced_request(false, caller_span).await;
     let provisioned = |spans: &[antidote_tests::otlp::Span]| {
         spans.iter().any(|s| {
             s.trace_id == trace_id

@@ -181,6 +181,12 @@ impl Report {
     }
 }
 
+/// Polls `work` once, here, without a waker: its first step up to its first wait. A future
+/// still pending must be polled again (awaited, or spawned) so that it registers a real waker.
+fn first_step<F: std::future::Future>(work: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    work.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
 /// One live lesson this process drives.
 struct Work {
     /// The newest spec received.
@@ -364,8 +370,7 @@ impl<B: Backend> Agent<B> {
         if let Some(driver) = self.work().get(&id).and_then(|old| old.driver.as_ref()) {
             driver.abort();
         }
-        let mut first = std::task::Context::from_waker(std::task::Waker::noop());
-        let driver = match work.as_mut().poll(&mut first) {
+        let driver = match first_step(work.as_mut()) {
             std::task::Poll::Ready(()) => None,
             std::task::Poll::Pending => Some(tokio::spawn(work)),
         };
@@ -506,10 +511,7 @@ impl<B: Backend> Agent<B> {
         // One step of the removal first: watchers hear TERMINATING only when it has to wait
         // (a backend with nothing to remove is done at once, and the deletion says it all).
         let mut removal = std::pin::pin!(self.backend.remove(id));
-        let first = removal
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-        let removed = match first {
+        let removed = match first_step(removal.as_mut()) {
             std::task::Poll::Ready(removed) => removed,
             std::task::Poll::Pending => {
                 self.book.update(id, |s| {
@@ -859,10 +861,9 @@ fn offered(capabilities: &[String]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use tokio_stream::StreamExt as _;
-
     use super::*;
     use crate::agent::v1::{WatchEvent, WatchRequest, watch_event::Event};
+    use crate::sdk::book::tests::next;
 
     /// A backend whose realisation and removal are done at once, or wait for `gate`, or fail
     /// at once, by the lesson's slug.
@@ -906,14 +907,6 @@ mod tests {
             generation: 1,
             ..Default::default()
         }
-    }
-
-    async fn next(stream: &mut WatchStream) -> WatchEvent {
-        stream
-            .next()
-            .await
-            .expect("the stream goes on")
-            .expect("no error")
     }
 
     /// The phase of a Changed event, or "deleted".

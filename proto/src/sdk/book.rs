@@ -354,7 +354,7 @@ pub fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, Stri
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use tokio_stream::StreamExt as _;
@@ -373,7 +373,9 @@ mod tests {
         HashMap::from([("antidote.io/lesson".into(), lesson.into())])
     }
 
-    async fn next(stream: &mut WatchStream) -> WatchEvent {
+    /// The next message of a Watch stream that goes on without errors (also the SDK agent's
+    /// tests' helper).
+    pub(crate) async fn next(stream: &mut WatchStream) -> WatchEvent {
         stream
             .next()
             .await
