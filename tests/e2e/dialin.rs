@@ -61,8 +61,14 @@ impl Pki {
         (cert, key, leaf.sha256())
     }
 
-    /// The scheduler's `[agent_intake]` table.
+    /// The scheduler's `[agent_intake]` table on `port` (0: a port that stays free while the scheduler
+    /// restarts, [`antidote_tests::port_to_keep`]).
     fn intake_config(&self, port: u16, allow: &[&str], agents: &[&str]) -> String {
+        let port = if port == 0 {
+            antidote_tests::port_to_keep()
+        } else {
+            port
+        };
         let list = |names: &[&str]| {
             names
                 .iter()

@@ -107,10 +107,8 @@ impl PrivatePostgres {
     }
 
     async fn start_with(tls: Option<&Path>) -> PrivatePostgres {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        // The server is stopped and started again on this port.
+        let port = antidote_tests::port_to_keep();
         let server = PrivatePostgres {
             state: PathBuf::from(format!(
                 "/tmp/antidote-pg-faults-{}",

@@ -46,6 +46,33 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
+/// A free loopback port below the kernel's ephemeral range (`ip_local_port_range`), for a
+/// listener that a test stops and starts again on the same port.
+///
+/// A port the kernel picked for `127.0.0.1:0` lies in the ephemeral range, which the kernel also
+/// hands out as the local port of outgoing connections: while its listener is down (a scheduler
+/// killed with -9, an agent restarting), any test's connection, or a connection to that very
+/// port, may take it, and the restart fails with "Address already in use". Outgoing connections
+/// never get a port below the range, and this process never hands out one port twice.
+pub fn port_to_keep() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // Ports from 10,000 up to the range, where nothing of the suite's fixed ports lies.
+    let (first, span) = (10_000u16, low.saturating_sub(10_000).max(1));
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let start = (uuid::Uuid::new_v4().as_u128() % u128::from(span)) as u16;
+    (0..span)
+        .map(|i| first + (start + i) % span)
+        .find(|port| {
+            !given.contains(port) && std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok()
+        })
+        .inspect(|port| given.push(*port))
+        .expect("a free port below the ephemeral range")
+}
+
 /// A running child process that serves on a loopback port, or an agent that dials in.
 pub struct Process {
     child: Child,
@@ -73,8 +100,16 @@ impl Process {
         log: PathBuf,
     ) -> anyhow::Result<Process> {
         let stderr = std::fs::File::create(&log)?;
+        // `--listen 127.0.0.1:0` gets a port that stays free while the process restarts.
+        let mut args = args.to_vec();
+        if let Some(at) = args
+            .windows(2)
+            .position(|w| w == ["--listen", "127.0.0.1:0"])
+        {
+            args[at + 1] = format!("127.0.0.1:{}", port_to_keep());
+        }
         let mut child = Command::new(program)
-            .args(args)
+            .args(&args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env(
                 "RUST_LOG",
