@@ -6,14 +6,18 @@ use crate::error::Error;
 use crate::model::{Event, LiveLessonId, Millis};
 
 impl Store {
-    /// A live lesson's events, oldest first.
+    /// A live lesson's events, oldest first: its log (`log`, the seq of its first event,
+    /// indexed with `seq`), found by its first event (the only one indexed by live lesson id)
+    /// even after the live lesson is gone.
     pub async fn events(&self, id: LiveLessonId) -> Result<Vec<Event>> {
         let rows = self
             .reader
             .fetch_all(
                 Statement::new(
                     "SELECT seq, live_lesson_id, at, status, generation, stage, detail \
-                     FROM events WHERE live_lesson_id = $1 ORDER BY seq",
+                     FROM events WHERE log IN \
+                     (SELECT log FROM events WHERE live_lesson_id = $1 AND seq = log) \
+                     ORDER BY seq",
                 )
                 .bind(id.to_string()),
             )

@@ -729,7 +729,7 @@ mod tests {
 
     use super::testing::on_both;
     use super::*;
-    use crate::model::{Decision, PlacementRecord, Wishes};
+    use crate::model::{Decision, Event, PlacementRecord, Wishes};
 
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -952,6 +952,63 @@ mod tests {
             assert!(store.prune_events(Millis(1_000_000_000_000_000)).await.unwrap() >= 3);
             assert!(store.events(idle.id).await.unwrap().is_empty());
             assert!(!store.events(busy.id).await.unwrap().is_empty());
+        }
+
+        // Events are kept by log (the seq of a live lesson's first event): interleaved live
+        // lessons keep their own, readable after the live lesson is gone, and pruning keeps a
+        // log's first event while later ones are kept.
+        async fn events_are_kept_by_log_and_read_after_the_live_lesson_is_gone(database, store) {
+            let session = store
+                .create_session(IP, [7; 32], 0, Millis(1))
+                .await
+                .unwrap();
+            let (a, _) = store
+                .request_live_lesson(session.id, "a", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            let (b, _) = store
+                .request_live_lesson(session.id, "b", 0, 0, Millis(3))
+                .await
+                .unwrap();
+            let ready = |at| Observation::status(Status::Ready, at);
+            store.observe(b.id, 1, ready("b ready"), Millis(4)).await.unwrap();
+            store.observe(a.id, 1, ready("a ready"), Millis(5)).await.unwrap();
+            store.set_stage(a.id, 1, Millis(6)).await.unwrap();
+            let details = |events: &[Event]| {
+                events.iter().map(|e| e.detail.clone()).collect::<Vec<_>>()
+            };
+            let of_a = store.events(a.id).await.unwrap();
+            assert!(of_a.iter().all(|e| e.live_lesson_id == a.id), "{of_a:?}");
+            assert_eq!(
+                of_a.iter().map(|e| e.status).collect::<Vec<_>>(),
+                [Status::Pending, Status::Ready, Status::Configuring]
+            );
+            assert_eq!(details(&of_a)[1], "a ready");
+            assert_eq!(details(&store.events(b.id).await.unwrap())[1], "b ready");
+
+            // Gone: its events are still read by its id, the removal last.
+            store.mark_deleting(a.id, "deleted", Millis(7)).await.unwrap();
+            store.forget(a.id).await.unwrap();
+            let gone = store.events(a.id).await.unwrap();
+            assert_eq!(gone.len(), 5, "{gone:?}");
+            assert_eq!(gone[..3], of_a[..]);
+            assert_eq!(gone.last().unwrap().detail, "removed");
+
+            // Pruned before 7: the deletion at 7 and the removal (written at the wall clock's
+            // time) are kept, and so is the first event, through which they are found; the
+            // others go.
+            store.prune_events(Millis(7)).await.unwrap();
+            let kept = store.events(a.id).await.unwrap();
+            assert_eq!(
+                kept.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                [gone[0].seq, gone[3].seq, gone[4].seq],
+                "{kept:?}"
+            );
+            // b still exists: nothing of it is pruned.
+            assert_eq!(store.events(b.id).await.unwrap().len(), 2);
+            store.prune_events(Millis(i64::MAX)).await.unwrap();
+            assert!(store.events(a.id).await.unwrap().is_empty());
+            assert_eq!(store.events(b.id).await.unwrap().len(), 2);
         }
 
         async fn filters_agents_and_audit(database, store) {
@@ -1239,6 +1296,82 @@ mod tests {
             })
         });
         (job, rx)
+    }
+
+    /// A database written before events had logs (migrations up to 0007): migration 0008 puts
+    /// each live lesson's events in one log, and its later events join it.
+    async fn events_of_an_older_database_are_kept(scratch: testing::Scratch) {
+        let (a, b) = (LiveLessonId::new(), LiveLessonId::new());
+        let old = format!(
+            "INSERT INTO sessions (id, source_ip, created_at, last_active) \
+                 VALUES ('{session}', '127.0.0.1', 1, 1); \
+             INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
+                 created_at, last_active, updated_at) \
+                 VALUES ('{a}', '{session}', 'a', 0, 1, 'PENDING', 2, 2, 2); \
+             INSERT INTO live_lessons (id, session_id, lesson_slug, stage, generation, status, \
+                 created_at, last_active, updated_at) \
+                 VALUES ('{b}', '{session}', 'b', 0, 1, 'PENDING', 3, 3, 3); \
+             UPDATE live_lessons SET status = 'READY', reason = 'a ready', updated_at = 4 \
+                 WHERE id = '{a}';",
+            session = SessionId::new(),
+        );
+        let before = |m: &sqlx::migrate::Migration| m.version < 8;
+        match &scratch.database {
+            Database::Sqlite(path) => {
+                let mut migrator = sqlx::migrate!("./migrations");
+                migrator.migrations = migrator
+                    .migrations
+                    .iter()
+                    .filter(|m| before(m))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .into();
+                let options = SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(true);
+                let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+                migrator.run(&mut conn).await.unwrap();
+                sqlx::raw_sql(&old).execute(&mut conn).await.unwrap();
+                conn.close().await.unwrap();
+            }
+            Database::Postgres(url) => {
+                let mut migrator = sqlx::migrate!("./migrations-postgres");
+                migrator.migrations = migrator
+                    .migrations
+                    .iter()
+                    .filter(|m| before(m))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .into();
+                let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+                migrator.run(&mut conn).await.unwrap();
+                sqlx::raw_sql(&old).execute(&mut conn).await.unwrap();
+                conn.close().await.unwrap();
+            }
+        }
+        let store = Store::open(&scratch.database).await.unwrap();
+        let of_a = store.events(a).await.unwrap();
+        assert_eq!(
+            of_a.iter()
+                .map(|e| (e.status, e.detail.as_str()))
+                .collect::<Vec<_>>(),
+            [(Status::Pending, ""), (Status::Ready, "a ready")]
+        );
+        store.mark_deleting(a, "deleted", Millis(5)).await.unwrap();
+        store.forget(a).await.unwrap();
+        let gone = store.events(a).await.unwrap();
+        assert_eq!(gone.len(), 4, "{gone:?}");
+        assert_eq!(store.events(b).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn events_of_an_older_sqlite_database_are_kept() {
+        events_of_an_older_database_are_kept(testing::Scratch::sqlite()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn events_of_an_older_postgres_database_are_kept() {
+        events_of_an_older_database_are_kept(testing::Scratch::postgres().await).await;
     }
 
     #[test]

@@ -82,12 +82,17 @@ impl Store {
             .await
     }
 
-    /// Deletes events of live lessons that no longer exist, older than `cutoff`.
+    /// Deletes events of live lessons that no longer exist, older than `cutoff`. A log's first
+    /// event (the one found by live lesson id) goes only with the last of its log, so what is
+    /// kept stays readable.
     pub async fn prune_events(&self, cutoff: Millis) -> Result<u64> {
         self.write_execute(
             Statement::new(
                 "DELETE FROM events WHERE at < $1 \
-                 AND live_lesson_id NOT IN (SELECT id FROM live_lessons)",
+                 AND live_lesson_id NOT IN (SELECT id FROM live_lessons) \
+                 AND (seq <> log OR NOT EXISTS \
+                      (SELECT 1 FROM events later WHERE later.log = events.log \
+                       AND later.seq > events.seq AND later.at >= $1))",
             )
             .bind(cutoff.0),
         )
