@@ -246,6 +246,16 @@ const MAX_BATCH: usize = 512;
 /// our own connections use the file, so a wait is a checkpoint at most.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long after a commit the checkpointer copies the SQLite WAL's committed pages into the
+/// database file (commits meanwhile are copied with it).
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
+
+/// WAL pages at which the writer checkpoints by itself (SQLite's `wal_autocheckpoint`, 1,000
+/// by default): the WAL restarts from its beginning only after a checkpoint that copied all of
+/// it, which the checkpointer, behind a writer that goes on, rarely sees; the writer's, with
+/// most pages already copied, is short. So the WAL stays within 8 MiB of 4 KiB pages.
+const WRITER_CHECKPOINT_PAGES: u32 = 2_000;
+
 /// PostgreSQL connections per scheduler: the reconcile workers' and API's writes and reads.
 const POSTGRES_CONNECTIONS: u32 = 16;
 
@@ -313,6 +323,7 @@ impl Store {
         // this thread, not a hand-off to another, and no job waits behind API work for a worker.
         let (done_tx, done_rx) = oneshot::channel();
         let cache = known.clone();
+        let (checkpointer, committed) = Checkpointer::start(path, busy_timeout)?;
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || {
@@ -320,10 +331,18 @@ impl Store {
                     .enable_time()
                     .build()
                 {
-                    Ok(runtime) => runtime.block_on(write_loop(connection, jobs, Some(cache))),
-                    Err(err) => tracing::error!(error = %err, "cannot start the store writer"),
+                    Ok(runtime) => {
+                        runtime.block_on(write_loop(connection, jobs, Some(cache), Some(committed)))
+                    }
+                    Err(err) => {
+                        drop(committed);
+                        tracing::error!(error = %err, "cannot start the store writer")
+                    }
                 }
-                // The file is ours until the writer has closed its connection.
+                // It ends now that `committed` is gone with the writer.
+                checkpointer.stop();
+                // The file is ours until the writer and the checkpointer have closed their
+                // connections.
                 drop(lock);
                 let _ = done_tx.send(());
             })
@@ -544,8 +563,18 @@ fn lock_file(database: &Path) -> Result<File> {
 
 /// The SQLite writer's connection: the file sqlx created and migrated, opened again by
 /// rusqlite with the same settings (WAL is the file's own; `synchronous` and foreign keys are
-/// per connection).
+/// per connection). It leaves checkpoints to the [`Checkpointer`] unless that falls
+/// [`WRITER_CHECKPOINT_PAGES`] behind.
 fn open_writer(path: &Path, busy_timeout: Duration) -> Result<rusqlite::Connection> {
+    let connection = open_rusqlite(path, busy_timeout)?;
+    connection.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
+    // Every statement of the store, prepared once.
+    connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
+    Ok(connection)
+}
+
+/// A read-write rusqlite connection to the store's file, with the writer's settings.
+fn open_rusqlite(path: &Path, busy_timeout: Duration) -> Result<rusqlite::Connection> {
     use rusqlite::OpenFlags;
     let connection = rusqlite::Connection::open_with_flags(
         path,
@@ -554,9 +583,60 @@ fn open_writer(path: &Path, busy_timeout: Duration) -> Result<rusqlite::Connecti
     connection.busy_timeout(busy_timeout)?;
     connection.pragma_update(None, "synchronous", "NORMAL")?;
     connection.pragma_update(None, "foreign_keys", "ON")?;
-    // Every statement of the store, prepared once.
-    connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
     Ok(connection)
+}
+
+/// Checkpoints the SQLite WAL on a thread and connection of its own, [`CHECKPOINT_EVERY`]
+/// after the writer commits: `PRAGMA wal_checkpoint(PASSIVE)` syncs the WAL and copies its
+/// committed pages into the database file while the writer goes on committing. Left to
+/// SQLite's automatic checkpoint, the commit that crossed 1,000 WAL pages did that copy and its
+/// `fsync`s on the writer's thread, with every write queued behind it. With `synchronous =
+/// NORMAL` a checkpoint is also what makes commits durable, so a commit is on disk within about
+/// [`CHECKPOINT_EVERY`] even when none follows it. Idle, it sleeps until the next commit.
+struct Checkpointer {
+    /// Ends it once the writer (holding the [`Committed`] side) is gone.
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The writer's side of the [`Checkpointer`]: told of every commit, never waiting.
+type Committed = std::sync::mpsc::SyncSender<()>;
+
+impl Checkpointer {
+    fn start(path: &Path, busy_timeout: Duration) -> Result<(Checkpointer, Committed)> {
+        let connection = open_rusqlite(path, busy_timeout)?;
+        let (committed, commits) = std::sync::mpsc::sync_channel::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("store-checkpoint".into())
+            .spawn(move || {
+                let mut failing = false;
+                while commits.recv().is_ok() {
+                    std::thread::sleep(CHECKPOINT_EVERY);
+                    while commits.try_recv().is_ok() {}
+                    // (busy, WAL pages, pages checkpointed); a passive checkpoint never waits.
+                    let ran =
+                        connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                    match ran {
+                        Err(err) if !failing => {
+                            failing = true;
+                            tracing::warn!(error = %err, "the store's checkpoint failed; retrying");
+                        }
+                        Ok(()) if failing => {
+                            failing = false;
+                            tracing::info!("the store's checkpoints succeed again");
+                        }
+                        _ => {}
+                    }
+                }
+                drop(connection);
+            })
+            .map_err(|err| Error::StoreOpen(format!("cannot start the checkpointer: {err}")))?;
+        Ok((Checkpointer { thread }, committed))
+    }
+
+    /// Waits until it has ended (the writer is gone) and closed its connection.
+    fn stop(self) {
+        let _ = self.thread.join();
+    }
 }
 
 /// Runs one transaction-control statement on the writer's connection, prepared once (parsing
@@ -580,6 +660,7 @@ async fn write_loop(
     connection: rusqlite::Connection,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     known: Option<Arc<Known>>,
+    committed: Option<Committed>,
 ) {
     let mut connection = connection;
     let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -651,8 +732,14 @@ async fn write_loop(
         if let Some(err) = &commit {
             tracing::error!(error = %err, jobs = delivers.len(), "store commit failed");
             let _ = connection.execute_batch("ROLLBACK");
-        } else if let Some(known) = &known {
-            known.apply(learnt);
+        } else {
+            if let Some(known) = &known {
+                known.apply(learnt);
+            }
+            if let Some(committed) = &committed {
+                // Full: the checkpointer has a commit to copy already.
+                let _ = committed.try_send(());
+            }
         }
         for (deliver, failed) in delivers {
             deliver(commit.as_ref().or(failed.as_ref()));
@@ -1187,7 +1274,7 @@ mod tests {
             results.push(result);
         }
         let (job, last) = counting_job(ran.clone());
-        let writer_task = tokio::spawn(write_loop(connection, jobs, None));
+        let writer_task = tokio::spawn(write_loop(connection, jobs, None, None));
         for result in results {
             let err = result.await.unwrap().unwrap_err();
             assert_eq!(err.code(), Code::Unavailable, "{err}");
@@ -1237,7 +1324,7 @@ mod tests {
             writer.send(job).unwrap();
             results.push(rx);
         }
-        let writer_task = tokio::spawn(write_loop(connection, jobs, None));
+        let writer_task = tokio::spawn(write_loop(connection, jobs, None, None));
         let outcomes: Vec<bool> = futures::future::join_all(results)
             .await
             .into_iter()
@@ -1296,6 +1383,44 @@ mod tests {
             })
         });
         (job, rx)
+    }
+
+    /// A commit reaches the database file itself (not only the WAL) within a few checkpoint
+    /// periods, without the writer's own checkpoint, which waits for 10,000 WAL pages: a copy
+    /// of the file alone, without its WAL, soon holds a session just created.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_checkpointer_copies_commits_into_the_database_file() {
+        let scratch = testing::Scratch::sqlite();
+        let Database::Sqlite(path) = &scratch.database else {
+            unreachable!("an SQLite scratch")
+        };
+        let store = Store::open(&scratch.database).await.unwrap();
+        let session = store
+            .create_session(IP, [9; 32], 0, Millis(1))
+            .await
+            .unwrap();
+        let copy = path.with_file_name("copy.db");
+        let in_the_copy = || {
+            let _ = std::fs::remove_file(path.with_file_name("copy.db-wal"));
+            std::fs::copy(path, &copy).ok()?;
+            let connection = rusqlite::Connection::open(&copy).ok()?;
+            connection
+                .query_row(
+                    "SELECT COUNT(*) FROM sessions WHERE id = ?1",
+                    [session.id.to_string()],
+                    |row| row.get::<_, i64>(0),
+                )
+                .ok()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while in_the_copy() != Some(1) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the session is still only in the WAL"
+            );
+            tokio::time::sleep(CHECKPOINT_EVERY / 2).await;
+        }
+        store.close().await;
     }
 
     /// A database written before events had logs (migrations up to 0007): migration 0008 puts
