@@ -1057,7 +1057,7 @@ mod tests {
                 .request_live_lesson(session.id, "b", 0, 0, Millis(3))
                 .await
                 .unwrap();
-            let ready = |at| Observation::status(Status::Ready, at);
+            let ready = |detail| Observation::status(Status::Ready, detail);
             store.observe(b.id, 1, ready("b ready"), Millis(4)).await.unwrap();
             store.observe(a.id, 1, ready("a ready"), Millis(5)).await.unwrap();
             store.set_stage(a.id, 1, Millis(6)).await.unwrap();
