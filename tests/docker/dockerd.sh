@@ -10,6 +10,10 @@
 #   dockerd.sh env     print DOCKER_HOST=... if the private daemon answers (exit 1 otherwise).
 #   dockerd.sh purge   stop, then delete the state dir (data root, images) too, and Docker's
 #                      iptables rules and idle bridges if no other dockerd runs.
+#   dockerd.sh sweep   remove the containers and networks of the e2e tests' instances (label
+#                      antidote.io/instance=e2e-*) from the engine DOCKER_HOST names: what a
+#                      broken run left behind, which a later run's "all removed" checks would
+#                      count. Only for an engine no other test run is using.
 #
 # Environment: ANTIDOTE_DOCKER_STATE (state dir, default /tmp/antidote-dockerd),
 #              ANTIDOTE_DOCKER_TIMEOUT (seconds to wait for the daemon, default 60).
@@ -352,10 +356,30 @@ cmd_purge() {
   rm -rf "$STATE"
 }
 
+cmd_sweep() {
+  [[ -n ${DOCKER_HOST:-} ]] || die "sweep: DOCKER_HOST is not set"
+  local label='antidote.io/instance' ids
+  ids=$(docker ps -a --filter "label=$label" --format "{{.ID}} {{.Label \"$label\"}}" \
+    | awk '$2 ~ /^e2e-/ { print $1 }')
+  if [[ -n $ids ]]; then
+    log "sweep: removing $(wc -w <<<"$ids") containers of e2e instances"
+    # shellcheck disable=SC2086 # one id per word
+    docker rm -f $ids >/dev/null
+  fi
+  ids=$(docker network ls --filter "label=$label" --format "{{.ID}} {{.Label \"$label\"}}" \
+    | awk '$2 ~ /^e2e-/ { print $1 }')
+  if [[ -n $ids ]]; then
+    log "sweep: removing $(wc -w <<<"$ids") networks of e2e instances"
+    # shellcheck disable=SC2086
+    docker network rm $ids >/dev/null
+  fi
+}
+
 case ${1:-} in
   start) cmd_start ;;
   stop)  cmd_stop ;;
   env)   cmd_env ;;
   purge) cmd_purge ;;
-  *) echo "usage: $0 start|stop|env|purge" >&2; exit 2 ;;
+  sweep) cmd_sweep ;;
+  *) echo "usage: $0 start|stop|env|purge|sweep" >&2; exit 2 ;;
 esac
