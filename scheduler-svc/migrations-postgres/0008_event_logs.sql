@@ -13,6 +13,11 @@ DROP INDEX events_by_live_lesson;
 CREATE INDEX events_by_log ON events (log, seq);
 CREATE INDEX events_first ON events (live_lesson_id) WHERE seq = log;
 
+-- A live lesson's log, found by its first event (the newest log, should its id come again).
+CREATE FUNCTION live_lesson_log(lesson TEXT) RETURNS BIGINT LANGUAGE sql STABLE AS $$
+    SELECT MAX(log) FROM events WHERE live_lesson_id = lesson AND seq = log
+$$;
+
 -- The first event opens the log: it takes its seq first, and that is the log.
 CREATE OR REPLACE FUNCTION live_lessons_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -30,8 +35,8 @@ $$;
 CREATE OR REPLACE FUNCTION live_lessons_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (log, live_lesson_id, at, status, generation, stage, detail)
-    VALUES ((SELECT MAX(e.log) FROM events e WHERE e.live_lesson_id = NEW.id AND e.seq = e.log),
-            NEW.id, NEW.updated_at, NEW.status, NEW.generation, NEW.stage, NEW.reason);
+    VALUES (live_lesson_log(NEW.id), NEW.id, NEW.updated_at, NEW.status, NEW.generation,
+            NEW.stage, NEW.reason);
     RETURN NULL;
 END
 $$;
@@ -39,9 +44,9 @@ $$;
 CREATE OR REPLACE FUNCTION live_lessons_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (log, live_lesson_id, at, status, generation, stage, detail)
-    VALUES ((SELECT MAX(e.log) FROM events e WHERE e.live_lesson_id = OLD.id AND e.seq = e.log),
-            OLD.id, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT,
-            'TERMINATING', OLD.generation, OLD.stage, 'removed');
+    VALUES (live_lesson_log(OLD.id), OLD.id,
+            (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT, 'TERMINATING', OLD.generation,
+            OLD.stage, 'removed');
     DELETE FROM sessions WHERE id = OLD.session_id AND expired = 1
         AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = OLD.session_id);
     RETURN NULL;
@@ -51,8 +56,8 @@ $$;
 CREATE OR REPLACE FUNCTION live_lessons_claimed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (log, live_lesson_id, at, status, generation, stage, detail)
-    VALUES ((SELECT MAX(e.log) FROM events e WHERE e.live_lesson_id = NEW.id AND e.seq = e.log),
-            NEW.id, NEW.updated_at, NEW.status, NEW.generation, NEW.stage, NEW.reason);
+    VALUES (live_lesson_log(NEW.id), NEW.id, NEW.updated_at, NEW.status, NEW.generation,
+            NEW.stage, NEW.reason);
     DELETE FROM sessions WHERE id = OLD.session_id AND source_net = 'pool'
         AND NOT EXISTS (SELECT 1 FROM live_lessons WHERE session_id = OLD.session_id);
     RETURN NULL;

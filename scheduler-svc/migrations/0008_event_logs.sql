@@ -6,7 +6,8 @@
 -- (The log is not a column of `live_lessons`: on SQLite, setting it there from a trigger would
 -- be a row change the writer's cache did not declare, see store/known.rs.)
 ALTER TABLE events ADD COLUMN log INTEGER;
-UPDATE events SET log = (SELECT MIN(e.seq) FROM events e WHERE e.live_lesson_id = events.live_lesson_id);
+UPDATE events SET log =
+    (SELECT MIN(e.seq) FROM events e WHERE e.live_lesson_id = events.live_lesson_id);
 DROP INDEX events_by_live_lesson;
 CREATE INDEX events_by_log ON events (log, seq);
 CREATE INDEX events_first ON events (live_lesson_id) WHERE seq = log;
