@@ -22,10 +22,6 @@ use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON, Run};
 use crate::firewall::{Confinement, Firewall};
 use crate::settings::Settings;
 
-/// How much of a failed configuration's output the FAILED reason quotes (the agent keeps more,
-/// [`engine::OUTPUT_KEPT`], but reasons are stored and shown with every event).
-const REASON_TAIL: usize = 1024;
-
 /// The condition saying whether a live lesson's networks are cut off from the engine's host.
 pub const HOST_CONFINED: &str = "HostConfined";
 
@@ -325,16 +321,7 @@ impl Docker {
                         done = true;
                         break;
                     }
-                    Ok((Run::Exited(code), output)) => {
-                        last = format!("exit code {code}: {}", tail(&output.text(), REASON_TAIL));
-                    }
-                    Ok((Run::TimedOut, output)) => {
-                        last = format!(
-                            "did not finish within {:?} and was killed; output ends: {}",
-                            timeout,
-                            tail(&output.text(), REASON_TAIL)
-                        );
-                    }
+                    Ok((run, output)) => last = sdk::output::failed_try(run, &output, timeout),
                     Err(err) => last = err.to_string(),
                 }
                 tracing::warn!(live_lesson.id = %id, endpoint = %endpoint.name, attempt, "configuration failed");
@@ -417,18 +404,6 @@ fn endpoint_states(
             }
         })
         .collect()
-}
-
-fn tail(text: &str, max: usize) -> String {
-    let text = text.trim();
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("…{}", &text[start..])
 }
 
 fn unavailable(err: EngineError) -> Status {

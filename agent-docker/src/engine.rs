@@ -47,9 +47,7 @@ pub const CAPABILITIES: &[&str] = &[
     "SYS_CHROOT",
 ];
 
-/// How much of a configuration run's output is kept: the last 64 KiB (older bytes are dropped
-/// as new ones arrive, so a script printing without end costs the agent no more than this).
-pub const OUTPUT_KEPT: usize = 64 * 1024;
+pub use antidote_proto::sdk::output::{OUTPUT_KEPT, PidLine, Run, Tail};
 
 /// A Docker failure, with the engine's words.
 #[derive(Debug, thiserror::Error)]
@@ -412,116 +410,12 @@ pub async fn inspect(docker: &Docker, name: &str, lesson_net: &str) -> Result<Pl
     })
 }
 
-/// How a configuration run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Run {
-    /// It exited with this code.
-    Exited(i64),
-    /// It was still going when its time was up, and was killed.
-    TimedOut,
-}
-
-/// The last bytes of a stream: at most `limit` are kept, older ones are dropped as new ones
-/// arrive, so that memory stays bounded whatever a script prints.
-#[derive(Debug)]
-pub struct Tail {
-    /// The kept bytes, oldest first.
-    kept: std::collections::VecDeque<u8>,
-    /// The most bytes kept.
-    limit: usize,
-    /// How many bytes were dropped from the front.
-    dropped: u64,
-}
-
-impl Tail {
-    /// An empty tail keeping at most `limit` bytes.
-    pub fn new(limit: usize) -> Tail {
-        Tail {
-            kept: std::collections::VecDeque::new(),
-            limit,
-            dropped: 0,
-        }
-    }
-
-    /// Appends `bytes`, dropping the oldest beyond the limit.
-    pub fn push(&mut self, bytes: &[u8]) {
-        if bytes.len() >= self.limit {
-            self.dropped += (self.kept.len() + bytes.len() - self.limit) as u64;
-            self.kept.clear();
-            self.kept.extend(&bytes[bytes.len() - self.limit..]);
-            return;
-        }
-        self.kept.extend(bytes);
-        let over = self.kept.len().saturating_sub(self.limit);
-        if over > 0 {
-            self.kept.drain(..over);
-            self.dropped += over as u64;
-        }
-    }
-
-    /// The kept bytes as text (invalid UTF-8, such as a character cut at the front, replaced).
-    pub fn text(&self) -> String {
-        let (front, back) = self.kept.as_slices();
-        let mut bytes = Vec::with_capacity(self.kept.len());
-        bytes.extend_from_slice(front);
-        bytes.extend_from_slice(back);
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-
-    /// How many bytes were dropped from the front.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-}
 
 /// The command a configuration runs as: a shell that reports its pid on stderr's first line,
 /// then becomes the command (for a shell script: `sh -c SCRIPT`). `docker exec` starts it as a
 /// session and process group leader, so the pid names the whole group when the run has to be
 /// killed.
 const CONFIG_WRAPPER: &str = "echo $$ >&2; exec \"$@\"";
-
-/// The pid line a [`CONFIG_WRAPPER`] run prints before anything else.
-#[derive(Debug, Default)]
-struct PidLine {
-    /// Bytes of the line so far; None once it has been read (or given up on).
-    line: Option<Vec<u8>>,
-    /// The pid, once read.
-    pid: Option<u32>,
-}
-
-impl PidLine {
-    fn new() -> PidLine {
-        PidLine {
-            line: Some(Vec::new()),
-            pid: None,
-        }
-    }
-
-    /// Takes the pid line from the front of stderr; the rest of `message` goes to `tail`.
-    fn feed(&mut self, message: &[u8], tail: &mut Tail) {
-        let Some(line) = self.line.as_mut() else {
-            tail.push(message);
-            return;
-        };
-        match message.iter().position(|b| *b == b'\n') {
-            Some(end) => {
-                line.extend_from_slice(&message[..end]);
-                self.pid = std::str::from_utf8(line)
-                    .ok()
-                    .and_then(|l| l.trim().parse().ok());
-                self.line = None;
-                tail.push(&message[end + 1..]);
-            }
-            None if line.len() + message.len() > 32 => {
-                // Not our pid line after all: keep it as output.
-                tail.push(line);
-                tail.push(message);
-                self.line = None;
-            }
-            None => line.extend_from_slice(message),
-        }
-    }
-}
 
 /// Runs a shell script in a container for at most `timeout`. Returns how it ended and the
 /// last [`OUTPUT_KEPT`] bytes of its combined output. A run still going at the timeout is
@@ -600,7 +494,7 @@ pub async fn exec_command(
             Ok((Run::Exited(inspected.exit_code.unwrap_or(-1)), output))
         }
         Err(_) => {
-            match pid.pid {
+            match pid.pid() {
                 Some(pid) if pid > 1 => kill_group(docker, container, pid).await,
                 _ => tracing::warn!(
                     container,
@@ -775,48 +669,4 @@ pub async fn remove(
     // After the networks: their bridges are gone, so nothing slips out between the two.
     firewall.release(&stem(live_lesson_id)).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_tail_keeps_only_the_last_bytes() {
-        let mut tail = Tail::new(8);
-        tail.push(b"abc");
-        tail.push(b"defgh");
-        assert_eq!((tail.text().as_str(), tail.dropped()), ("abcdefgh", 0));
-        tail.push(b"ij");
-        assert_eq!((tail.text().as_str(), tail.dropped()), ("cdefghij", 2));
-        tail.push(b"0123456789");
-        assert_eq!((tail.text().as_str(), tail.dropped()), ("23456789", 12));
-        // A million small writes never hold more than the limit.
-        for _ in 0..1_000_000 {
-            tail.push(b"xyz");
-        }
-        assert_eq!(tail.kept.len(), 8);
-        assert_eq!(tail.dropped(), 12 + 3_000_000);
-    }
-
-    #[test]
-    fn the_pid_line_is_taken_from_the_front_of_stderr() {
-        let mut tail = Tail::new(64);
-        let mut pid = PidLine::new();
-        pid.feed(b"4", &mut tail);
-        pid.feed(b"2\nfirst words", &mut tail);
-        pid.feed(b" and more\n", &mut tail);
-        assert_eq!(pid.pid, Some(42));
-        assert_eq!(tail.text(), "first words and more\n");
-
-        // Anything else is output, not lost.
-        let mut tail = Tail::new(64);
-        let mut pid = PidLine::new();
-        pid.feed(
-            b"sh: something went wrong before the wrapper ran",
-            &mut tail,
-        );
-        assert_eq!(pid.pid, None);
-        assert!(tail.text().starts_with("sh: something"), "{}", tail.text());
-    }
 }

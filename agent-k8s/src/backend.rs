@@ -9,12 +9,14 @@
 //! cluster's network, and waits the ready delay. An error is the FAILED reason, quoting the API
 //! server or the Job's failure.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
+use antidote_proto::sdk::output::Run;
 use antidote_proto::sdk::probe;
+use futures::FutureExt as _;
 use antidote_proto::sdk::{self, Backend, Description, Report, Start, capabilities, labels};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
@@ -27,6 +29,7 @@ use tonic::Status;
 
 use crate::cluster::{self, LABEL_MANAGED, explain};
 use crate::configurator;
+use crate::exec;
 use crate::settings::Settings;
 
 /// The capabilities agent-k8s offers.
@@ -53,6 +56,16 @@ fn attachment_resource() -> ApiResource {
         kind: "NetworkAttachmentDefinition".into(),
         plural: "network-attachment-definitions".into(),
     }
+}
+
+/// What [`Kubernetes::apply_objects`] made.
+struct Applied {
+    /// Ingress hosts by Ingress name.
+    hosts: HashMap<String, String>,
+    /// Whether the connections became NetworkAttachmentDefinitions.
+    attached: bool,
+    /// Every endpoint's Service cluster IP, by endpoint name.
+    service_ips: BTreeMap<String, String>,
 }
 
 /// The Kubernetes backend.
@@ -97,8 +110,8 @@ impl Kubernetes {
     }
 
     /// Applies every object of the live lesson, in order: namespace, policy (before any pod),
-    /// attachments, pods in lesson order, Services, Ingresses. Returns Ingress hosts by name,
-    /// and whether the connections became NetworkAttachmentDefinitions.
+    /// attachments, Services, pods in lesson order (never changed once made: a pod's spec is
+    /// immutable, see [`cluster::create_pod`]), Ingresses.
     ///
     /// `fresh` ([`Start::Create`]): the objects are created rather than applied (see
     /// [`cluster::create_or_apply`]).
@@ -106,7 +119,7 @@ impl Kubernetes {
         &self,
         spec: &proto::LessonSpec,
         fresh: bool,
-    ) -> Result<(HashMap<String, String>, bool), String> {
+    ) -> Result<Applied, String> {
         let settings = &self.settings;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let ns = cluster::namespace(&spec.live_lesson_id);
@@ -152,20 +165,11 @@ impl Kubernetes {
                 .await
                 .map_err(|e| explain(&format!("ConfigMap {}", cluster::GUIDE_CONFIGMAP), &e))?;
         }
-        let pods: Api<Pod> = self.api(spec);
+        // Services before pods: their cluster IPs go into every pod's /etc/hosts.
         let services: Api<Service> = self.api(spec);
+        let mut service_ips = BTreeMap::new();
         for (i, endpoint) in spec.endpoints.iter().enumerate() {
-            cluster::create_or_apply(
-                &pods,
-                &endpoint.name,
-                &cluster::pod_manifest(settings, spec, i, attached),
-                fresh,
-            )
-            .await
-            .map_err(|e| explain(&format!("Pod {}", endpoint.name), &e))?;
-        }
-        for (i, endpoint) in spec.endpoints.iter().enumerate() {
-            cluster::create_or_apply(
+            let service = cluster::create_or_apply(
                 &services,
                 &endpoint.name,
                 &cluster::service_manifest(spec, i),
@@ -173,6 +177,18 @@ impl Kubernetes {
             )
             .await
             .map_err(|e| explain(&format!("Service {}", endpoint.name), &e))?;
+            let ip = service
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .unwrap_or_default();
+            service_ips.insert(endpoint.name.clone(), ip);
+        }
+        let pods: Api<Pod> = self.api(spec);
+        for (i, endpoint) in spec.endpoints.iter().enumerate() {
+            let manifest = cluster::pod_manifest(settings, spec, i, attached, &service_ips);
+            cluster::create_pod(&pods, &endpoint.name, &manifest, fresh)
+                .await
+                .map_err(|e| explain(&format!("Pod {}", endpoint.name), &e))?;
         }
         let ingresses: Api<Ingress> = self.api(spec);
         let mut hosts = HashMap::new();
@@ -182,36 +198,61 @@ impl Kubernetes {
                 .map_err(|e| explain(&format!("Ingress {name}"), &e))?;
             hosts.insert(name, host);
         }
-        Ok((hosts, attached))
+        Ok(Applied {
+            hosts,
+            attached,
+            service_ips,
+        })
     }
 
-    /// Watches a pod until it runs with an address; a pod that cannot run fails with why.
+    /// Watches a pod until it runs with an address; a pod that cannot run fails with why. While
+    /// the cluster's scheduler finds no node for it, the live lesson's reason says so in the
+    /// scheduler's words (`0/1 nodes are available: 1 Insufficient cpu`), and so does the
+    /// FAILED reason if the probe timeout ends the wait.
     async fn running(
         &self,
         spec: &proto::LessonSpec,
         name: &str,
         deadline: tokio::time::Instant,
+        report: &Report,
     ) -> Result<Pod, String> {
         let pods: Api<Pod> = self.api(spec);
+        let unschedulable: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
         let runs = |pod: Option<&Pod>| {
-            pod.and_then(|p| p.status.as_ref()).is_some_and(|s| {
-                s.phase.as_deref() == Some("Running")
-                    && s.pod_ip.as_ref().is_some_and(|ip| !ip.is_empty())
-                    || matches!(s.phase.as_deref(), Some("Failed" | "Succeeded"))
-                    || waiting_reason(s).is_some()
-            })
+            let Some(status) = pod.and_then(|p| p.status.as_ref()) else {
+                return false;
+            };
+            if let Some(why) = unschedulable_reason(status) {
+                let mut seen = unschedulable.lock().unwrap_or_else(|e| e.into_inner());
+                if seen.as_deref() != Some(why.as_str()) {
+                    report.update(|s| {
+                        s.reason = format!("pod `{name}` waits for a node: {why}");
+                    });
+                    *seen = Some(why);
+                }
+            }
+            status.phase.as_deref() == Some("Running")
+                && status.pod_ip.as_ref().is_some_and(|ip| !ip.is_empty())
+                || matches!(status.phase.as_deref(), Some("Failed" | "Succeeded"))
+                || waiting_reason(status).is_some()
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let pod = tokio::time::timeout(left, await_condition(pods.clone(), name, runs))
-            .await
-            .map_err(|_| {
-                format!(
-                    "pod `{name}` is not running after {:?} (is there a node with room for it?)",
-                    self.settings.probe_timeout
-                )
-            })?
-            .map_err(|e| format!("watching pod `{name}`: {e}"))?
-            .ok_or_else(|| format!("pod `{name}` disappeared"))?;
+        let waited = tokio::time::timeout(left, await_condition(pods.clone(), name, &runs)).await;
+        let pod = match waited {
+            Ok(found) => found
+                .map_err(|e| format!("watching pod `{name}`: {e}"))?
+                .ok_or_else(|| format!("pod `{name}` disappeared"))?,
+            Err(_) => {
+                let timeout = self.settings.probe_timeout;
+                let why = unschedulable.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                return Err(match why {
+                    Some(why) => format!(
+                        "pod `{name}` found no node within {timeout:?}: {why}"
+                    ),
+                    None => format!("pod `{name}` is not running after {timeout:?}"),
+                });
+            }
+        };
         let status = pod.status.clone().unwrap_or_default();
         if let Some(reason) = waiting_reason(&status) {
             return Err(format!("pod `{name}` cannot start: {reason}"));
@@ -275,11 +316,58 @@ impl Kubernetes {
         Ok(())
     }
 
-    /// Runs the stage's configuration: old Jobs removed first, one Job per configured endpoint,
-    /// each watched to completion or failure. On [`Start::Create`] no older generation's Jobs
+    /// Runs an endpoint's shell configuration inside its container (pods/exec), as agent-docker
+    /// does by `docker exec`: up to `--config-backoff-limit` + 1 tries ([R3]), each killed at the
+    /// lesson's configuration timeout capped by `--config-timeout`; the error names the file and
+    /// ends with the last try's exit code and output.
+    async fn shell(
+        &self,
+        spec: &proto::LessonSpec,
+        endpoint: &proto::Endpoint,
+        configuration: &proto::StageConfiguration,
+    ) -> Result<(), String> {
+        let pods: Api<Pod> = self.api(spec);
+        let tries = self.settings.config_backoff_limit + 1;
+        let timeout = sdk::spec::configuration_timeout(spec, self.settings.config_timeout);
+        let stage = spec.stage.to_string();
+        let mut last = String::new();
+        for attempt in 1..=tries {
+            let run = exec::shell(
+                &pods,
+                &endpoint.name,
+                &endpoint.name,
+                &configuration.contents,
+                (&endpoint.name, &stage),
+                timeout,
+            )
+            .await;
+            match run {
+                Ok((Run::Exited(0), _)) => return Ok(()),
+                Ok((run, output)) => last = sdk::output::failed_try(run, &output, timeout),
+                Err(err) => last = err.to_string(),
+            }
+            tracing::warn!(live_lesson.id = %spec.live_lesson_id, endpoint = %endpoint.name, attempt, "configuration failed");
+            if attempt < tries {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        Err(format!(
+            "configuration {} of endpoint `{}` for stage {} failed {tries} times; last: {last}",
+            configuration.file_name, endpoint.name, spec.stage,
+        ))
+    }
+
+    /// Runs the stage's configuration, every endpoint at once: shell scripts inside the
+    /// endpoints ([`Kubernetes::shell`]), the configurator's types as Jobs (old Jobs removed
+    /// first, one per configured endpoint, each watched to completion or failure). On [`Start::Create`] no older generation's Jobs
     /// or files can exist (they are made after the pods run, and a generation that got that far
     /// is changed, not created, by the next one; a restarted agent adopts), so nothing is listed.
-    async fn configure(&self, spec: &proto::LessonSpec, start: Start) -> Result<(), String> {
+    async fn configure(
+        &self,
+        spec: &proto::LessonSpec,
+        start: Start,
+        service_ips: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
         let jobs: Api<Job> = self.api(spec);
         let configmaps: Api<ConfigMap> = self.api(spec);
         let current_files = configurator::configmap_name(spec.generation);
@@ -310,13 +398,12 @@ impl Kubernetes {
             let Some(configuration) = &endpoint.configuration else {
                 continue;
             };
+            if !configurator::runs_here(configuration) {
+                waits.push(self.shell(spec, endpoint, configuration).boxed());
+                continue;
+            }
             let name = cluster::job_name(&endpoint.name, spec.generation);
-            let manifest = if configurator::runs_here(configuration) {
-                configurator::job_manifest(&self.settings, spec, i)
-            } else {
-                let script = String::from_utf8_lossy(&configuration.contents);
-                cluster::job_manifest(&self.settings, spec, i, &script)
-            };
+            let manifest = configurator::job_manifest(&self.settings, spec, i, service_ips);
             cluster::apply(&jobs, &name, &manifest)
                 .await
                 .map_err(|e| explain(&format!("Job {name}"), &e))?;
@@ -351,7 +438,7 @@ impl Kubernetes {
                     )),
                     None => Err(format!("Job {name} disappeared")),
                 }
-            });
+            }.boxed());
         }
         for result in futures::future::join_all(waits).await {
             result?;
@@ -371,7 +458,11 @@ impl Kubernetes {
                 "applying namespace, policy, pods and services",
             );
         }
-        let (hosts, attached) = self.apply_objects(spec, start == Start::Create).await?;
+        let Applied {
+            hosts,
+            attached,
+            service_ips,
+        } = self.apply_objects(spec, start == Start::Create).await?;
         tracing::debug!("objects applied");
         if !spec.connections.is_empty() && !attached {
             report.update(|s| {
@@ -387,7 +478,9 @@ impl Kubernetes {
         let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
         let mut states = Vec::new();
         for endpoint in &spec.endpoints {
-            let pod = self.running(spec, &endpoint.name, deadline).await?;
+            let pod = self
+                .running(spec, &endpoint.name, deadline, report)
+                .await?;
             let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
             let presentations = endpoint
                 .presentations
@@ -420,7 +513,7 @@ impl Kubernetes {
             s.reason = format!("configuring stage {}", spec.stage);
             s.endpoints = states.clone();
         });
-        self.configure(spec, start).await?;
+        self.configure(spec, start, &service_ips).await?;
         tracing::debug!("configured");
         // Readiness from inside the cluster's network: the pods' own addresses.
         for state in &mut states {
@@ -448,6 +541,21 @@ impl Kubernetes {
         }
         Ok(states)
     }
+}
+
+/// The cluster scheduler's message for a pod it cannot place (`PodScheduled` false because
+/// `Unschedulable`), if it cannot.
+fn unschedulable_reason(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<String> {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+        .map(|c| c.message.clone().unwrap_or_else(|| "unschedulable".into()))
 }
 
 /// Why a pod's container cannot start (image pull errors and the like), if it cannot.
@@ -670,10 +778,7 @@ impl Backend for Kubernetes {
                 if self.settings.allow_egress {
                     "ingress from the lesson's pods and access namespaces; egress anywhere but the metadata range".into()
                 } else {
-                    format!(
-                        "ingress from the lesson's pods and access namespaces; egress to the lesson's pods and the DNS pods ({} in {})",
-                        self.settings.dns_pod_label, self.settings.dns_namespace
-                    )
+                    "ingress from the lesson's pods and access namespaces; egress to the lesson's pods only (no DNS: endpoints are named in /etc/hosts)".into()
                 },
             ),
         ];
@@ -714,7 +819,20 @@ impl Backend for Kubernetes {
                 ports,
                 "ClusterIP".into(),
             ));
-            if e.configuration.is_some() {
+            if let Some(c) = e.configuration.as_ref().filter(|c| !configurator::runs_here(c)) {
+                objects.push(object(
+                    "Exec",
+                    format!("{ns}/{}", e.name),
+                    vec![],
+                    format!(
+                        "stage {} configuration {} run inside the pod (pods/exec), {} tries of at most {:?}",
+                        spec.stage,
+                        c.file_name,
+                        self.settings.config_backoff_limit + 1,
+                        sdk::spec::configuration_timeout(spec, self.settings.config_timeout)
+                    ),
+                ));
+            } else if e.configuration.is_some() {
                 objects.push(object(
                     "Job",
                     format!("{ns}/{}", cluster::job_name(&e.name, spec.generation)),

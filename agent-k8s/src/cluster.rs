@@ -2,17 +2,21 @@
 //! server-side apply that creates or updates them.
 //!
 //! Per live lesson: a namespace `antidote-<id>` with the spec's labels; a deny-by-default
-//! NetworkPolicy (the lesson's own pods, the cluster's DNS pods, and namespaces carrying the
-//! access label); containers without privilege (see [`security_context`]);
-//! one pod per endpoint (lesson order; every pod after the first is kept on the first one's
-//! node); a Service per endpoint; an Ingress per http presentation; a
-//! NetworkAttachmentDefinition per connection where Multus is installed; a configuration Job per
-//! endpoint per stage. Every object carries the spec's labels plus `antidote.io/managed-by`.
+//! NetworkPolicy (the lesson's own pods, and namespaces carrying the access label; no DNS: the
+//! lesson's names are in every pod's `/etc/hosts`); containers without privilege (see
+//! [`security_context`]), with small requests under their limits and the operator's
+//! `imagePullPolicy`; a Service per endpoint (made first: its cluster IP is the endpoint's
+//! address in `/etc/hosts`); one pod per endpoint (lesson order; every pod after the first is
+//! kept on the first one's node; never changed once made); an Ingress per http presentation; a
+//! NetworkAttachmentDefinition per connection where Multus is installed (a bridge and address
+//! pool of the live lesson's own); a Job per endpoint per stage for the configurator's types.
+//! Every object carries the spec's labels plus `antidote.io/managed-by`.
 
 use std::collections::BTreeMap;
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::sdk::labels;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proto::{Flavor, PresentationType};
 use serde::Serialize;
@@ -68,16 +72,28 @@ pub fn security_context(privileged: bool) -> Value {
     }
 }
 
-/// Memory and CPU limits of a lesson container (requests default to them).
+/// Memory and CPU of a lesson container: the limits it may use, and the (smaller) requests the
+/// scheduler reserves for it on a node. Without explicit requests Kubernetes makes them equal
+/// to the limits, and a whole CPU per pod would keep a three-endpoint lesson off a 2-CPU node.
 fn resources(settings: &Settings) -> Value {
     let mut limits = serde_json::Map::new();
+    let mut requests = serde_json::Map::new();
+    let request = |asked: u64, limit: u64| if limit > 0 { asked.min(limit) } else { asked };
     if settings.memory_mib > 0 {
         limits.insert("memory".into(), json!(format!("{}Mi", settings.memory_mib)));
+    }
+    let memory = request(settings.request_memory_mib, settings.memory_mib);
+    if memory > 0 {
+        requests.insert("memory".into(), json!(format!("{memory}Mi")));
     }
     if settings.millicpus > 0 {
         limits.insert("cpu".into(), json!(format!("{}m", settings.millicpus)));
     }
-    json!({ "limits": limits })
+    let cpu = request(settings.request_millicpus, settings.millicpus);
+    if cpu > 0 {
+        requests.insert("cpu".into(), json!(format!("{cpu}m")));
+    }
+    json!({ "limits": limits, "requests": requests })
 }
 
 /// The namespace of a live lesson.
@@ -177,12 +193,11 @@ pub fn namespace_manifest(spec: &proto::LessonSpec) -> Value {
 }
 
 /// Deny by default: ingress only from the lesson's own pods and from namespaces carrying the
-/// access label; egress only to the lesson's own pods and the cluster's DNS pods, or, when
-/// egress is allowed, anywhere but the metadata range. DNS goes to the DNS pods only (not to
-/// every namespace): a lesson must not be able to probe other lessons' namespaces.
+/// access label; egress only to the lesson's own pods or, when egress is allowed, anywhere but
+/// the metadata range. No DNS: a lesson's endpoints find each other through `/etc/hosts`
+/// ([`host_aliases`]), so a lesson cannot look up, forward or reverse, any other lesson's names.
 pub fn network_policy_manifest(settings: &Settings, spec: &proto::LessonSpec) -> Value {
     let (access_key, access_value) = settings.access_label();
-    let (dns_key, dns_value) = settings.dns_pod_label();
     let egress = if settings.allow_egress {
         json!([
             { "to": [{ "podSelector": {} }, { "namespaceSelector": {} }] },
@@ -192,21 +207,7 @@ pub fn network_policy_manifest(settings: &Settings, spec: &proto::LessonSpec) ->
             ] },
         ])
     } else {
-        json!([
-            { "to": [{ "podSelector": {} }] },
-            {
-                "to": [{
-                    "namespaceSelector": { "matchLabels": {
-                        "kubernetes.io/metadata.name": settings.dns_namespace,
-                    } },
-                    "podSelector": { "matchLabels": { dns_key: dns_value } },
-                }],
-                "ports": [
-                    { "protocol": "UDP", "port": 53 },
-                    { "protocol": "TCP", "port": 53 },
-                ],
-            },
-        ])
+        json!([{ "to": [{ "podSelector": {} }] }])
     };
     json!({
         "apiVersion": "networking.k8s.io/v1",
@@ -226,6 +227,24 @@ pub fn network_policy_manifest(settings: &Settings, spec: &proto::LessonSpec) ->
             "egress": egress,
         },
     })
+}
+
+/// `hostAliases` naming every endpoint of the lesson by its Service's cluster IP (Services are
+/// made before pods for this): endpoints and configurators reach each other by name without
+/// any DNS, which the lesson policy does not allow.
+pub fn host_aliases(service_ips: &BTreeMap<String, String>) -> Value {
+    let mut by_ip: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (name, ip) in service_ips {
+        if !ip.is_empty() && ip != "None" {
+            by_ip.entry(ip).or_default().push(name);
+        }
+    }
+    Value::Array(
+        by_ip
+            .into_iter()
+            .map(|(ip, names)| json!({ "ip": ip, "hostnames": names }))
+            .collect(),
+    )
 }
 
 /// The NetworkAttachmentDefinition name of connection `index`.
@@ -258,12 +277,14 @@ pub fn attachments_annotation(spec: &proto::LessonSpec, index: usize) -> Option<
 }
 
 /// Endpoint `index`'s pod; `attached`: the cluster has Multus, so the pod joins its
-/// connections' NetworkAttachmentDefinitions.
+/// connections' NetworkAttachmentDefinitions; `service_ips`: every endpoint's Service address,
+/// for the pod's `/etc/hosts` ([`host_aliases`]).
 pub fn pod_manifest(
     settings: &Settings,
     spec: &proto::LessonSpec,
     index: usize,
     attached: bool,
+    service_ips: &BTreeMap<String, String>,
 ) -> Value {
     let endpoint = &spec.endpoints[index];
     let image = endpoint.image.clone().unwrap_or_default();
@@ -281,9 +302,11 @@ pub fn pod_manifest(
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
         "restartPolicy": "Always",
+        "hostAliases": host_aliases(service_ips),
         "containers": [{
             "name": endpoint.name,
             "image": image_ref,
+            "imagePullPolicy": settings.image_pull_policy,
             "ports": ports(endpoint)
                 .into_iter()
                 .map(|(name, port)| json!({ "name": name, "containerPort": port, "protocol": "TCP" }))
@@ -441,7 +464,24 @@ pub fn ingress_manifests(
     out
 }
 
-/// A bridge NetworkAttachmentDefinition per connection (Multus).
+/// The Linux bridge of connection `index` on the node: `adl` and 12 hex digits of a SHA-256 of
+/// the live lesson id and the index (15 characters, the most an interface name may have). Two
+/// lessons never share a bridge (a shared prefix of their ids does not make one), and an
+/// operator's firewall can name every lesson bridge, and only them, by the prefix `adl`.
+pub fn bridge_name(live_lesson_id: &str, index: usize) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{live_lesson_id}/{index}").as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("{BRIDGE_PREFIX}{hex}")
+}
+
+/// The prefix of every lesson bridge's name ([`bridge_name`]).
+pub const BRIDGE_PREFIX: &str = "adl";
+
+/// A bridge NetworkAttachmentDefinition per connection (Multus). Its CNI network name is the
+/// lesson's own (`antidote-<id>-<index>`), so that host-local keeps one address pool per link
+/// of each live lesson: copies of a lesson never draw from one pool, and a link of a /24 holds
+/// its two endpoints however many copies a node runs.
 pub fn attachment_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
     let connection = &spec.connections[index];
     let mut ipam = json!({});
@@ -450,8 +490,9 @@ pub fn attachment_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
     }
     let config = json!({
         "cniVersion": "0.3.1",
+        "name": format!("antidote-{}-{index}", spec.live_lesson_id),
         "type": "bridge",
-        "bridge": format!("ad{}{}", &spec.live_lesson_id[..8.min(spec.live_lesson_id.len())], index),
+        "bridge": bridge_name(&spec.live_lesson_id, index),
         "ipam": ipam,
     });
     json!({
@@ -466,19 +507,18 @@ pub fn attachment_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
     })
 }
 
-/// The configuration Job of one endpoint for the spec's stage: the endpoint's image runs the
-/// shell script with the endpoint's Service name in `ANTIDOTE_ENDPOINT`, unprivileged (it runs
-/// in a pod of its own, so privilege would give it nothing over the endpoint), each try bounded
-/// by the pod's `activeDeadlineSeconds` and the whole Job by its own. The Job's output stays in
-/// the cluster (the kubelet bounds container logs); the agent never reads it.
+/// The base of a configuration Job of one endpoint for the spec's stage (the configurator fills
+/// in its image, command and files: [`crate::configurator::job_manifest`]): confined, each try
+/// bounded by the pod's `activeDeadlineSeconds` and the whole Job by its own, the lesson's names
+/// in `/etc/hosts`. A failed try's output tail becomes its termination message, which the agent
+/// quotes in the FAILED reason.
 pub fn job_manifest(
     settings: &Settings,
     spec: &proto::LessonSpec,
     index: usize,
-    script: &str,
+    service_ips: &BTreeMap<String, String>,
 ) -> Value {
     let endpoint = &spec.endpoints[index];
-    let image = endpoint.image.clone().unwrap_or_default();
     let mut job_labels = endpoint_labels(spec, &endpoint.name);
     job_labels.insert(LABEL_CONFIG_STAGE.into(), spec.stage.to_string());
     json!({
@@ -499,17 +539,12 @@ pub fn job_manifest(
                     "activeDeadlineSeconds": settings.config_run_seconds(spec),
                     "automountServiceAccountToken": false,
                     "enableServiceLinks": false,
+                    "hostAliases": host_aliases(service_ips),
                     "containers": [{
                         "name": "configure",
-                        "image": settings.image(&image.slug),
-                        "command": ["/bin/sh", "-c", script],
-                        // A failed try's output tail becomes its termination message, which
-                        // the agent quotes in the FAILED reason.
+                        "imagePullPolicy": settings.image_pull_policy,
                         "terminationMessagePolicy": "FallbackToLogsOnError",
-                        "env": [
-                            { "name": "ANTIDOTE_ENDPOINT", "value": endpoint.name },
-                            { "name": "ANTIDOTE_STAGE", "value": spec.stage.to_string() },
-                        ],
+                        "env": [],
                         "securityContext": security_context(false),
                         "resources": resources(settings),
                     }],
@@ -563,6 +598,33 @@ where
         }
     }
     apply(api, name, manifest).await
+}
+
+/// Creates a pod unless it exists. Unlike [`create_or_apply`], never applies over an existing
+/// pod: a pod's spec is immutable but for a few fields, so an apply after an agent restart with
+/// other `--millicpus`, `--memory-mib`, `--trusted-privileged` or runtime class flags would be
+/// refused (422) and fail a READY lesson. Such flags reach the lessons created after the
+/// change; the pods of earlier ones keep what they were made with.
+pub async fn create_pod(
+    api: &Api<Pod>,
+    name: &str,
+    manifest: &Value,
+    fresh: bool,
+) -> Result<(), kube::Error> {
+    if !fresh && api.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    let object: Pod = serde_json::from_value(manifest.clone()).map_err(kube::Error::SerdeError)?;
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&params, &object).await {
+        Ok(_) => Ok(()),
+        // Made by a crashed attempt, or by another request of ours just now: it stands.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A kube error in words that quote the API server.
@@ -661,13 +723,21 @@ mod tests {
     fn pods_follow_the_first_one_and_get_no_privilege_by_default() {
         let settings = settings(&["--untrusted-runtime-class", "gvisor"]);
         let spec = spec();
-        let client = pod_manifest(&settings, &spec, 0, false);
+        let client = pod_manifest(&settings, &spec, 0, false, &no_ips());
         assert!(client["spec"]["affinity"].is_null(), "the first pod leads");
         assert_eq!(client["spec"]["runtimeClassName"], "gvisor");
         assert_confined(&client["spec"]["containers"][0]["securityContext"]);
         assert_eq!(
-            client["spec"]["containers"][0]["resources"]["limits"],
-            json!({ "memory": "256Mi", "cpu": "1000m" })
+            client["spec"]["containers"][0]["resources"],
+            json!({
+                "limits": { "memory": "256Mi", "cpu": "1000m" },
+                // A node reserves far less than the limits: lessons idle most of the time.
+                "requests": { "memory": "64Mi", "cpu": "50m" },
+            })
+        );
+        assert_eq!(
+            client["spec"]["containers"][0]["imagePullPolicy"],
+            "IfNotPresent"
         );
         assert_eq!(client["spec"]["automountServiceAccountToken"], false);
         assert_eq!(
@@ -675,16 +745,16 @@ mod tests {
             "ssh-22"
         );
         // The router's image is trusted: still not privileged unless the operator says so.
-        let router = pod_manifest(&settings, &spec, 1, false);
+        let router = pod_manifest(&settings, &spec, 1, false, &no_ips());
         assert_confined(&router["spec"]["containers"][0]["securityContext"]);
         let opted_in = settings_privileged();
-        let router_privileged = pod_manifest(&opted_in, &spec, 1, false);
+        let router_privileged = pod_manifest(&opted_in, &spec, 1, false, &no_ips());
         assert_eq!(
             router_privileged["spec"]["containers"][0]["securityContext"],
             json!({ "privileged": true })
         );
         assert_confined(
-            &pod_manifest(&opted_in, &spec, 0, false)["spec"]["containers"][0]["securityContext"],
+            &pod_manifest(&opted_in, &spec, 0, false, &no_ips())["spec"]["containers"][0]["securityContext"],
         );
         assert!(router["spec"]["runtimeClassName"].is_null());
         let term = &router["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -703,7 +773,7 @@ mod tests {
     #[test]
     fn attachments_name_interfaces_in_connection_order() {
         let spec = spec();
-        let router = pod_manifest(&settings(&[]), &spec, 1, true);
+        let router = pod_manifest(&settings(&[]), &spec, 1, true, &no_ips());
         let networks: Value = serde_json::from_str(
             router["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
                 .as_str()
@@ -733,6 +803,10 @@ mod tests {
         );
     }
 
+    fn no_ips() -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
     fn settings_privileged() -> Settings {
         settings(&["--trusted-privileged", "true"])
     }
@@ -740,19 +814,19 @@ mod tests {
     #[test]
     fn configuration_jobs_are_confined_and_bounded_in_time() {
         let settings = settings(&["--config-timeout", "90s", "--config-backoff-limit", "1"]);
-        let job = job_manifest(&settings, &spec(), 1, "ip route");
+        let job = job_manifest(&settings, &spec(), 1, &no_ips());
         assert_eq!(job["spec"]["activeDeadlineSeconds"], 90 * 2 + 10);
         let pod = &job["spec"]["template"]["spec"];
         assert_eq!(pod["activeDeadlineSeconds"], 90);
         // A lesson asking for less (configTimeout) gets its time; asking for more, the agent's.
         let mut short = spec();
         short.configuration_timeout = std::time::Duration::from_secs(5).try_into().ok();
-        let job = job_manifest(&settings, &short, 1, "ip route");
+        let job = job_manifest(&settings, &short, 1, &no_ips());
         assert_eq!(job["spec"]["template"]["spec"]["activeDeadlineSeconds"], 5);
         assert_eq!(job["spec"]["activeDeadlineSeconds"], 5 * 2 + 10);
         let mut long = spec();
         long.configuration_timeout = std::time::Duration::from_secs(3600).try_into().ok();
-        let job = job_manifest(&settings, &long, 1, "ip route");
+        let job = job_manifest(&settings, &long, 1, &no_ips());
         assert_eq!(job["spec"]["template"]["spec"]["activeDeadlineSeconds"], 90);
         assert_confined(&pod["containers"][0]["securityContext"]);
         assert_eq!(
@@ -760,27 +834,68 @@ mod tests {
             "256Mi"
         );
         // Even for a trusted image on an agent that opted in.
-        let job = job_manifest(&settings_privileged(), &spec(), 1, "ip route");
+        let job = job_manifest(&settings_privileged(), &spec(), 1, &no_ips());
         assert_confined(&job["spec"]["template"]["spec"]["containers"][0]["securityContext"]);
     }
 
     #[test]
-    fn dns_goes_to_the_cluster_dns_pods_only() {
+    fn lessons_get_no_dns_and_find_their_endpoints_in_etc_hosts() {
         let policy = network_policy_manifest(&settings(&[]), &spec());
         let egress = policy["spec"]["egress"].as_array().unwrap();
-        assert_eq!(egress[0], json!({ "to": [{ "podSelector": {} }] }));
-        assert_eq!(
-            egress[1]["to"],
-            json!([{
-                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "kube-system" } },
-                "podSelector": { "matchLabels": { "k8s-app": "kube-dns" } },
-            }])
-        );
-        assert_eq!(egress.len(), 2);
+        assert_eq!(egress, &vec![json!({ "to": [{ "podSelector": {} }] })]);
         // With egress allowed, still not the metadata address.
         let open = network_policy_manifest(&settings(&["--allow-egress"]), &spec());
         let text = open["spec"]["egress"].to_string();
         assert!(text.contains("\"except\":[\"169.254.0.0/16\"]"), "{text}");
+        let ips = BTreeMap::from([
+            ("client".to_owned(), "10.96.3.4".to_owned()),
+            ("router".to_owned(), "10.96.3.5".to_owned()),
+            ("headless".to_owned(), "None".to_owned()),
+        ]);
+        let pod = pod_manifest(&settings(&[]), &spec(), 0, false, &ips);
+        assert_eq!(
+            pod["spec"]["hostAliases"],
+            json!([
+                { "ip": "10.96.3.4", "hostnames": ["client"] },
+                { "ip": "10.96.3.5", "hostnames": ["router"] },
+            ])
+        );
+    }
+
+    #[test]
+    fn small_requests_under_the_limits() {
+        let tight = settings(&["--millicpus", "20", "--memory-mib", "0"]);
+        assert_eq!(
+            resources(&tight),
+            json!({ "limits": { "cpu": "20m" }, "requests": { "cpu": "20m", "memory": "64Mi" } })
+        );
+    }
+
+    #[test]
+    fn every_link_of_every_lesson_has_its_own_bridge_and_address_pool() {
+        let a = spec();
+        let mut b = spec();
+        // Same first 8 characters: the old naming gave both lessons one bridge.
+        b.live_lesson_id = "0f2c6a7e-9999-4222-8333-444455556666".into();
+        let bridge = |spec: &proto::LessonSpec, i: usize| {
+            let config: Value = serde_json::from_str(
+                attachment_manifest(spec, i)["spec"]["config"].as_str().unwrap(),
+            )
+            .unwrap();
+            (
+                config["bridge"].as_str().unwrap().to_owned(),
+                config["name"].as_str().unwrap().to_owned(),
+            )
+        };
+        let names = [bridge(&a, 0), bridge(&a, 1), bridge(&b, 0), bridge(&b, 1)];
+        for (i, (bridge, network)) in names.iter().enumerate() {
+            assert!(bridge.starts_with(BRIDGE_PREFIX) && bridge.len() == 15, "{bridge}");
+            for (other, network_other) in &names[i + 1..] {
+                assert_ne!(bridge, other);
+                assert_ne!(network, network_other);
+            }
+        }
+        assert_eq!(bridge(&a, 0), bridge(&a, 0), "stable across calls");
     }
 
     #[test]
@@ -798,7 +913,7 @@ mod tests {
             notebook: b"{\"cells\": []}".to_vec(),
         });
         spec.endpoints.push(guide);
-        let pod = pod_manifest(&settings, &spec, 3, false);
+        let pod = pod_manifest(&settings, &spec, 3, false, &no_ips());
         let container = &pod["spec"]["containers"][0];
         assert_eq!(container["image"], "registry.example/antidote/jupyter:1");
         assert_eq!(container["volumeMounts"][0]["mountPath"], GUIDE_DIR);
@@ -808,7 +923,7 @@ mod tests {
         );
         assert_confined(&container["securityContext"]);
         // Other endpoints are untouched.
-        let other = pod_manifest(&settings, &spec, 0, false);
+        let other = pod_manifest(&settings, &spec, 0, false, &no_ips());
         assert!(other["spec"]["volumes"].is_null(), "{other}");
         let configmap = guide_configmap_manifest(&spec).unwrap();
         assert_eq!(configmap["metadata"]["name"], GUIDE_CONFIGMAP);

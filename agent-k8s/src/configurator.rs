@@ -9,6 +9,8 @@
 //! environment variables (`secretKeyRef`), never in its command line. The SDK's spec rules keep a
 //! stage's files within 1 MiB, a ConfigMap's limit.
 
+use std::collections::BTreeMap;
+
 use antidote_proto::agent::v1 as proto;
 use proto::ConfigurationType;
 use serde_json::{Value, json};
@@ -140,11 +142,17 @@ pub fn command(
 
 /// The configurator Job of endpoint `index` for the spec's stage: its file mounted from the
 /// generation's ConfigMap, credentials from [`SECRET`] as environment variables, confined like
-/// every Job, each try bounded by the pod's `activeDeadlineSeconds` and the whole by the Job's.
-pub fn job_manifest(settings: &Settings, spec: &proto::LessonSpec, index: usize) -> Value {
+/// every Job, each try bounded by the pod's `activeDeadlineSeconds` and the whole by the Job's,
+/// reaching the endpoint by its name (`service_ips`, in the pod's `/etc/hosts`).
+pub fn job_manifest(
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+    index: usize,
+    service_ips: &BTreeMap<String, String>,
+) -> Value {
     let endpoint = &spec.endpoints[index];
     let configuration = endpoint.configuration.clone().unwrap_or_default();
-    let mut job = cluster::job_manifest(settings, spec, index, "");
+    let mut job = cluster::job_manifest(settings, spec, index, service_ips);
     let secret = |name: &str, key: String| json!({ "name": name, "valueFrom": { "secretKeyRef": { "name": SECRET, "key": key } } });
     let pod = &mut job["spec"]["template"]["spec"];
     pod["volumes"] = json!([{
@@ -250,7 +258,8 @@ mod tests {
             "antidote/configurator:latest",
         ]);
         let spec = spec();
-        let job = job_manifest(&settings, &spec, 1);
+        let ips = BTreeMap::from([("vqfx".to_owned(), "10.96.0.7".to_owned())]);
+        let job = job_manifest(&settings, &spec, 1, &ips);
         let pod = &job["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
         assert_eq!(container["image"], "antidote/configurator:latest");
@@ -277,6 +286,12 @@ mod tests {
         );
         assert_eq!(job["spec"]["backoffLimit"], 2);
         assert_eq!(pod["activeDeadlineSeconds"], 300);
+        // The endpoint by name, without DNS (the lesson policy allows none).
+        assert_eq!(
+            pod["hostAliases"],
+            json!([{ "ip": "10.96.0.7", "hostnames": ["vqfx"] }])
+        );
+        assert_eq!(container["imagePullPolicy"], "IfNotPresent");
 
         let files = configmap_manifest(&spec);
         assert_eq!(files["binaryData"]["box.box.py"], "cHJpbnQoJ2hpJykK");

@@ -3,12 +3,13 @@
 //!
 //! Modules:
 //! - [`backend`], the SDK `Backend`: takes one generation of a live lesson to READY (apply the
-//!   objects, watch the pods run, run and watch the configuration Jobs, probe the pods'
-//!   addresses), removes a live lesson by deleting its namespace, discovers live lessons by the
+//!   objects, watch the pods run, run the stage's configuration (shell scripts inside the
+//!   endpoints, the configurator's as Jobs), probe the pods' addresses), removes a live lesson by deleting its namespace, discovers live lessons by the
 //!   namespaces' labels, plans; the SDK's `Agent` applies the protocol's rules around it.
 //! - [`cluster`], the names and manifests of every object, and server-side apply.
 //! - [`configurator`], python, ansible and napalm configurations as Jobs of the configurator
 //!   image, their files in a ConfigMap, credentials in a Secret.
+//! - [`exec`], shell configurations inside an endpoint's container through `pods/exec`.
 //! - [`settings`], the agent's configuration.
 //!
 //! Every object carries the labels of the spec (instance, live lesson, session, generation,
@@ -19,4 +20,5 @@
 pub mod backend;
 pub mod cluster;
 pub mod configurator;
+pub mod exec;
 pub mod settings;

@@ -72,8 +72,8 @@ pub struct Settings {
     /// How long pods may take to run and presentations to answer before the live lesson FAILs.
     #[arg(long, env = "ANTIDOTE_K8S_PROBE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
     pub probe_timeout: Duration,
-    /// Retries of a stage's configuration Job (`backoffLimit`): 2, so 3 tries in all as
-    /// PROTOCOL.md's [R3] says.
+    /// Retries of a stage's configuration: of a shell script run inside the endpoint, and of a
+    /// configurator Job (its `backoffLimit`): 2, so 3 tries in all as PROTOCOL.md's [R3] says.
     #[arg(long, env = "ANTIDOTE_K8S_CONFIG_BACKOFF_LIMIT", default_value_t = 2)]
     pub config_backoff_limit: u32,
     /// How long one run (one pod) of a stage's configuration Job may take, rounded up to whole
@@ -109,26 +109,26 @@ pub struct Settings {
     /// operator removes that check too.
     #[arg(long, env = "ANTIDOTE_K8S_TRUSTED_PRIVILEGED", default_value_t = false, action = clap::ArgAction::Set)]
     pub trusted_privileged: bool,
-    /// The namespace of the cluster's DNS pods: lesson pods may send DNS there and nowhere else.
-    #[arg(
-        long,
-        env = "ANTIDOTE_K8S_DNS_NAMESPACE",
-        default_value = "kube-system"
-    )]
-    pub dns_namespace: String,
-    /// The label (key=value) of the cluster's DNS pods in `--dns-namespace`.
-    #[arg(
-        long,
-        env = "ANTIDOTE_K8S_DNS_POD_LABEL",
-        default_value = "k8s-app=kube-dns"
-    )]
-    pub dns_pod_label: String,
     /// Memory limit per endpoint pod, in MiB (0: none).
     #[arg(long, env = "ANTIDOTE_K8S_MEMORY_MIB", default_value_t = 256)]
     pub memory_mib: u64,
     /// CPU limit per endpoint pod, in millicores (0: none).
     #[arg(long, env = "ANTIDOTE_K8S_MILLICPUS", default_value_t = 1000)]
     pub millicpus: u64,
+    /// CPU request per endpoint pod and configuration Job, in millicores: what the scheduler
+    /// reserves on a node (the limit is what a pod may burst to). Lessons idle most of the
+    /// time, so a small request packs a node; at most the limit.
+    #[arg(long, env = "ANTIDOTE_K8S_REQUEST_MILLICPUS", default_value_t = 50)]
+    pub request_millicpus: u64,
+    /// Memory request per endpoint pod and configuration Job, in MiB; at most the limit.
+    #[arg(long, env = "ANTIDOTE_K8S_REQUEST_MEMORY_MIB", default_value_t = 64)]
+    pub request_memory_mib: u64,
+    /// `imagePullPolicy` of every container the agent makes: `IfNotPresent` pulls an image once
+    /// per node (Kubernetes' own default would be `Always` for `:latest` references, a registry
+    /// pull on every start), `Always` on every start, `Never` uses only images already on the
+    /// node (images imported into the node's runtime, as the tests do).
+    #[arg(long, env = "ANTIDOTE_K8S_IMAGE_PULL_POLICY", default_value = "IfNotPresent", value_parser = ["IfNotPresent", "Always", "Never"])]
+    pub image_pull_policy: String,
     /// The most live lessons this agent takes (0: no limit).
     #[arg(long, env = "ANTIDOTE_K8S_MAX_LIVE_LESSONS", default_value_t = 0)]
     pub max_live_lessons: u32,
@@ -143,11 +143,6 @@ impl Settings {
     /// The access label as (key, value).
     pub fn access_label(&self) -> (String, String) {
         label(&self.access_label)
-    }
-
-    /// The DNS pods' label as (key, value).
-    pub fn dns_pod_label(&self) -> (String, String) {
-        label(&self.dns_pod_label)
     }
 
     /// One configuration run's time limit for `spec` (its own timeout capped by
@@ -217,9 +212,9 @@ mod tests {
         let short = settings(&["--config-timeout", "1500ms", "--config-backoff-limit", "0"]);
         assert_eq!(short.config_run_seconds(&spec), 2);
         assert_eq!(short.config_job_deadline(&spec), Duration::from_secs(2));
-        assert_eq!(
-            short.dns_pod_label(),
-            ("k8s-app".to_owned(), "kube-dns".to_owned())
+        assert_eq!(defaults.image_pull_policy, "IfNotPresent");
+        assert!(
+            Settings::try_parse_from(["agent-k8s", "--image-pull-policy", "Sometimes"]).is_err()
         );
     }
 }

@@ -1,0 +1,255 @@
+//! Shell configurations run inside the endpoint's own container, through the API server's
+//! `pods/exec` (a WebSocket to the kubelet), as agent-docker runs them by `docker exec`: the
+//! script acts on the endpoint's network namespace (its Multus links), filesystem and
+//! processes, which a Job in a pod of its own could never touch.
+//!
+//! The script goes through the exec's stdin into a file inside the container, never on its
+//! command line (the kubelet's URL and every audit log would hold it, and Linux bounds one
+//! argument to 128 KiB). The wrapper prints its pid on stderr's first line, so that a run still
+//! going at its timeout can be killed with everything it started: an exec has no stop of its
+//! own, and closing its stream leaves the process running.
+
+use std::time::Duration;
+
+use antidote_proto::sdk::output::{OUTPUT_KEPT, PidLine, Run, Tail};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::api::{Api, AttachParams};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// The command an exec starts: it reports its pid, writes stdin (the script) to a temporary
+/// file, runs it with stdin closed and `ANTIDOTE_ENDPOINT`/`ANTIDOTE_STAGE` set ($1 and $2),
+/// removes the file and exits with the script's status.
+const WRAPPER: &str = r#"echo $$ >&2
+f=$(mktemp 2>/dev/null) || f=/tmp/antidote-config.$$
+cat >"$f" || exit 126
+ANTIDOTE_ENDPOINT="$1" ANTIDOTE_STAGE="$2" sh "$f" </dev/null
+rc=$?
+rm -f "$f"
+exit $rc"#;
+
+/// Kills the process $1 and every descendant, found through /proc (a pure-shell walk: the
+/// images are minimal, and `pkill` or `setsid` may be missing). Twice, for what forked between.
+const KILL_TREE: &str = r#"tree() {
+  local d l r pp
+  echo "$1"
+  for d in /proc/[0-9]*; do
+    read -r l <"$d/stat" 2>/dev/null || continue
+    r=${l##*) }
+    pp=${r#* }
+    pp=${pp%% *}
+    [ "$pp" = "$1" ] && tree "${d#/proc/}"
+  done
+}
+kill -KILL $(tree "$1") 2>/dev/null
+kill -KILL $(tree "$1") 2>/dev/null
+exit 0"#;
+
+/// Why an exec could not run (not why a script failed: that is a [`Run`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The API server or the kubelet refused or broke the exec.
+    #[error("exec in pod `{pod}`: {source}")]
+    Kube {
+        /// The pod.
+        pod: String,
+        /// What kube-rs said.
+        #[source]
+        source: kube::Error,
+    },
+    /// The container could not start the command (no `sh` in the image, say).
+    #[error("exec in pod `{pod}` could not run the shell: {message}")]
+    Start {
+        /// The pod.
+        pod: String,
+        /// The kubelet's words.
+        message: String,
+    },
+}
+
+/// Runs `script` in container `container` of pod `pod` for at most `timeout`, with
+/// `ANTIDOTE_ENDPOINT` and `ANTIDOTE_STAGE` set. Returns how it ended and the last
+/// [`OUTPUT_KEPT`] bytes of its combined output; a run still going at the timeout is killed
+/// with its descendants.
+pub async fn shell(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    script: &[u8],
+    env: (&str, &str),
+    timeout: Duration,
+) -> Result<(Run, Tail), ExecError> {
+    let params = AttachParams {
+        container: Some(container.to_owned()),
+        stdin: true,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        max_stdin_buf_size: Some(64 * 1024),
+        max_stdout_buf_size: Some(64 * 1024),
+        max_stderr_buf_size: Some(64 * 1024),
+    };
+    let command = ["sh", "-c", WRAPPER, "antidote-config", env.0, env.1];
+    let kube = |source| ExecError::Kube {
+        pod: pod.to_owned(),
+        source,
+    };
+    let mut attached = pods.exec(pod, command, &params).await.map_err(kube)?;
+    let (Some(mut stdin), Some(mut stdout), Some(mut stderr), Some(status)) = (
+        attached.stdin(),
+        attached.stdout(),
+        attached.stderr(),
+        attached.take_status(),
+    ) else {
+        // All four were asked for above, so kube-rs hands each out once.
+        unreachable!("an exec with stdin, stdout and stderr has all three and a status");
+    };
+    let output = std::sync::Mutex::new(Tail::new(OUTPUT_KEPT));
+    let mut pid = PidLine::new();
+    let run = async {
+        let feed = async {
+            // A script that never reads stdin still gets all of it (the wrapper's `cat` does),
+            // so this write ends; a failure here shows as the run's own failure below.
+            let _ = stdin.write_all(script).await;
+            let _ = stdin.shutdown().await;
+            drop(stdin);
+        };
+        let out = async {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = stdout.read(&mut buf).await {
+                lock(&output).push(&buf[..n]);
+            }
+        };
+        let err = async {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = stderr.read(&mut buf).await {
+                pid.feed(&buf[..n], &mut lock(&output));
+            }
+        };
+        let ((), (), ()) = tokio::join!(feed, out, err);
+        status.await
+    };
+    let ended = tokio::time::timeout(timeout, run).await;
+    let output = output.into_inner().unwrap_or_else(|e| e.into_inner());
+    match ended {
+        Ok(status) => {
+            attached.abort();
+            match exit_code(status.as_ref()) {
+                Ok(code) => Ok((Run::Exited(code), output)),
+                Err(message) => Err(ExecError::Start {
+                    pod: pod.to_owned(),
+                    message,
+                }),
+            }
+        }
+        Err(_) => {
+            attached.abort();
+            match pid.pid() {
+                Some(pid) if pid > 1 => kill_tree(pods, pod, container, pid).await,
+                _ => tracing::warn!(pod, "a timed-out configuration run left no pid to kill"),
+            }
+            Ok((Run::TimedOut, output))
+        }
+    }
+}
+
+/// The output tail, whichever stream's task holds it last (a poisoned lock still holds
+/// bytes worth keeping).
+fn lock(tail: &std::sync::Mutex<Tail>) -> std::sync::MutexGuard<'_, Tail> {
+    tail.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The exit code an exec's final status carries: `Success` is 0, `NonZeroExitCode` names the
+/// code in its causes; anything else (the command could not start, the stream broke before a
+/// status came) is an error with the kubelet's words.
+fn exit_code(status: Option<&Status>) -> Result<i64, String> {
+    let Some(status) = status else {
+        return Err("the exec's stream ended without an exit status".into());
+    };
+    if status.status.as_deref() == Some("Success") {
+        return Ok(0);
+    }
+    if status.reason.as_deref() == Some("NonZeroExitCode")
+        && let Some(code) = status
+            .details
+            .as_ref()
+            .and_then(|d| d.causes.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| c.reason.as_deref() == Some("ExitCode"))
+            .and_then(|c| c.message.as_deref()?.parse().ok())
+    {
+        return Ok(code);
+    }
+    Err(status
+        .message
+        .clone()
+        .unwrap_or_else(|| format!("{status:?}")))
+}
+
+/// Kills a timed-out run and what it started, by a second exec (best effort, bounded).
+async fn kill_tree(pods: &Api<Pod>, pod: &str, container: &str, pid: u32) {
+    let params = AttachParams {
+        container: Some(container.to_owned()),
+        stdin: false,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        ..AttachParams::default()
+    };
+    let pid = pid.to_string();
+    let kill = async {
+        let mut attached = pods
+            .exec(pod, ["sh", "-c", KILL_TREE, "antidote-kill", &pid], &params)
+            .await?;
+        if let Some(status) = attached.take_status() {
+            status.await;
+        }
+        Ok::<_, kube::Error>(())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), kill).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(pod, error = %err, "could not kill a timed-out configuration run")
+        }
+        Err(_) => tracing::warn!(pod, "killing a timed-out configuration run timed out"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+    #[test]
+    fn exit_codes_come_from_the_final_status() {
+        let success = Status {
+            status: Some("Success".into()),
+            ..Status::default()
+        };
+        assert_eq!(exit_code(Some(&success)), Ok(0));
+        let failed = Status {
+            status: Some("Failure".into()),
+            reason: Some("NonZeroExitCode".into()),
+            message: Some("command terminated with non-zero exit code: exit status 2".into()),
+            details: Some(StatusDetails {
+                causes: Some(vec![StatusCause {
+                    reason: Some("ExitCode".into()),
+                    message: Some("2".into()),
+                    ..StatusCause::default()
+                }]),
+                ..StatusDetails::default()
+            }),
+            ..Status::default()
+        };
+        assert_eq!(exit_code(Some(&failed)), Ok(2));
+        let no_shell = Status {
+            status: Some("Failure".into()),
+            reason: Some("InternalError".into()),
+            message: Some("exec: \"sh\": executable file not found in $PATH".into()),
+            ..Status::default()
+        };
+        assert!(exit_code(Some(&no_shell)).unwrap_err().contains("not found"));
+        assert!(exit_code(None).is_err());
+    }
+}
