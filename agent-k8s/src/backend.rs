@@ -16,8 +16,8 @@ use std::time::Duration;
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::sdk::output::Run;
 use antidote_proto::sdk::probe;
-use futures::FutureExt as _;
 use antidote_proto::sdk::{self, Backend, Description, Report, Start, capabilities, labels};
+use futures::FutureExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
@@ -158,13 +158,6 @@ impl Kubernetes {
                 }
             }
         }
-        // The guide's notebook before its pod, which mounts it.
-        if let Some(manifest) = cluster::guide_configmap_manifest(spec) {
-            let configmaps: Api<ConfigMap> = self.api(spec);
-            cluster::create_or_apply(&configmaps, cluster::GUIDE_CONFIGMAP, &manifest, fresh)
-                .await
-                .map_err(|e| explain(&format!("ConfigMap {}", cluster::GUIDE_CONFIGMAP), &e))?;
-        }
         // Services before pods: their cluster IPs go into every pod's /etc/hosts.
         let services: Api<Service> = self.api(spec);
         let mut service_ips = BTreeMap::new();
@@ -177,10 +170,7 @@ impl Kubernetes {
             )
             .await
             .map_err(|e| explain(&format!("Service {}", endpoint.name), &e))?;
-            let ip = service
-                .spec
-                .and_then(|s| s.cluster_ip)
-                .unwrap_or_default();
+            let ip = service.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
             service_ips.insert(endpoint.name.clone(), ip);
         }
         let pods: Api<Pod> = self.api(spec);
@@ -244,11 +234,12 @@ impl Kubernetes {
                 .ok_or_else(|| format!("pod `{name}` disappeared"))?,
             Err(_) => {
                 let timeout = self.settings.probe_timeout;
-                let why = unschedulable.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let why = unschedulable
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
                 return Err(match why {
-                    Some(why) => format!(
-                        "pod `{name}` found no node within {timeout:?}: {why}"
-                    ),
+                    Some(why) => format!("pod `{name}` found no node within {timeout:?}: {why}"),
                     None => format!("pod `{name}` is not running after {timeout:?}"),
                 });
             }
@@ -311,6 +302,33 @@ impl Kubernetes {
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(explain(&format!("deleting ConfigMap {name}"), &e)),
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the stage's Jupyter notebook into the guide endpoint's pod, where Jupyter serves
+    /// it (`/files/guide.ipynb`), before the probes: READY means the learner sees this stage's
+    /// guide.
+    async fn put_guide(&self, spec: &proto::LessonSpec) -> Result<(), String> {
+        let pods: Api<Pod> = self.api(spec);
+        for endpoint in &spec.endpoints {
+            if let Some(guide) = &endpoint.jupyter_guide {
+                let path = format!("{}/guide.ipynb", cluster::GUIDE_DIR);
+                exec::put(
+                    &pods,
+                    &endpoint.name,
+                    &endpoint.name,
+                    &path,
+                    &guide.notebook,
+                )
+                .await
+                .map_err(|e| {
+                    format!(
+                        "writing the stage {} guide into pod `{}`: {e}",
+                        spec.stage, endpoint.name
+                    )
+                })?;
             }
         }
         Ok(())
@@ -478,9 +496,7 @@ impl Kubernetes {
         let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
         let mut states = Vec::new();
         for endpoint in &spec.endpoints {
-            let pod = self
-                .running(spec, &endpoint.name, deadline, report)
-                .await?;
+            let pod = self.running(spec, &endpoint.name, deadline, report).await?;
             let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
             let presentations = endpoint
                 .presentations
@@ -513,6 +529,7 @@ impl Kubernetes {
             s.reason = format!("configuring stage {}", spec.stage);
             s.endpoints = states.clone();
         });
+        self.put_guide(spec).await?;
         self.configure(spec, start, &service_ips).await?;
         tracing::debug!("configured");
         // Readiness from inside the cluster's network: the pods' own addresses.
@@ -819,7 +836,11 @@ impl Backend for Kubernetes {
                 ports,
                 "ClusterIP".into(),
             ));
-            if let Some(c) = e.configuration.as_ref().filter(|c| !configurator::runs_here(c)) {
+            if let Some(c) = e
+                .configuration
+                .as_ref()
+                .filter(|c| !configurator::runs_here(c))
+            {
                 objects.push(object(
                     "Exec",
                     format!("{ns}/{}", e.name),

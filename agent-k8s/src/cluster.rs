@@ -333,16 +333,14 @@ pub fn pod_manifest(
         pod_spec["runtimeClassName"] = json!(class);
     }
     if endpoint.jupyter_guide.is_some() {
-        // The notebook from the guide's ConfigMap: the kubelet refreshes the mounted file when
-        // a stage change updates it, and Jupyter reads it on every request.
-        pod_spec["volumes"] = json!([{
-            "name": "guide",
-            "configMap": { "name": GUIDE_CONFIGMAP },
-        }]);
+        // The notebook's directory, written by the agent through pods/exec at every generation
+        // ([`crate::exec::put`]): Jupyter serves the new stage's notebook as soon as the stage
+        // is READY (a ConfigMap volume is refreshed only at the kubelet's next sync, up to a
+        // minute later), and an emptyDir outlives restarts of the container.
+        pod_spec["volumes"] = json!([{ "name": "guide", "emptyDir": { "sizeLimit": "16Mi" } }]);
         pod_spec["containers"][0]["volumeMounts"] = json!([{
             "name": "guide",
             "mountPath": GUIDE_DIR,
-            "readOnly": true,
         }]);
     }
     let mut pod = json!({
@@ -361,36 +359,8 @@ pub fn pod_manifest(
     pod
 }
 
-/// The ConfigMap holding the Jupyter guide's notebook (`guide.ipynb`), mounted in the guide
-/// endpoint's pod at [`GUIDE_DIR`].
-pub const GUIDE_CONFIGMAP: &str = "jupyter-guide";
-
-/// Where the Jupyter image serves files from.
+/// Where the Jupyter image serves files from: the guide's notebook is `guide.ipynb` there.
 pub const GUIDE_DIR: &str = "/antidote/guide";
-
-/// The guide ConfigMap of `spec`, when it has a Jupyter guide endpoint: its current stage's
-/// notebook, replaced by every generation (one name, so the pod's volume never changes).
-pub fn guide_configmap_manifest(spec: &proto::LessonSpec) -> Option<Value> {
-    let guide = spec
-        .endpoints
-        .iter()
-        .find_map(|e| e.jupyter_guide.as_ref())?;
-    let mut labels = lesson_labels(spec);
-    labels.insert("antidote.io/guide-stage".into(), spec.stage.to_string());
-    Some(json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": GUIDE_CONFIGMAP,
-            "namespace": namespace(&spec.live_lesson_id),
-            "labels": labels,
-        },
-        "binaryData": {
-            // ByteString serialises as base64, as binaryData wants.
-            "guide.ipynb": k8s_openapi::ByteString(guide.notebook.clone()),
-        },
-    }))
-}
 
 pub fn service_manifest(spec: &proto::LessonSpec, index: usize) -> Value {
     let endpoint = &spec.endpoints[index];
@@ -879,7 +849,9 @@ mod tests {
         b.live_lesson_id = "0f2c6a7e-9999-4222-8333-444455556666".into();
         let bridge = |spec: &proto::LessonSpec, i: usize| {
             let config: Value = serde_json::from_str(
-                attachment_manifest(spec, i)["spec"]["config"].as_str().unwrap(),
+                attachment_manifest(spec, i)["spec"]["config"]
+                    .as_str()
+                    .unwrap(),
             )
             .unwrap();
             (
@@ -889,7 +861,10 @@ mod tests {
         };
         let names = [bridge(&a, 0), bridge(&a, 1), bridge(&b, 0), bridge(&b, 1)];
         for (i, (bridge, network)) in names.iter().enumerate() {
-            assert!(bridge.starts_with(BRIDGE_PREFIX) && bridge.len() == 15, "{bridge}");
+            assert!(
+                bridge.starts_with(BRIDGE_PREFIX) && bridge.len() == 15,
+                "{bridge}"
+            );
             for (other, network_other) in &names[i + 1..] {
                 assert_ne!(bridge, other);
                 assert_ne!(network, network_other);
@@ -907,7 +882,6 @@ mod tests {
     fn the_jupyter_guide_pod_runs_the_jupyter_image_and_mounts_the_notebook() {
         let settings = settings(&["--jupyter-image", "registry.example/antidote/jupyter:1"]);
         let mut spec = spec();
-        assert_eq!(guide_configmap_manifest(&spec), None);
         let mut guide = endpoint("jupyter-guide", Flavor::Untrusted, &[]);
         guide.jupyter_guide = Some(proto::JupyterGuide {
             notebook: b"{\"cells\": []}".to_vec(),
@@ -917,24 +891,10 @@ mod tests {
         let container = &pod["spec"]["containers"][0];
         assert_eq!(container["image"], "registry.example/antidote/jupyter:1");
         assert_eq!(container["volumeMounts"][0]["mountPath"], GUIDE_DIR);
-        assert_eq!(
-            pod["spec"]["volumes"][0]["configMap"]["name"],
-            GUIDE_CONFIGMAP
-        );
+        assert_eq!(pod["spec"]["volumes"][0]["emptyDir"]["sizeLimit"], "16Mi");
         assert_confined(&container["securityContext"]);
         // Other endpoints are untouched.
         let other = pod_manifest(&settings, &spec, 0, false, &no_ips());
         assert!(other["spec"]["volumes"].is_null(), "{other}");
-        let configmap = guide_configmap_manifest(&spec).unwrap();
-        assert_eq!(configmap["metadata"]["name"], GUIDE_CONFIGMAP);
-        assert_eq!(
-            configmap["metadata"]["labels"]["antidote.io/guide-stage"],
-            "0"
-        );
-        // `{"cells": []}` in base64.
-        assert_eq!(
-            configmap["binaryData"]["guide.ipynb"],
-            "eyJjZWxscyI6IFtdfQ=="
-        );
     }
 }

@@ -187,6 +187,84 @@ fn exit_code(status: Option<&Status>) -> Result<i64, String> {
         .unwrap_or_else(|| format!("{status:?}")))
 }
 
+/// Writes `contents` to `path` inside container `container` of pod `pod` (through stdin, then
+/// renamed into place, so a reader never sees half a file), within 30 s.
+pub async fn put(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    path: &str,
+    contents: &[u8],
+) -> Result<(), ExecError> {
+    let params = AttachParams {
+        container: Some(container.to_owned()),
+        stdin: true,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        max_stdin_buf_size: Some(64 * 1024),
+        ..AttachParams::default()
+    };
+    let command = [
+        "sh",
+        "-c",
+        r#"cat >"$1.antidote-tmp" && mv -f "$1.antidote-tmp" "$1""#,
+        "antidote-put",
+        path,
+    ];
+    let kube = |source| ExecError::Kube {
+        pod: pod.to_owned(),
+        source,
+    };
+    let write = async {
+        let mut attached = pods.exec(pod, command, &params).await.map_err(kube)?;
+        let (Some(mut stdin), Some(mut stdout), Some(mut stderr), Some(status)) = (
+            attached.stdin(),
+            attached.stdout(),
+            attached.stderr(),
+            attached.take_status(),
+        ) else {
+            unreachable!("an exec with stdin, stdout and stderr has all three and a status");
+        };
+        let mut said = Vec::new();
+        let feed = async {
+            let _ = stdin.write_all(contents).await;
+            let _ = stdin.shutdown().await;
+            drop(stdin);
+        };
+        let mut sink = Vec::new();
+        let (_, _, _) = tokio::join!(
+            feed,
+            stdout.read_to_end(&mut sink),
+            stderr.read_to_end(&mut said)
+        );
+        let status = status.await;
+        attached.abort();
+        match exit_code(status.as_ref()) {
+            Ok(0) => Ok(()),
+            Ok(code) => Err(ExecError::Start {
+                pod: pod.to_owned(),
+                message: format!(
+                    "writing {path} exited with {code}: {}",
+                    String::from_utf8_lossy(&said).trim()
+                ),
+            }),
+            Err(message) => Err(ExecError::Start {
+                pod: pod.to_owned(),
+                message,
+            }),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), write)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ExecError::Start {
+                pod: pod.to_owned(),
+                message: format!("writing {path} did not finish within 30 s"),
+            })
+        })
+}
+
 /// Kills a timed-out run and what it started, by a second exec (best effort, bounded).
 async fn kill_tree(pods: &Api<Pod>, pod: &str, container: &str, pid: u32) {
     let params = AttachParams {
@@ -249,7 +327,11 @@ mod tests {
             message: Some("exec: \"sh\": executable file not found in $PATH".into()),
             ..Status::default()
         };
-        assert!(exit_code(Some(&no_shell)).unwrap_err().contains("not found"));
+        assert!(
+            exit_code(Some(&no_shell))
+                .unwrap_err()
+                .contains("not found")
+        );
         assert!(exit_code(None).is_err());
     }
 }

@@ -9,12 +9,11 @@
 //! endpoint's port 22 with the image's config credentials (dropbear's log says so) and its
 //! failure is the FAILED reason; a script that exits non-zero and one that hangs past the
 //! timeout are FAILED with the reason; a lesson with Jupyter guides gets a guide endpoint
-//! (`antidote/jupyter`) serving stage 0's notebook, then stage 1's after SetStage. agent-k8s
-//! (against the test control plane, whose fake kubelet runs no container): the Jobs, ConfigMap
-//! and Secret it makes, read through the API; a python script that fails (the fake kubelet fails
-//! Jobs whose mounted script names its marker) is FAILED with the script's output and exit code,
-//! one that hangs is FAILED at the deadline; the guide pod's ConfigMap holds stage 0's notebook,
-//! then stage 1's after SetStage.
+//! (`antidote/jupyter`) serving stage 0's notebook, then stage 1's after SetStage. agent-k8s,
+//! on the real test node (`tests/k8s/cluster.sh`), the same by their effects: configurator Jobs
+//! log in to their endpoints and leave files there (read back from inside the pods), napalm
+//! logs in, a failing script is FAILED with its output and exit code, a hanging one at its
+//! deadline, and the guide pod's Jupyter serves each stage's notebook.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -475,12 +474,11 @@ async fn docker_agent_claims_configuration_types_by_its_configurator_image() {
     );
 }
 
-/// A scheduler on the configurator curriculum, agent-k8s (as its ServiceAccount, with `extra`
-/// flags) and a fake kubelet, against the test control plane.
+/// A scheduler on the configurator curriculum and agent-k8s (as its ServiceAccount, with `extra`
+/// flags and the node's local images), on the real test node.
 struct K8sEnv {
     _dir: TempDir,
     client: kube::Client,
-    kubelet: Process,
     agent: Process,
     scheduler: Scheduler,
 }
@@ -490,37 +488,14 @@ impl K8sEnv {
         let dir = tempfile::tempdir().unwrap();
         let client = crate::k8s::admin().await;
         let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
-        let kubelet = crate::k8s::fake_kubelet(dir.path(), instance).await;
         let (agent, _, _) = crate::k8s::agent_k8s(dir.path(), &kubeconfig, extra).await;
-        let config = format!(
-            r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "prod"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "4m"
-[[agents]]
-name = "k8s"
-address = "{agent}"
-"#,
-            curriculum = curriculum().display(),
-            agent = agent.url(),
-        );
+        let config = crate::k8s::scheduler_config(instance, &curriculum(), &agent.url());
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");
         K8sEnv {
             _dir: dir,
             client,
-            kubelet,
             agent,
             scheduler,
         }
@@ -528,10 +503,9 @@ address = "{agent}"
 
     fn logs(&self) -> String {
         format!(
-            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
+            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
             self.scheduler.process.log_text(),
             self.agent.log_text(),
-            self.kubelet.log_text()
         )
     }
 
@@ -541,6 +515,21 @@ address = "{agent}"
         <K as kube::Resource>::DynamicType: Default,
     {
         kube::Api::namespaced(self.client.clone(), &format!("antidote-{id}"))
+    }
+
+    /// What `script` prints inside endpoint `pod` of live lesson `id`.
+    async fn exec(&self, id: &str, pod: &str, script: &str) -> String {
+        crate::k8s::exec(&self.namespaced(id), pod, script)
+            .await
+            .output
+    }
+
+    /// The endpoint's container log (dropbear logs every login to stderr).
+    async fn log_of(&self, id: &str, pod: &str) -> String {
+        self.namespaced::<k8s_openapi::api::core::v1::Pod>(id)
+            .logs(pod, &Default::default())
+            .await
+            .unwrap_or_default()
     }
 
     /// Follows a live lesson of generation `generation` until READY or FAILED.
@@ -568,9 +557,8 @@ address = "{agent}"
 }
 
 #[tokio::test]
-async fn k8s_configurations_run_as_configurator_jobs_with_files_and_credentials() {
+async fn k8s_python_ansible_and_napalm_configure_endpoints_over_ssh() {
     use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     use kube::api::Api;
 
     let env = K8sEnv::start(
@@ -583,98 +571,108 @@ async fn k8s_configurations_run_as_configurator_jobs_with_files_and_credentials(
         ],
     )
     .await;
-    let client = env.client.clone();
-    let logs = || env.logs();
     let c = &env.scheduler.clients;
     let session = c.session().await.unwrap();
-    let requested = c.request(&session, "python-ansible", 0).await.unwrap();
+    let both = c.request(&session, "python-ansible", 0).await.unwrap();
     let napalm = c.request(&session, "napalm-login", 0).await.unwrap();
-    // The fake kubelet completes Job pods: the lesson goes READY once its Jobs did.
-    let lesson = c
-        .ready(&requested.id)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", logs()));
-    c.ready(&napalm.id)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", logs()));
-
-    let ns = format!("antidote-{}", lesson.id);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let both = env.settle(&both.id, 1).await;
+    assert_eq!(
+        both.status(),
+        S::Ready,
+        "{}\n{}",
+        both.failure_reason,
+        env.logs()
+    );
+    // Each configurator Job logged in to its endpoint by name (the lesson's /etc/hosts, no DNS)
+    // over the lesson's network and changed it: read back from inside the endpoint's pod.
+    assert_eq!(
+        env.exec(&both.id, "pybox", "cat /tmp/python-stage")
+            .await
+            .trim(),
+        "configured-by-python"
+    );
+    assert_eq!(
+        env.exec(&both.id, "ansiblebox", "cat /tmp/ansible-stage")
+            .await
+            .trim(),
+        "configured-by-ansible"
+    );
+    for endpoint in ["pybox", "ansiblebox"] {
+        let log = env.log_of(&both.id, endpoint).await;
+        assert!(
+            log.contains("Password auth succeeded for 'antidote'"),
+            "{endpoint}: {log}"
+        );
+    }
+    // The credentials reach the Job only from the Secret, never in its spec.
+    let jobs: Api<Job> = env.namespaced(&both.id);
     let job = serde_json::to_value(jobs.get("config-pybox-g1").await.unwrap()).unwrap();
-    let pod = &job["spec"]["template"]["spec"];
-    let container = &pod["containers"][0];
-    assert_eq!(container["image"], "antidote/configurator:latest", "{job}");
-    assert_eq!(
-        container["command"],
-        serde_json::json!(["python3", "/antidote/stage0/configs/pybox.py"])
-    );
-    assert_eq!(
-        container["volumeMounts"][0]["mountPath"],
-        "/antidote/stage0/configs"
-    );
-    assert_eq!(pod["volumes"][0]["configMap"]["name"], "config-files-g1");
-    assert_eq!(
-        pod["volumes"][0]["configMap"]["items"][0]["path"],
-        "pybox.py"
-    );
-    assert_eq!(job["spec"]["backoffLimit"], 2, "[R3]: 3 tries in all");
-    assert_eq!(pod["activeDeadlineSeconds"], 90);
-    assert!(job["spec"]["activeDeadlineSeconds"].as_i64().unwrap() >= 3 * 90);
-    let variables = container["env"].as_array().unwrap();
-    let password = variables
-        .iter()
-        .find(|e| e["name"] == "ANTIDOTE_CONFIG_PASSWORD")
-        .expect("the password variable");
-    assert_eq!(
-        password["valueFrom"]["secretKeyRef"],
-        serde_json::json!({ "name": "config-credentials", "key": "pybox.password" })
-    );
     assert!(!job.to_string().contains("antidotepassword"), "{job}");
 
-    let ansible = serde_json::to_value(jobs.get("config-ansiblebox-g1").await.unwrap()).unwrap();
-    let command = &ansible["spec"]["template"]["spec"]["containers"][0]["command"];
-    assert_eq!(command[0], "ansible-playbook");
-    assert_eq!(command[2], "ansiblebox,");
-    assert_eq!(command[5], "/antidote/stage0/configs/ansiblebox.yml");
-
-    let napalm_jobs: Api<Job> = Api::namespaced(client.clone(), &format!("antidote-{}", napalm.id));
-    let napalm_job =
-        serde_json::to_value(napalm_jobs.get("config-vqfx-g1").await.unwrap()).unwrap();
-    let napalm_container = &napalm_job["spec"]["template"]["spec"]["containers"][0];
+    // A stage change runs the configurators again, with stage 1's files.
+    c.lessons
+        .clone()
+        .set_stage(with_token(
+            api::SetStageRequest {
+                id: both.id.clone(),
+                stage: 1,
+            },
+            c.tokens.of_lesson(&both.id),
+        ))
+        .await
+        .unwrap();
+    let staged = env.settle(&both.id, 2).await;
     assert_eq!(
-        napalm_container["command"],
-        serde_json::json!(["antidote-napalm", "/antidote/stage0/configs/vqfx-junos.txt"])
+        staged.status(),
+        S::Ready,
+        "{}\n{}",
+        staged.failure_reason,
+        env.logs()
     );
+    for (endpoint, file, mark) in [
+        (
+            "pybox",
+            "/tmp/python-stage",
+            "configured-by-python-at-stage-1",
+        ),
+        (
+            "ansiblebox",
+            "/tmp/ansible-stage",
+            "configured-by-ansible-at-stage-1",
+        ),
+    ] {
+        let text = env.exec(&both.id, endpoint, &format!("cat {file}")).await;
+        assert_eq!(text.trim(), mark, "{endpoint}");
+    }
+
+    // NAPALM: the junos driver logs in to the endpoint's port 22 with the config credentials;
+    // the endpoint is no Junos device, so the driver fails and says why.
+    let napalm = env.settle(&napalm.id, 1).await;
+    assert_eq!(napalm.status(), S::Failed, "{}", env.logs());
+    let reason = &napalm.failure_reason;
     assert!(
-        napalm_container["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["name"] == "ANTIDOTE_NAPALM_DRIVER" && e["value"] == "junos"),
-        "{napalm_container}"
+        reason.contains("configuration vqfx-junos.txt of endpoint `vqfx`"),
+        "{reason}"
     );
-
-    // The files come from the spec, the credentials sit in the Secret.
-    let files: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let files = files.get("config-files-g1").await.unwrap();
-    let data = files.binary_data.unwrap_or_default();
-    let script = String::from_utf8(data["pybox.pybox.py"].0.clone()).unwrap();
-    assert!(script.contains("configured-by-python"), "{script}");
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let secret = secrets.get("config-credentials").await.unwrap();
-    let secret = secret.data.unwrap_or_default();
-    assert_eq!(secret["pybox.user"].0, b"antidote");
-    assert_eq!(secret["ansiblebox.password"].0, b"antidotepassword");
-
-    env.delete_all(&[&lesson.id, &napalm.id]).await;
+    let log = env.log_of(&napalm.id, "vqfx").await;
+    assert!(
+        log.contains("Password auth succeeded for 'antidote'"),
+        "the NAPALM driver did not log in: {log}"
+    );
+    assert!(!reason.contains("antidotepassword"), "{reason}");
+    assert!(
+        !env.agent.log_text().contains("antidotepassword"),
+        "the agent logged a password"
+    );
+    env.delete_all(&[&both.id, &napalm.id]).await;
 }
 
 #[tokio::test]
 async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
-    // The fake kubelet runs no python: it fails or hangs a Job pod whose mounted script names
-    // its marker (`fake-kubelet: fail` / `hang`, which the fixtures' scripts print), and a
-    // failed pod's termination message holds those lines, as a real kubelet's holds the log's
-    // tail under `terminationMessagePolicy: FallbackToLogsOnError`.
+    // Real python in the configurator image: the failing script's own output and exit code
+    // reach the reason through its pod's termination message
+    // (`terminationMessagePolicy: FallbackToLogsOnError`); the hanging one is ended by the
+    // pod's and the Job's deadlines.
     let env = K8sEnv::start(
         "k8s-configurators-fail",
         &[
@@ -698,7 +696,7 @@ async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
     for words in [
         "configuration box.py of endpoint `box` for stage 0 failed (2 tries",
         "BackoffLimitExceeded",
-        "last try: exit code 1: ",
+        "last try: exit code 4: ",
         "python configuration broken on purpose",
     ] {
         assert!(reason.contains(words), "{words:?} in {reason}");
@@ -720,9 +718,7 @@ async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
 }
 
 #[tokio::test]
-async fn k8s_jupyter_guide_holds_the_current_stages_notebook() {
-    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-
+async fn k8s_jupyter_guide_serves_the_current_stages_notebook() {
     let env = K8sEnv::start(
         "k8s-jupyter-guide",
         &["--jupyter-image", "antidote/jupyter:latest"],
@@ -741,52 +737,10 @@ async fn k8s_jupyter_guide_holds_the_current_stages_notebook() {
     );
     let names: Vec<&str> = live.endpoints.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["box", "jupyter-guide"]);
-    let web = antidote_tests::presentation(&live, "jupyter-guide", "web");
-    assert_eq!(web.r#type, "http");
-
-    // The guide pod runs the Jupyter image and mounts ConfigMap `jupyter-guide`, which holds
-    // the current stage's notebook (the fake kubelet runs no Jupyter server: what the pod
-    // would serve is read through the API).
-    let pod = env
-        .namespaced::<Pod>(&live.id)
-        .get("jupyter-guide")
-        .await
-        .unwrap();
-    let pod = serde_json::to_value(pod).unwrap();
-    assert_eq!(
-        pod["spec"]["containers"][0]["image"], "antidote/jupyter:latest",
-        "{pod}"
-    );
-    assert!(
-        pod["spec"]["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|v| v["configMap"]["name"] == "jupyter-guide"),
-        "{pod}"
-    );
-    let notebook = |configmap: ConfigMap| {
-        let mut text = String::new();
-        for value in configmap.data.iter().flat_map(|d| d.values()) {
-            text.push_str(value);
-        }
-        for value in configmap.binary_data.iter().flat_map(|d| d.values()) {
-            text.push_str(&String::from_utf8_lossy(&value.0));
-        }
-        let stage = configmap
-            .metadata
-            .labels
-            .unwrap_or_default()
-            .get("antidote.io/guide-stage")
-            .cloned()
-            .unwrap_or_default();
-        (stage, text)
-    };
-    let guides = env.namespaced::<ConfigMap>(&live.id);
-    let (stage, text) = notebook(guides.get("jupyter-guide").await.unwrap());
-    assert_eq!(stage, "0");
+    // A real Jupyter server in the guide pod serves stage 0's notebook, then stage 1's as soon
+    // as that stage is READY.
+    let text = served_notebook(&live).await;
     assert!(text.contains("notebook-of-stage-zero"), "{text}");
-
     c.lessons
         .clone()
         .set_stage(with_token(
@@ -806,18 +760,16 @@ async fn k8s_jupyter_guide_holds_the_current_stages_notebook() {
         staged.failure_reason,
         env.logs()
     );
-    let (stage, text) = notebook(guides.get("jupyter-guide").await.unwrap());
-    assert_eq!(stage, "1");
+    let text = served_notebook(&staged).await;
     assert!(text.contains("notebook-of-stage-one"), "{text}");
     assert!(!text.contains("notebook-of-stage-zero"), "{text}");
-
     env.delete_all(&[&live.id]).await;
 }
 
 /// deploy/k8s/agent-k8s.yaml's agent offers every configuration type and Jupyter guides: its
 /// Deployment's environment names both images (the real agent-k8s, started with those
-/// variables, claims them in its handshake). The test control plane's fake kubelet pulls no
-/// image, so the references there are what an operator replaces with the pushed ones.
+/// variables, claims them in its handshake). The references there are what an operator
+/// replaces with the images pushed where the cluster pulls from.
 #[tokio::test]
 async fn k8s_agent_of_deploy_k8s_offers_configurators_and_jupyter_guides() {
     use antidote_proto::agent::v1 as agent;

@@ -1,10 +1,10 @@
-//! The learners' way in through agent-k8s's entrypoint (`--entrypoint-listen`), against the test
-//! control plane: the fake kubelet's pods play the endpoints (a real SSH server with a shell on
-//! `ssh-*` ports, a page on `http-*` ones) at their pod addresses, which the entrypoint reaches
+//! The learners' way in through agent-k8s's entrypoint (`--entrypoint-listen`), on the real
+//! test node: the entrypoint-curriculum's `terminal` lesson runs `antidote/sshd` (dropbear, a
+//! real SSH server, and busybox httpd) in a pod, which the entrypoint reaches at its pod address
 //! as it would from inside a cluster. The scheduler hands out the URLs with tokens it signs; a
-//! WebSocket terminal runs a command on the pod, the HTTP presentation's page arrives through
-//! the proxy, and so does a WebSocket upgrade (the pod's echo); no token, an expired one, and
-//! tokens for another live lesson or endpoint or of another key are refused.
+//! WebSocket terminal logs in to the pod's SSH server and runs commands there (the pod's own
+//! hostname answers), the HTTP presentation's page arrives through the proxy; no token, an
+//! expired one, and tokens for another live lesson or endpoint or of another key are refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,12 +12,12 @@ use std::time::Duration;
 use antidote_proto::api::v1 as api;
 use antidote_proto::sdk::entrypoint::{Claims, Signer};
 use antidote_tests::{Scheduler, presentation};
-use futures::{SinkExt as _, StreamExt as _};
+use futures::SinkExt as _;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::PATIENCE;
 use crate::entrypoint::{KEY, get, read_until, run, unix_now, websocket, with_token};
-use crate::k8s::{admin, agent_k8s, agent_kubeconfig, fake_kubelet};
+use crate::k8s::{admin, agent_k8s, agent_kubeconfig};
 
 #[tokio::test]
 async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
@@ -25,7 +25,6 @@ async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let client = admin().await;
     let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
-    let kubelet = fake_kubelet(dir.path(), instance).await;
     let (agent, _, _) = agent_k8s(
         dir.path(),
         &kubeconfig,
@@ -40,7 +39,7 @@ async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
     let key = dir.path().join("k1.pem");
     std::fs::write(&key, KEY).unwrap();
     let curriculum = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/k8s-curriculum")
+        .join("fixtures/entrypoint-curriculum")
         .canonicalize()
         .unwrap();
     let config = format!(
@@ -74,75 +73,54 @@ address = "{agent}"
         .expect("scheduler starts");
     let logs = || {
         format!(
-            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}\n--- fake-kubelet ---\n{}",
+            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
             scheduler.process.log_text(),
             agent.log_text(),
-            kubelet.log_text()
         )
     };
     let c = &scheduler.clients;
     let session = c.session().await.unwrap();
-    let requested = c.request(&session, "two-tier", 0).await.unwrap();
+    let requested = c.request(&session, "terminal", 0).await.unwrap();
     let lesson = c
         .ready(&requested.id)
         .await
         .unwrap_or_else(|e| panic!("{e:#}\n{}", logs()));
     let entry = agent.extra_url("entrypoint").unwrap();
-    let cli = presentation(&lesson, "router", "cli")
-        .entrypoint_url
-        .clone();
-    let page = presentation(&lesson, "web", "page").entrypoint_url.clone();
+    let cli = presentation(&lesson, "box", "cli").entrypoint_url.clone();
+    let page = presentation(&lesson, "box", "web").entrypoint_url.clone();
     assert!(
         cli.starts_with(&format!(
-            "{entry}/l/{}/router/cli/terminal?antidote_token=",
+            "{entry}/l/{}/box/cli/terminal?antidote_token=",
             lesson.id
         )),
         "{cli}"
     );
-    // The web endpoint's page, through the proxy, from the pod's own listener.
+    // The pod's page, through the proxy, from its own httpd.
     let answer = get(&page, &[]).await;
     assert_eq!(answer.status, 200, "{}\n{}", answer.body, logs());
     assert!(
-        answer.body.contains("on node-k8s-entry"),
-        "the fake pod's page: {}",
+        answer.body.contains("antidote/sshd"),
+        "the pod's page: {}",
         answer.body
     );
-
-    // A WebSocket through the HTTP proxy: the upgrade is spliced to the pod's own listener,
-    // which echoes with its page; without the token the upgrade is refused like a page.
-    let mut socket = websocket(&page)
-        .await
-        .unwrap_or_else(|status| panic!("proxied upgrade refused with {status}\n{}", logs()));
-    for round in 0..3 {
-        socket
-            .send(Message::text(format!("ping-{round}")))
-            .await
-            .unwrap();
-        let reply = tokio::time::timeout(PATIENCE, socket.next())
-            .await
-            .expect("the pod's echo comes back through the proxy");
-        match reply {
-            Some(Ok(Message::Text(text))) => assert!(
-                text.contains("on node-k8s-entry")
-                    && text.ends_with(&format!("echo: ping-{round}")),
-                "the pod's echo: {text}"
-            ),
-            other => panic!("proxied WebSocket answered {other:?}\n{}", logs()),
-        }
-    }
-    drop(socket);
     assert_eq!(
-        websocket(&with_token(&page, None)).await.err(),
-        Some(401),
-        "a proxied upgrade without a token"
+        get(&with_token(&page, None), &[]).await.status,
+        401,
+        "the page without a token"
     );
 
-    // A terminal on the router pod: the entrypoint logs in with the image's credentials.
+    // A terminal on the box pod: the entrypoint logs in to its SSH server with the image's
+    // credentials, and the shell is the pod's own (its hostname is the endpoint's name).
     let mut terminal = websocket(&cli)
         .await
         .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", logs()));
-    let out = run(&mut terminal, "echo hello-$((6*7))", "hello-42").await;
-    assert!(out.contains("hello-42"), "{out}");
+    let out = run(
+        &mut terminal,
+        "echo hello-$((6*7))-$(hostname)",
+        "hello-42-box",
+    )
+    .await;
+    assert!(out.contains("hello-42-box"), "{out}");
     terminal
         .send(Message::Binary(b"echo typed-$((2+3))\r".to_vec().into()))
         .await
@@ -153,30 +131,30 @@ address = "{agent}"
     // Refusals: no token, an expired one, one for another live lesson, one for another
     // endpoint, one signed by a stranger.
     let signer = Signer::from_pem("k1", KEY.as_bytes()).unwrap();
-    let mut expired = Claims::new(&lesson.id, "router", "cli", Duration::from_secs(60));
+    let mut expired = Claims::new(&lesson.id, "box", "cli", Duration::from_secs(60));
     expired.exp = unix_now() - 120;
     let expired = signer.sign(&expired);
     let other_lesson = signer.sign(&Claims::new(
         &format!("{}x", lesson.id),
-        "router",
+        "box",
         "cli",
         Duration::from_secs(60),
     ));
     let other_page = signer.sign(&Claims::new(
         &format!("{}x", lesson.id),
+        "box",
         "web",
-        "page",
         Duration::from_secs(60),
     ));
     let web_cli = signer.sign(&Claims::new(
         &lesson.id,
-        "web",
+        "nobox",
         "cli",
         Duration::from_secs(60),
     ));
     let stranger = Signer::generate("k1").sign(&Claims::new(
         &lesson.id,
-        "router",
+        "box",
         "cli",
         Duration::from_secs(60),
     ));
@@ -240,7 +218,7 @@ address = "{agent}"
         }
     };
     let token = c.tokens.of_lesson(&lesson.id);
-    let out = ctl(token.clone(), "router", "echo via-$((40+2))\nexit 7\n").await;
+    let out = ctl(token.clone(), "box", "echo via-$((40+2))\nexit 7\n").await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("via-42"),
@@ -248,14 +226,14 @@ address = "{agent}"
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(out.status.code(), Some(7), "{stdout}");
-    let stranger = ctl(None, "router", "exit 0\n").await;
+    let stranger = ctl(None, "box", "exit 0\n").await;
     let stderr = String::from_utf8_lossy(&stranger.stderr);
     assert_eq!(stranger.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("UNAUTHENTICATED"), "{stderr}");
     let nowhere = ctl(token, "nowhere", "exit 0\n").await;
     let stderr = String::from_utf8_lossy(&nowhere.stderr);
     assert!(
-        stderr.contains("no endpoint `nowhere`") && stderr.contains("router"),
+        stderr.contains("no endpoint `nowhere`") && stderr.contains("box"),
         "{stderr}"
     );
 

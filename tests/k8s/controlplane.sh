@@ -16,6 +16,11 @@
 #   ANTIDOTE_K8S_STATE  pids, certs, logs, etcd data (default /tmp/antidote-k8s)
 #   ANTIDOTE_K8S_APISERVER_ARGS, ANTIDOTE_K8S_CONTROLLER_MANAGER_ARGS
 #                       extra flags (split on spaces), e.g. --feature-gates=...
+#   ANTIDOTE_K8S_NODE_IP  node mode, set by tests/k8s/cluster.sh (which puts that address on lo
+#                       first): the apiserver binds and advertises it (pods reach it through the
+#                       `kubernetes` Service, so the endpoint reconciler stays on), talks to the
+#                       kubelet with a client certificate, and the controller-manager allocates
+#                       node pod CIDRs. Unset: loopback only, as before.
 #
 # Everything is built from the Go module proxy at pinned versions.
 set -euo pipefail
@@ -23,14 +28,19 @@ set -euo pipefail
 K8S_VERSION=v1.37.2     # k8s.io/kubernetes
 STAGING_VERSION=v0.37.2 # the k8s.io/* staging modules of that release
 ETCD_VERSION=v3.7.0     # go.etcd.io/etcd/server/v3: what k8s v1.37.2 pins (go.mod, kubeadm's DefaultEtcdVersion)
-RECIPE=2                # bump when the build itself changes (flags, packages) to force a rebuild
+RECIPE=3                # bump when the build itself changes (flags, packages) to force a rebuild
 STAMP="kubernetes $K8S_VERSION staging $STAGING_VERSION etcd $ETCD_VERSION recipe $RECIPE"
 
 CACHE_ROOT=${ANTIDOTE_K8S_CACHE:-${HOME:-/root}/.cache/antidote/k8s}
 CACHE=$CACHE_ROOT/$K8S_VERSION
 BIN=$CACHE/bin
 STATE=${ANTIDOTE_K8S_STATE:-/tmp/antidote-k8s}
-BINARIES=(etcd kube-apiserver kube-controller-manager kubectl)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+NODE_IP=${ANTIDOTE_K8S_NODE_IP:-}
+API_HOST=${NODE_IP:-127.0.0.1}
+CLUSTER_CIDR=10.244.0.0/16 # node mode: pod addresses, a /24 per node (tests/k8s/cluster.sh)
+SERVICE_CIDR=10.96.0.0/16
+BINARIES=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kubelet kube-proxy)
 # start order; stop goes the other way
 COMPONENTS=(etcd kube-apiserver kube-controller-manager)
 
@@ -131,6 +141,11 @@ do_build() {
     k8s.io/kubernetes/cmd/kube-apiserver
     k8s.io/kubernetes/cmd/kube-controller-manager
     k8s.io/kubernetes/cmd/kubectl
+    # The real node's binaries (tests/k8s/cluster.sh), in the same build: they share nearly every
+    # package with the control plane, so they add about 2.5 min here against 8 min on their own.
+    k8s.io/kubernetes/cmd/kube-scheduler
+    k8s.io/kubernetes/cmd/kubelet
+    k8s.io/kubernetes/cmd/kube-proxy
   )
   # Resolve the module graph and fill go.sum for exactly these packages. Each
   # gets its explicit @version: a bare `go get pkg` means @upgrade, which would
@@ -246,7 +261,9 @@ body_is() { # expected command... : the command prints exactly the expected text
   got=$("$@") && [[ $got == "$want" ]]
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_free() {
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && ! (exec 3<>"/dev/tcp/$API_HOST/$1") 2>/dev/null
+}
 
 USED_PORTS=" "
 free_port() { # a loopback port nobody listens on, below the ephemeral range
@@ -332,9 +349,12 @@ gen_certs() {
       rm -f "$name.csr" "$name.ext"
     }
     issue apiserver kube-apiserver "" serverAuth \
-      "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+      "IP:127.0.0.1,IP:10.96.0.1,${NODE_IP:+IP:$NODE_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
     issue admin antidote-admin system:masters clientAuth
     issue controller-manager system:kube-controller-manager "" clientAuth
+    # the apiserver's identity towards kubelets (exec, logs, port-forward); the kubelet's
+    # webhook authorizer lets system:masters do all
+    issue apiserver-kubelet-client kube-apiserver-kubelet-client system:masters clientAuth
 
     # front proxy (aggregation layer): its own CA, as kubeadm does; without
     # it the controller-manager's delegated authentication logs errors
@@ -364,7 +384,7 @@ kind: Config
 clusters:
 - name: antidote
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://$API_HOST:$APISERVER_PORT
     certificate-authority-data: $($b64 <"$STATE/pki/ca.crt")
 users:
 - name: $2
@@ -386,7 +406,7 @@ EOF
 
 api() { # path -> body (admin credentials)
   curl -sf --max-time 5 --cacert "$STATE/pki/ca.crt" --cert "$STATE/pki/admin.crt" --key "$STATE/pki/admin.key" \
-    "https://127.0.0.1:$APISERVER_PORT$1"
+    "https://$API_HOST:$APISERVER_PORT$1"
 }
 
 start() {
@@ -399,7 +419,14 @@ start() {
     log "cleaning up a stale state dir $STATE"
     stop_all
   fi
+  if [[ -d $STATE/node && -z $NODE_IP ]]; then
+    die "$STATE/node holds a node's state: run tests/k8s/cluster.sh stop (or start) first"
+  fi
   ensure_tools openssl curl
+  if [[ -n $NODE_IP ]]; then
+    [[ $NODE_IP =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "ANTIDOTE_K8S_NODE_IP '$NODE_IP' is not an IPv4 address"
+    ip -o -4 addr show to "$NODE_IP/32" | grep -q . || die "node mode: $NODE_IP is on no interface (tests/k8s/cluster.sh puts it on lo)"
+  fi
   build
   local t0=$SECONDS
   mkdir -p "$STATE"/{logs,etcd,apiserver-certs,kcm-certs}
@@ -409,6 +436,24 @@ start() {
   local api_extra=() kcm_extra=()
   read -ra api_extra <<<"${ANTIDOTE_K8S_APISERVER_ARGS:-}"
   read -ra kcm_extra <<<"${ANTIDOTE_K8S_CONTROLLER_MANAGER_ARGS:-}"
+  local api_mode=() kcm_mode=()
+  if [[ -n $NODE_IP ]]; then
+    # A real node (tests/k8s/cluster.sh): pods reach the apiserver through the `kubernetes`
+    # Service, whose endpoint the lease reconciler keeps at $NODE_IP; the apiserver reaches the
+    # kubelet by its InternalIP (not its name through the machine's resolver), checks its
+    # serving certificate against our CA and identifies itself with a client certificate.
+    api_mode=(--bind-address="$NODE_IP" --advertise-address="$NODE_IP"
+      --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt"
+      --kubelet-client-key="$pki/apiserver-kubelet-client.key"
+      --kubelet-certificate-authority="$pki/ca.crt"
+      --kubelet-preferred-address-types=InternalIP)
+    kcm_mode=(--allocate-node-cidrs=true --cluster-cidr="$CLUSTER_CIDR" --node-cidr-mask-size=24
+      --service-cluster-ip-range="$SERVICE_CIDR")
+  else
+    # Loopback endpoints for the `kubernetes` Service are invalid: no reconciler (the
+    # apiserver's own test server does the same).
+    api_mode=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1 --endpoint-reconciler-type=none)
+  fi
 
   local etcd_client etcd_peer
   etcd_client=$(free_port)
@@ -425,13 +470,13 @@ start() {
   wait_for etcd 30 etcd_healthy "$etcd_client"
 
   launch kube-apiserver \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+    "${api_mode[@]}" --secure-port="$APISERVER_PORT" \
     --cert-dir="$STATE/apiserver-certs" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
     --authorization-mode=Node,RBAC \
     --etcd-servers="http://127.0.0.1:$etcd_client" \
-    --service-cluster-ip-range=10.96.0.0/16 \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" \
     --service-account-signing-key-file="$pki/sa.key" \
@@ -442,7 +487,6 @@ start() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$pki/front-proxy-client.crt" \
     --proxy-client-key-file="$pki/front-proxy-client.key" \
-    --endpoint-reconciler-type=none \
     --allow-privileged=true \
     --profiling=false \
     "${api_extra[@]}"
@@ -458,7 +502,7 @@ start() {
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --leader-elect=false --profiling=false \
-    "${kcm_extra[@]}"
+    "${kcm_mode[@]}" "${kcm_extra[@]}"
   # its serving cert is self-signed (in --cert-dir), hence -k for this probe
   wait_for kube-controller-manager 60 body_is ok curl -skf --max-time 2 "https://127.0.0.1:$kcm_port/healthz"
   # The controllers really run once the service account controller has made
@@ -467,15 +511,16 @@ start() {
 
   write_kubeconfig "$STATE/admin.kubeconfig.tmp" antidote-admin "$pki/admin.crt" "$pki/admin.key"
   mv "$STATE/admin.kubeconfig.tmp" "$STATE/admin.kubeconfig"
+  echo "${NODE_IP:-loopback}" >"$STATE/mode"
   cat >"$STATE/endpoints" <<EOF
-APISERVER=https://127.0.0.1:$APISERVER_PORT
+APISERVER=https://$API_HOST:$APISERVER_PORT
 ETCD=http://127.0.0.1:$etcd_client
 CONTROLLER_MANAGER=https://127.0.0.1:$kcm_port
 CA=$pki/ca.crt
 ADMIN_CERT=$pki/admin.crt
 ADMIN_KEY=$pki/admin.key
 EOF
-  log "control plane up in $((SECONDS - t0))s: apiserver https://127.0.0.1:$APISERVER_PORT, etcd 127.0.0.1:$etcd_client, controller-manager 127.0.0.1:$kcm_port"
+  log "control plane up in $((SECONDS - t0))s: apiserver https://$API_HOST:$APISERVER_PORT, etcd 127.0.0.1:$etcd_client, controller-manager 127.0.0.1:$kcm_port"
   log "kubectl: $BIN/kubectl; details: $STATE/endpoints; logs: $STATE/logs"
   env_line
 }
@@ -510,6 +555,11 @@ case ${1:-} in
     fi
     ;;
   stop)
+    if [[ -d $STATE/node && -z ${ANTIDOTE_K8S_CLUSTER_STOPPING:-} ]]; then
+      # a node runs beside this control plane: its stop also unmounts, deletes interfaces and
+      # iptables rules, and then stops the control plane
+      exec "$HERE/cluster.sh" stop
+    fi
     lock
     stop_all
     log "stopped"
