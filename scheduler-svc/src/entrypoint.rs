@@ -25,6 +25,9 @@ pub struct Tokens {
     backend_addresses: bool,
     /// `[entrypoint] revoked`: key ids agents refuse and end what they admitted.
     revoked: Vec<String>,
+    /// This scheduler's instance id, named in every token (`iss`): agents verify a token only
+    /// with the keys of the instance it names.
+    instance_id: Option<String>,
 }
 
 impl Tokens {
@@ -57,7 +60,14 @@ impl Tokens {
                 .collect(),
             backend_addresses: config.backend_addresses,
             revoked: config.revoked.clone(),
+            instance_id: None,
         })
+    }
+
+    /// The key set, its tokens naming scheduler instance `instance_id` as their issuer.
+    pub fn issued_by(mut self, instance_id: &str) -> Tokens {
+        self.instance_id = Some(instance_id.to_owned());
+        self
     }
 
     /// The revoked key ids, for handshakes.
@@ -99,7 +109,9 @@ impl Tokens {
         ssh: bool,
     ) -> Option<String> {
         let signer = self.signers.get(self.current)?;
-        let token = signer.sign(&Claims::new(live_lesson, endpoint, presentation, self.ttl));
+        let mut claims = Claims::new(live_lesson, endpoint, presentation, self.ttl);
+        claims.iss = self.instance_id.clone();
+        let token = signer.sign(&claims);
         let path = presentation_path(live_lesson, endpoint, presentation);
         let terminal = if ssh { "terminal" } else { "" };
         Some(format!(

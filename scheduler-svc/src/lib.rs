@@ -49,8 +49,11 @@ pub struct Listeners {
     pub http: Option<TcpListener>,
     /// The operators' gRPC AdminService, when configured.
     pub admin: Option<TcpListener>,
-    /// The operators' JSON admin routes and `/metrics`, when configured.
+    /// The operators' JSON admin routes and `/metrics` (for an `admin:read` token), when
+    /// configured.
     pub admin_http: Option<TcpListener>,
+    /// `/metrics` without a token, when configured (`admin.metrics_listen`).
+    pub metrics: Option<TcpListener>,
     /// The agent intake, where agents dial in, when configured (`agent_intake.listen`).
     pub agent_intake: Option<TcpListener>,
 }
@@ -81,7 +84,9 @@ pub async fn run(
     );
     let metrics = Arc::new(Metrics::default());
     let entrypoint = Arc::new(
-        crate::entrypoint::Tokens::load(&config.entrypoint).map_err(|err| anyhow::anyhow!(err))?,
+        crate::entrypoint::Tokens::load(&config.entrypoint)
+            .map_err(|err| anyhow::anyhow!(err))?
+            .issued_by(&config.instance_id),
     );
     let fleet = Arc::new(Fleet::new(
         &config.agents,
@@ -196,6 +201,7 @@ pub async fn run(
     for (listener, surface) in [
         (listeners.http, Surface::Learners),
         (listeners.admin_http, Surface::Admin),
+        (listeners.metrics, Surface::Metrics),
     ] {
         let Some(listener) = listener else { continue };
         tracing::info!(address = %listener.local_addr()?, ?surface, "serving JSON/HTTP");

@@ -119,6 +119,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     // The admin API listens apart from the learners' (and not at all unless configured).
     let mut admin = None;
     let mut admin_http = None;
+    let mut metrics = None;
     for (address, key, label, slot) in [
         (config.admin.listen, "admin.listen", "admin", &mut admin),
         (
@@ -126,6 +127,12 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
             "admin.http_listen",
             "admin http",
             &mut admin_http,
+        ),
+        (
+            config.admin.metrics_listen,
+            "admin.metrics_listen",
+            "metrics",
+            &mut metrics,
         ),
     ] {
         if let Some(address) = address {
@@ -166,6 +173,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         http,
         admin,
         admin_http,
+        metrics,
         agent_intake,
     };
     let result = scheduler_svc::run(config, catalog, listeners, shutdown).await;

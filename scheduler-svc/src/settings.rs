@@ -102,7 +102,10 @@ pub struct EntrypointConfig {
     /// Key ids revoked (a leaked key): agents refuse their tokens and end what they admitted
     /// (open terminals close with 1008). Not in `keys`.
     pub revoked: Vec<String>,
-    /// How long a token admits (its `exp`): learners get a fresh one with every answer.
+    /// How long a token admits (its `exp`): learners get a fresh one with every answer. At
+    /// most 12h, half of the longest lifetime agents' entrypoints accept by default
+    /// (`--entrypoint-max-token-lifetime`, 24h; an operator who lowers it keeps it at least
+    /// twice this).
     #[serde(with = "humantime_serde")]
     pub token_ttl: Duration,
     /// Agents' entrypoint base URLs by agent name (`{ docker = "https://lab.example:8443" }`),
@@ -297,8 +300,13 @@ pub struct AdminConfig {
     /// picks a free port (printed as `admin listening on ADDR`).
     pub listen: Option<SocketAddr>,
     /// Where its JSON routes (`/v1/admin/...`) and `/metrics` listen; unset: not served
-    /// (printed as `admin http listening on ADDR`).
+    /// (printed as `admin http listening on ADDR`). `/metrics` there needs an `admin:read`
+    /// token, as every admin call does.
     pub http_listen: Option<SocketAddr>,
+    /// Where `/metrics` (and `/healthz`) also listen, without a token: for a scraper on a
+    /// network only operators reach (printed as `metrics listening on ADDR`); unset: not
+    /// served.
+    pub metrics_listen: Option<SocketAddr>,
     /// Static bearer tokens: high-entropy secrets configured by their SHA-256 only.
     pub tokens: Vec<AdminToken>,
     /// OIDC JWTs from the operators' single sign-on, accepted beside the static tokens; unset:
@@ -989,6 +997,15 @@ impl Config {
         }
         if self.entrypoint.token_ttl < Duration::from_secs(10) {
             return invalid("entrypoint.token_ttl", "must be at least 10s");
+        }
+        // Entrypoints refuse a token that lives longer than their bound (the SDK's
+        // `--entrypoint-max-token-lifetime`, 24h by default): half of it leaves room.
+        if self.entrypoint.token_ttl > antidote_proto::sdk::entrypoint::token::MAX_LIFETIME / 2 {
+            return invalid(
+                "entrypoint.token_ttl",
+                "must be at most 12h: agents' entrypoints refuse tokens that live longer than \
+                 --entrypoint-max-token-lifetime (24h by default)",
+            );
         }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint
             && !endpoint.is_empty()

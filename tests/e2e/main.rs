@@ -16,6 +16,7 @@ mod docker;
 mod entrypoint;
 mod faults;
 mod fleet;
+mod hardening;
 mod k8s;
 mod k8s_entrypoint;
 mod lifecycle;

@@ -32,7 +32,7 @@ async fn metrics_count_a_lifecycle_on_scheduler_and_agent() {
         env.logs()
     );
 
-    let during = web.get(&scheduler_metrics).await.unwrap();
+    let during = web.scrape(&scheduler_metrics).await.unwrap();
     assert_eq!(during.status, StatusCode::OK);
     assert!(
         during.headers["content-type"]
@@ -76,7 +76,7 @@ async fn metrics_count_a_lifecycle_on_scheduler_and_agent() {
     );
 
     c.delete(&lesson.id, PATIENCE).await.unwrap();
-    let after = web.get(&scheduler_metrics).await.unwrap().body;
+    let after = web.scrape(&scheduler_metrics).await.unwrap().body;
     assert_eq!(
         sample(&after, r#"antidote_live_lessons{status="READY"}"#),
         Some(0.0),

@@ -211,7 +211,7 @@ address = "{agent}"
     let snapshot = r#"antidote_agent_watch_snapshot_states{agent="loopback"}"#;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let text = loop {
-        let text = web.get(&metrics).await.unwrap().body;
+        let text = web.scrape(&metrics).await.unwrap().body;
         if metric(&text, snapshot) == Some(LESSONS as f64) {
             break text;
         }
@@ -235,7 +235,7 @@ address = "{agent}"
         .await
         .unwrap_or_else(|err| panic!("{err:#}\n{}", logs()));
     // ...on the very Watch stream the scheduler opened at start, with the agent Ready.
-    let text = web.get(&metrics).await.unwrap().body;
+    let text = web.scrape(&metrics).await.unwrap().body;
     assert_eq!(
         metric(
             &text,

@@ -251,7 +251,7 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
 
     // /metrics has the same.
     let metrics = Web::default()
-        .get(&format!(
+        .scrape(&format!(
             "{}/metrics",
             env.scheduler.process.extra_url("admin http").unwrap()
         ))
@@ -1552,7 +1552,7 @@ async fn identical_requests_at_once_get_one_lesson_and_a_session_at_its_limit_ta
         "the duplicates and the refused request are neither hits nor misses"
     );
     let metrics = Web::default()
-        .get(&format!(
+        .scrape(&format!(
             "{}/metrics",
             env.scheduler.process.extra_url("admin http").unwrap()
         ))

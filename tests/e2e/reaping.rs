@@ -49,7 +49,7 @@ async fn an_idle_live_lesson_is_reclaimed_after_its_ttl() {
     assert!(listed.items.is_empty(), "{listed:?}");
     // The reaper's action is counted.
     let metrics = antidote_tests::web::Web::default()
-        .get(&format!(
+        .scrape(&format!(
             "{}/metrics",
             env.scheduler.process.extra_url("admin http").unwrap()
         ))

@@ -343,7 +343,7 @@ async fn reaper_count(web: &Web, replica: &Scheduler, series: &str) -> f64 {
         "{}/metrics",
         replica.process.extra_url("admin http").unwrap()
     );
-    let text = web.get(&url).await.unwrap().body;
+    let text = web.scrape(&url).await.unwrap().body;
     sample(&text, series).unwrap_or(0.0)
 }
 

@@ -84,6 +84,14 @@ impl Web {
         self.send(Method::GET, url, &[], None).await
     }
 
+    /// GET of the scheduler's `/metrics` at `url`, as an operator with an `admin:read` token
+    /// (the admin listener's `/metrics` needs one).
+    pub async fn scrape(&self, url: &str) -> anyhow::Result<Answer> {
+        let token = format!("Bearer {}", crate::ADMIN_READ_TOKEN);
+        self.send(Method::GET, url, &[("authorization", &token)], None)
+            .await
+    }
+
     /// POST with a JSON body.
     pub async fn post(&self, url: &str, body: &str) -> anyhow::Result<Answer> {
         self.send(Method::POST, url, &[], Some(body)).await

@@ -650,6 +650,12 @@ impl<B: Backend> Lessons for Agent<B> {
             s.last_active = Some(prost_types::Timestamp::from(at));
         });
     }
+
+    fn owner(&self, live_lesson: &str) -> Option<String> {
+        self.work()
+            .get(live_lesson)
+            .and_then(|w| w.spec.labels.get(labels::INSTANCE).cloned())
+    }
 }
 
 /// The generated service trait, implemented over an [`Agent`].

@@ -32,6 +32,7 @@ pub mod dial;
 pub mod entrypoint;
 pub mod errors;
 pub mod metrics;
+pub mod output;
 pub mod probe;
 mod server;
 pub mod spec;
@@ -41,8 +42,8 @@ pub mod trace;
 pub use agent::{Agent, AgentService, Backend, Description, Report, Start};
 pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
 pub use server::{
-    Cuttable, GRACE, Listener, Transport, run, run_with_grace, serve, serve_with_grace,
-    shutdown_signal,
+    BodyDeadline, BodyTimedOut, Cuttable, GRACE, Listener, Transport, run, run_with_grace, serve,
+    serve_with_grace, shutdown_signal,
 };
 
 /// Label names the scheduler puts in `LessonSpec.labels` (see PROTOCOL.md, "Labels").

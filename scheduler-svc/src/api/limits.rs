@@ -85,6 +85,49 @@ impl Drop for Permit {
 pub struct Limited {
     stream: TcpStream,
     _permit: Permit,
+    /// What [`Limited::opens_within`] read of the client's opening, handed to the server
+    /// before anything else the socket reads.
+    opening: Vec<u8>,
+    /// How much of `opening` the server has read.
+    replayed: usize,
+}
+
+/// The HTTP/2 connection preface (RFC 9113 3.4), which a client's SETTINGS frame follows.
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The largest first frame the guard waits for: HTTP/2's initial SETTINGS_MAX_FRAME_SIZE.
+/// A longer one is the server's to refuse.
+const FIRST_FRAME_MAX: usize = 16_384;
+
+/// How much of a client's opening is complete (see [`Limited::opens_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// More bytes are needed.
+    Partial,
+    /// The HTTP/2 preface and one whole frame (the first SETTINGS), or anything that is not
+    /// HTTP/2's preface (HTTP/1: its headers have hyper's own timer): the server's from here.
+    Complete,
+}
+
+/// Whether `read` (the first bytes a client sent) is a complete opening.
+pub fn opening(read: &[u8]) -> Opening {
+    let common = read.len().min(PREFACE.len());
+    if read[..common] != PREFACE[..common] {
+        // Not HTTP/2 (an HTTP/1 request line, or garbage the server refuses at once).
+        return Opening::Complete;
+    }
+    let Some(frame) = read.get(PREFACE.len()..) else {
+        return Opening::Partial;
+    };
+    if frame.len() < 9 {
+        return Opening::Partial;
+    }
+    let length = usize::from(frame[0]) << 16 | usize::from(frame[1]) << 8 | usize::from(frame[2]);
+    if length > FIRST_FRAME_MAX || frame.len() >= 9 + length {
+        Opening::Complete
+    } else {
+        Opening::Partial
+    }
 }
 
 impl Limited {
@@ -96,19 +139,45 @@ impl Limited {
         Some(Limited {
             stream,
             _permit: permit,
+            opening: Vec::new(),
+            replayed: 0,
         })
     }
 
-    /// Whether the client sends its first byte within `within` (the handshake guard): a client
-    /// that connects and says nothing would otherwise hold its socket forever, since neither
-    /// hyper-util's protocol sniffing (hyper#3756) nor tonic's wait for the HTTP/2 preface has a
-    /// timer. `false` also when the client closed or the socket failed; the byte stays unread.
-    pub async fn speaks_within(&self, within: std::time::Duration) -> bool {
-        let mut byte = [0u8; 1];
-        matches!(
-            tokio::time::timeout(within, self.stream.peek(&mut byte)).await,
-            Ok(Ok(n)) if n > 0
-        )
+    /// Whether the client completes its opening within `within` (the handshake guard): for
+    /// HTTP/2, the preface and its first frame (the SETTINGS every client sends first); for
+    /// anything else, its first byte (HTTP/1's headers then have hyper's `header_read_timeout`).
+    /// A client that connects and says nothing, or drips the preface, would otherwise hold its
+    /// socket forever: neither hyper-util's protocol sniffing (hyper#3756) nor tonic's and h2's
+    /// wait for the preface and SETTINGS has a timer. `false` also when the client closed or the
+    /// socket failed. What was read is handed to the server first.
+    pub async fn opens_within(&mut self, within: std::time::Duration) -> bool {
+        use tokio::io::AsyncReadExt as _;
+        let read = async {
+            let mut chunk = [0u8; 1024];
+            loop {
+                // Never more than the opening: the rest stays in the socket for the server.
+                let want = match self.opening.len() < PREFACE.len() + 9 {
+                    true => PREFACE.len() + 9 - self.opening.len(),
+                    false => {
+                        let frame = &self.opening[PREFACE.len()..];
+                        let length = usize::from(frame[0]) << 16
+                            | usize::from(frame[1]) << 8
+                            | usize::from(frame[2]);
+                        PREFACE.len() + 9 + length - self.opening.len()
+                    }
+                };
+                let n = self.stream.read(&mut chunk[..want.min(1024)]).await?;
+                if n == 0 {
+                    return Ok::<bool, io::Error>(false);
+                }
+                self.opening.extend_from_slice(&chunk[..n]);
+                if opening(&self.opening) == Opening::Complete {
+                    return Ok(true);
+                }
+            }
+        };
+        matches!(tokio::time::timeout(within, read).await, Ok(Ok(true)))
     }
 }
 
@@ -118,7 +187,19 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        if this.replayed < this.opening.len() {
+            let rest = &this.opening[this.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            if this.replayed == this.opening.len() {
+                this.opening = Vec::new();
+                this.replayed = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
     }
 }
 
@@ -230,6 +311,34 @@ mod tests {
             .filter(|n| refusals.audit(format!("10.1.{}.{}", n / 250, n % 250), later))
             .count();
         assert!(many < overall as usize, "{many} audited in one minute");
+    }
+
+    #[test]
+    fn an_opening_is_complete_with_the_preface_and_one_frame_or_when_it_is_not_http2() {
+        let settings = [0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100];
+        let whole: Vec<u8> = [PREFACE, &settings[..]].concat();
+        for n in 0..whole.len() {
+            assert_eq!(opening(&whole[..n]), Opening::Partial, "{n} bytes");
+        }
+        assert_eq!(opening(&whole), Opening::Complete);
+        // An empty SETTINGS frame is a whole frame.
+        assert_eq!(
+            opening(&[PREFACE, &[0, 0, 0, 4, 0, 0, 0, 0, 0][..]].concat()),
+            Opening::Complete
+        );
+        // HTTP/1 and garbage are the server's at once; `P` alone might still be HTTP/2.
+        assert_eq!(opening(b"G"), Opening::Complete);
+        assert_eq!(opening(b"PO"), Opening::Complete);
+        assert_eq!(opening(b"P"), Opening::Partial);
+        // A first frame longer than HTTP/2 allows is the server's to refuse.
+        assert_eq!(
+            opening(&[PREFACE, &[0xff, 0xff, 0xff, 4][..]].concat()),
+            Opening::Partial
+        );
+        assert_eq!(
+            opening(&[PREFACE, &[0xff, 0xff, 0xff, 4, 0, 0, 0, 0, 0][..]].concat()),
+            Opening::Complete
+        );
     }
 
     #[test]

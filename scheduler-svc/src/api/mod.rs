@@ -36,6 +36,80 @@ const SERVICES: [&str; 4] = [
 /// How often (and how long at most) the health check asks the database.
 const DATABASE_CHECK: Duration = Duration::from_secs(5);
 
+/// Whether a status is tonic's refusal of a request that does not decode: prost's errors
+/// (invalid UTF-8 in a string, a truncated message, a wrong wire type: tonic-prost maps them to
+/// INTERNAL), a body that ends inside a gRPC frame, or a frame with a bad compression flag.
+fn is_decode_error(status: &tonic::Status) -> bool {
+    const MESSAGES: [&str; 3] = [
+        "failed to decode Protobuf message",
+        "Unexpected EOF decoding stream",
+        "protocol error: received message with",
+    ];
+    status.code() == tonic::Code::Internal
+        && MESSAGES.iter().any(|m| status.message().starts_with(m))
+}
+
+/// A tower layer for the API's gRPC servers: tonic's refusal of a request that does not decode
+/// (INTERNAL, no ErrorInfo) becomes INVALID_ARGUMENT with reason MALFORMED_REQUEST. Such a
+/// refusal comes before any handler answers, as a trailers-only answer (the status in the
+/// headers); our handlers never answer INTERNAL with tonic's decode messages, so nothing else
+/// is touched.
+#[derive(Debug, Clone, Copy)]
+pub struct MalformedRequest;
+
+impl<S> tower::Layer<S> for MalformedRequest {
+    type Service = MalformedRequestService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        MalformedRequestService { inner }
+    }
+}
+
+/// The service [`MalformedRequest`] wraps around a server's routes.
+#[derive(Debug, Clone)]
+pub struct MalformedRequestService<S> {
+    inner: S,
+}
+
+impl<S, Req, B> tower::Service<Req> for MalformedRequestService<S>
+where
+    S: tower::Service<Req, Response = axum::http::Response<B>>,
+    S::Future: Send + 'static,
+    B: Default + Send + 'static,
+{
+    type Response = axum::http::Response<B>;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<axum::http::Response<B>, S::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            match tonic::Status::from_header_map(response.headers()) {
+                Some(status) if is_decode_error(&status) => {
+                    Ok(antidote_proto::sdk::errors::status(
+                        tonic::Code::InvalidArgument,
+                        ErrorReason::MalformedRequest.as_str_name(),
+                        format!("the request message does not decode: {}", status.message()),
+                        [],
+                    )
+                    .into_http())
+                }
+                _ => Ok(response),
+            }
+        })
+    }
+}
+
 /// Which gRPC services a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Services {
@@ -119,11 +193,12 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     // Watch streams, reflection streams) are cut, so shutdown is bounded.
     let cut = tokio_util::sync::CancellationToken::new();
     let cut_connections = cut.clone();
-    // Our accept loop: a connection is handed to the server only once its client has sent a
-    // byte within `limits.header_read_timeout` (tonic would wait for the HTTP/2 preface
-    // forever); the wait runs in a task of its own, so silent clients never hold accepting up.
+    // Our accept loop: a connection is handed to the server only once its client has sent the
+    // HTTP/2 preface and its first SETTINGS within `limits.header_read_timeout` (tonic and h2
+    // would wait for them forever, however slowly they drip); the wait runs in a task of its
+    // own, so silent and slow clients never hold accepting up.
     let (admitted, incoming) = tokio::sync::mpsc::channel(64);
-    let first_byte = api.config.limits.header_read_timeout;
+    let opening = api.config.limits.header_read_timeout;
     let accepting = api.shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -143,19 +218,19 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
             if let Err(err) = stream.set_nodelay(true) {
                 tracing::debug!(error = %err, "cannot set TCP_NODELAY");
             }
-            let Some(limited) = limits::Limited::admit(stream, &quota) else {
+            let Some(mut limited) = limits::Limited::admit(stream, &quota) else {
                 tracing::debug!("connection refused: its address holds its share");
                 continue;
             };
             let (admitted, cut) = (admitted.clone(), cut_connections.clone());
             tokio::spawn(async move {
-                if limited.speaks_within(first_byte).await {
+                if limited.opens_within(opening).await {
                     let _ = admitted
                         .send(Ok::<_, std::io::Error>(Cuttable::new(limited, &cut)))
                         .await;
                 } else {
                     tracing::debug!(
-                        "connection closed: nothing sent within limits.header_read_timeout"
+                        "connection closed: no HTTP/2 preface and SETTINGS within limits.header_read_timeout"
                     );
                 }
             });
@@ -181,6 +256,10 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
         .layer(RequestTooLarge {
             reason: ErrorReason::RequestTooLarge.as_str_name(),
         })
+        // A request that does not decode is the caller's fault: INVALID_ARGUMENT with reason
+        // MALFORMED_REQUEST, as the JSON API's 400 (tonic says INTERNAL, which would let any
+        // client raise "internal error" alerts at will).
+        .layer(MalformedRequest)
         .add_service(health_service)
         // Both reflection versions: grpcio-reflection and older grpcurl know only v1alpha.
         .add_service(reflection)

@@ -116,6 +116,14 @@ struct Args {
     /// Dial in to the scheduler (`--connect URL`) instead of listening.
     #[command(flatten)]
     connect: sdk::dial::ConnectArgs,
+    /// HTTP presentations answer with the request they got (its head, after the page's usual
+    /// line), once its whole body (`content-length`) is in: what tests of the entrypoint
+    /// check the backend sees.
+    #[arg(long)]
+    echo_requests: bool,
+    /// The SDK's entrypoint (`--entrypoint-listen` and the rest), off unless asked for.
+    #[command(flatten)]
+    entrypoint: sdk::entrypoint::EntrypointArgs,
 }
 
 fn label(text: &str) -> Result<(String, String), String> {
@@ -271,6 +279,7 @@ impl Loopback {
                         spec.lesson_slug.clone(),
                         endpoint.name.clone(),
                         entry.stage.clone(),
+                        self.args.echo_requests,
                     )));
                     presentations.push(sdk::spec::presentation_state(&p.name, p.r#type, address));
                 }
@@ -538,14 +547,16 @@ impl Backend for Loopback {
     }
 }
 
-/// Serves one presentation: an SSH banner or an HTTP page naming lesson, endpoint and stage;
-/// with no `kind`, a silent port that accepts and never answers.
+/// Serves one presentation: an SSH banner or an HTTP page naming lesson, endpoint and stage
+/// (with `echo`, and the request's head, once its body is in); with no `kind`, a silent port
+/// that accepts and never answers.
 async fn serve_presentation(
     listener: TcpListener,
     kind: Option<i32>,
     lesson: String,
     endpoint: String,
     stage: Arc<Mutex<u32>>,
+    echo: bool,
 ) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -566,6 +577,14 @@ async fn serve_presentation(
                 let _ = stream
                     .write_all(format!("SSH-2.0-antidote_test_agent\r\n{body}").as_bytes())
                     .await;
+            } else if echo {
+                let head = read_request(&mut stream).await.unwrap_or_default();
+                let body = format!("{body}{head}");
+                let response = format!(
+                    "HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
             } else {
                 let mut buf = [0u8; 1024];
                 let _ = stream.read(&mut buf).await;
@@ -577,6 +596,33 @@ async fn serve_presentation(
             }
         });
     }
+}
+
+/// Reads one HTTP/1 request: its head (returned) and then as many body bytes as its
+/// `content-length` says. `None` when the peer closes first.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = loop {
+        if let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = stream.read(&mut buf).await.ok().filter(|n| *n > 0)?;
+        read.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&read[..end]).into_owned();
+    let length: usize = head
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = read.len() - end;
+    while body < length {
+        let n = stream.read(&mut buf).await.ok().filter(|n| *n > 0)?;
+        body += n;
+    }
+    Some(head)
 }
 
 // One thread: this agent does little work per call, and as loadgen's null agent it shares the
@@ -595,6 +641,10 @@ async fn main() -> anyhow::Result<()> {
             .into(),
     };
     let metrics = sdk::metrics::bind(args.metrics_listen).await?;
+    let entrypoint = args.entrypoint.bind().await?;
+    if let Some(bound) = &entrypoint {
+        println!("entrypoint listening on {}", bound.listener.local_addr()?);
+    }
     if let Some(dir) = &args.state_dir {
         std::fs::create_dir_all(dir)?;
     }
@@ -604,7 +654,15 @@ async fn main() -> anyhow::Result<()> {
         entries: Mutex::new(HashMap::new()),
         failed: std::sync::atomic::AtomicU64::new(0),
     });
-    let shutdown = sdk::shutdown_signal();
+    let signal = sdk::shutdown_signal();
+    let stop = tokio_util::sync::CancellationToken::new();
+    if let Some(bound) = entrypoint {
+        agent.serve_entrypoint(bound, stop.clone());
+    }
+    let shutdown = async move {
+        signal.await;
+        stop.cancel();
+    };
     println!("{}", transport.announce());
     sdk::run_with_grace(agent, transport, metrics, telemetry, shutdown, grace)
         .await

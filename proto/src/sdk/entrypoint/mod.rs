@@ -52,6 +52,9 @@ pub use token::{Admitted, Claims, Keys, Signer, TokenError};
 /// The body of every response.
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
+/// The body of every request: due whole within [`Settings::request_timeout`] of its headers.
+pub type Inbound = crate::sdk::BodyDeadline<Incoming>;
+
 /// The query parameter carrying a token.
 pub const TOKEN_PARAM: &str = "antidote_token";
 /// The cookie carrying a token after the first request.
@@ -96,6 +99,14 @@ pub trait Lessons: Send + Sync + 'static {
 
     /// Learners' bytes went through for `live_lesson`, the last at `at` (called in batches).
     fn active(&self, live_lesson: &str, at: SystemTime);
+
+    /// The scheduler instance that placed `live_lesson` (its spec's `antidote.io/instance`
+    /// label): a token verified by another instance's key does not admit to it. `None`: not
+    /// known, and any trusted key's token admits (the default, for agents that do not say).
+    fn owner(&self, live_lesson: &str) -> Option<String> {
+        let _ = live_lesson;
+        None
+    }
 }
 
 /// How an entrypoint behaves.
@@ -111,8 +122,16 @@ pub struct Settings {
     pub trusted_proxies: Vec<Cidr>,
     /// How often activity is handed to [`Lessons::active`].
     pub activity_interval: Duration,
-    /// Set the `Secure` attribute on the token cookie (the listener serves TLS).
+    /// Set the `Secure` attribute on the token cookie: the listener serves TLS, or learners
+    /// reach it at an `https` URL (TLS ends at a proxy in front). Without it, a request gets
+    /// `Secure` when a trusted proxy says it came over TLS (`X-Forwarded-Proto: https`).
     pub secure_cookies: bool,
+    /// Longest a client may take to complete the TLS handshake, and then each request's
+    /// headers (the silent-client and slowloris guards).
+    pub header_read_timeout: Duration,
+    /// Longest a request's body may take to arrive whole after its headers (the slow-body
+    /// guard); a late one is a 408 and the end of the connection.
+    pub request_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -122,9 +141,19 @@ impl Default for Settings {
             trusted_proxies: Vec::new(),
             activity_interval: Duration::from_secs(5),
             secure_cookies: false,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
         }
     }
 }
+
+/// How long a client may take for its TLS handshake and each request's headers, by default
+/// (`--entrypoint-header-read-timeout`).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a request's body may take after its headers, by default
+/// (`--entrypoint-request-timeout`): generous, since a presentation may take uploads.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Connections one client address may hold by default: the scheduler API's
 /// `limits.connections_per_address`.
@@ -217,6 +246,24 @@ fn forwarded_client(headers: &http::HeaderMap) -> Option<IpAddr> {
         .next()?
         .trim();
     last.parse().ok()
+}
+
+/// Whether a trusted proxy says the request reached it over TLS: `X-Forwarded-Proto: https`
+/// (its first entry: the proxy nearest the client) or `Forwarded: proto=https`.
+fn forwarded_https(headers: &http::HeaderMap) -> bool {
+    let says_https = |value: &str| value.trim().trim_matches('"').eq_ignore_ascii_case("https");
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').next().is_some_and(says_https))
+        || headers
+            .get(header::FORWARDED)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split([';', ','])
+                    .filter_map(|pair| pair.trim().split_once('='))
+                    .any(|(k, v)| k.eq_ignore_ascii_case("proto") && says_https(v))
+            })
 }
 
 /// Connections per client network ([`network`]).
@@ -390,26 +437,40 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (entry, tls, shutdown) = (entry.clone(), tls.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let (header_read_timeout, body_within) = (
+                entry.settings.header_read_timeout,
+                entry.settings.request_timeout,
+            );
             let io: Box<dyn Io> = match tls {
-                Some(tls) => match tls.accept(stream).await {
-                    Ok(stream) => Box::new(stream),
-                    Err(err) => {
-                        tracing::debug!(peer = %peer, error = %err, "entrypoint TLS handshake failed");
-                        return;
+                // A client that opens a connection and drips (or never sends) its TLS hello
+                // is cut after the header timeout, as one that drips its headers is.
+                Some(tls) => {
+                    match tokio::time::timeout(header_read_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => Box::new(stream),
+                        Ok(Err(err)) => {
+                            tracing::debug!(peer = %peer, error = %err, "entrypoint TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(peer = %peer, "entrypoint TLS handshake not done within the header timeout");
+                            return;
+                        }
                     }
-                },
+                }
                 None => Box::new(stream),
             };
             let service = hyper::service::service_fn({
                 let permit = permit.clone();
-                move |request| {
+                move |request: Request<Incoming>| {
                     let (entry, permit) = (entry.clone(), permit.clone());
+                    let request =
+                        request.map(|body| crate::sdk::BodyDeadline::new(body, body_within));
                     async move { Ok::<_, Infallible>(handle(entry, peer, permit, request).await) }
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
+                .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(io), service)
                 .with_upgrades();
             tokio::pin!(conn);
@@ -490,38 +551,76 @@ pub(crate) fn reply(status: StatusCode, text: &str) -> Response<Body> {
     response
 }
 
-/// Where the request's token is.
-enum Found {
-    /// The query parameter: the cookie is set on the answer.
-    Query(String),
-    /// The header or the cookie.
-    Held(String),
-    None,
+/// Where a request's token was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The `antidote_token` query parameter: the cookie is set on the answer.
+    Query,
+    /// The `Authorization: Bearer` header.
+    Header,
+    /// The `antidote_entrypoint` cookie.
+    Cookie,
 }
 
-fn find_token(request: &Request<Incoming>) -> Found {
-    if let Some(query) = request.uri().query() {
-        for pair in query.split('&') {
-            if let Some(value) = pair
-                .strip_prefix(TOKEN_PARAM)
-                .and_then(|v| v.strip_prefix('='))
-            {
-                return Found::Query(value.to_owned());
-            }
-        }
+/// The token a request carries and where: the first of the query parameter, the bearer header
+/// and the cookie. The proxy strips what this found with the same parsers ([`token_param`],
+/// [`bearer`], [`cookie_pairs`]), so a credential the entrypoint accepted never reaches the
+/// lesson's backend, however it was spelt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Credential {
+    /// The token.
+    pub token: String,
+    /// Where it was.
+    pub source: Source,
+}
+
+/// The value of an `antidote_token` query pair (`antidote_token=VALUE`), if `pair` is one.
+pub(crate) fn token_param(pair: &str) -> Option<&str> {
+    pair.strip_prefix(TOKEN_PARAM)?.strip_prefix('=')
+}
+
+/// The credential of an `Authorization` value of the Bearer scheme (RFC 9110 11.1: the scheme
+/// in any case, then one or more spaces or tabs; the credential trimmed), if it is one.
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let value = value.trim();
+    let (scheme, credential) = value.split_once([' ', '\t'])?;
+    let credential = credential.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !credential.is_empty()).then_some(credential)
+}
+
+/// Every `name=value` pair of the request's `Cookie` headers, trimmed.
+pub(crate) fn cookie_pairs(headers: &http::HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+}
+
+fn find_token<B>(request: &Request<B>) -> Option<Credential> {
+    let found = |token: &str, source| {
+        Some(Credential {
+            token: token.to_owned(),
+            source,
+        })
+    };
+    if let Some(token) = request
+        .uri()
+        .query()
+        .and_then(|query| query.split('&').find_map(token_param))
+    {
+        return found(token, Source::Query);
     }
-    if let Some(bearer) = request
+    if let Some(token) = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
     {
-        return Found::Held(bearer.trim().to_owned());
+        return found(token, Source::Header);
     }
-    match cookie(request.headers(), COOKIE) {
-        Some(value) => Found::Held(value),
-        None => Found::None,
-    }
+    cookie(request.headers(), COOKIE).and_then(|token| found(&token, Source::Cookie))
 }
 
 /// Whether a request is the learner's own doing, so it marks the live lesson active (PROTOCOL.md,
@@ -548,12 +647,7 @@ fn learners_doing<B>(request: &Request<B>) -> bool {
 
 /// The value of cookie `name` in the request's `Cookie` headers.
 fn cookie(headers: &http::HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
+    cookie_pairs(headers)
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_owned())
 }
@@ -562,11 +656,12 @@ async fn handle(
     entry: Arc<Entrypoint>,
     peer: SocketAddr,
     permit: Arc<Permit>,
-    request: Request<Incoming>,
+    request: Request<Inbound>,
 ) -> Response<Body> {
     // Through a trusted proxy: the client its X-Forwarded-For names (else the proxy itself)
     // is the peer, and this request (with its upgrade) takes one of the client's places.
-    let (peer, permit) = if permit.ip.is_none() {
+    let via_trusted_proxy = permit.ip.is_none();
+    let (peer, permit) = if via_trusted_proxy {
         let client = forwarded_client(request.headers()).unwrap_or(peer.ip());
         match entry.clients.admit(client, entry.settings.per_client) {
             Some(permit) => (SocketAddr::new(client, peer.port()), permit),
@@ -584,13 +679,15 @@ async fn handle(
     let Some(route) = Route::parse(request.uri().path()) else {
         return reply(StatusCode::NOT_FOUND, "not a presentation");
     };
-    let (token, from_query) = match find_token(&request) {
-        Found::Query(token) => (token, true),
-        Found::Held(token) => (token, false),
-        Found::None => return reply(StatusCode::UNAUTHORIZED, "a token is required"),
+    let Some(credential) = find_token(&request) else {
+        return reply(StatusCode::UNAUTHORIZED, "a token is required");
     };
-    let (claims, withdrawn) = match entry.verified.admit(&entry.keys, &token) {
-        Ok(admitted) => (admitted.claims, admitted.withdrawn),
+    let from_query = credential.source == Source::Query;
+    // `Secure` when learners reach us over TLS: ours, an https URL, or a trusted proxy's.
+    let secure_cookie =
+        entry.settings.secure_cookies || via_trusted_proxy && forwarded_https(request.headers());
+    let (claims, withdrawn, instance) = match entry.verified.admit(&entry.keys, &credential.token) {
+        Ok(admitted) => (admitted.claims, admitted.withdrawn, admitted.instance),
         Err(err) => {
             tracing::debug!(peer = %peer, error = %err, "entrypoint refused a token");
             return reply(StatusCode::UNAUTHORIZED, &err.to_string());
@@ -600,6 +697,18 @@ async fn handle(
         return reply(
             StatusCode::FORBIDDEN,
             "the token is for another presentation",
+        );
+    }
+    // Keys are bound to their scheduler instance: one instance's key (a stranger's Handshake
+    // under an invented instance id, say) admits only to the live lessons that instance placed.
+    if let Some(instance) = &instance
+        && let Some(owner) = entry.lessons.owner(&route.live_lesson)
+        && *instance != owner
+    {
+        tracing::warn!(live_lesson = %route.live_lesson, scheduler_instance = %instance, owner = %owner, "entrypoint refused a token of another scheduler instance's key");
+        return reply(
+            StatusCode::FORBIDDEN,
+            "the token's scheduler instance did not place this live lesson",
         );
     }
     if route.rest.is_empty() {
@@ -633,6 +742,7 @@ async fn handle(
             proxy::forward(
                 &entry.backends,
                 request,
+                &credential,
                 target.addr,
                 &route,
                 peer,
@@ -667,13 +777,10 @@ async fn handle(
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         );
-        let secure = if entry.settings.secure_cookies {
-            "; Secure"
-        } else {
-            ""
-        };
+        let secure = if secure_cookie { "; Secure" } else { "" };
         let value = format!(
-            "{COOKIE}={token}; Path={}/; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}",
+            "{COOKIE}={}; Path={}/; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}",
+            credential.token,
             route.prefix()
         );
         if let Ok(value) = HeaderValue::from_str(&value) {
@@ -684,7 +791,7 @@ async fn handle(
 }
 
 /// An agent's entrypoint flags, for `#[command(flatten)]`.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct EntrypointArgs {
     /// Serve learners' way in (web terminals, proxied HTTP presentations) on this address.
     #[arg(
@@ -743,6 +850,38 @@ pub struct EntrypointArgs {
     /// How often learners' activity is reported (on the live lessons' states).
     #[arg(long = "entrypoint-activity-interval", value_parser = humantime::parse_duration, default_value = "5s")]
     pub entrypoint_activity_interval: Duration,
+    /// Longest a client may take for its TLS handshake and then each request's headers.
+    #[arg(long = "entrypoint-header-read-timeout", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub entrypoint_header_read_timeout: Duration,
+    /// Longest a request's body may take to arrive whole after its headers (a late one is a
+    /// 408); generous by default, for uploads to a presentation.
+    #[arg(long = "entrypoint-request-timeout", value_parser = humantime::parse_duration, default_value = "5m")]
+    pub entrypoint_request_timeout: Duration,
+    /// The longest a token may still have to live when it is presented (its `exp` from now,
+    /// and from its `iat`): a token signed to live longer is refused. At least twice the
+    /// scheduler's `[entrypoint] token_ttl` (10m by default, at most 12h).
+    #[arg(long = "entrypoint-max-token-lifetime", value_parser = humantime::parse_duration, default_value = "24h")]
+    pub entrypoint_max_token_lifetime: Duration,
+}
+
+impl Default for EntrypointArgs {
+    /// No entrypoint; every other flag at its command-line default.
+    fn default() -> Self {
+        EntrypointArgs {
+            entrypoint_listen: None,
+            entrypoint_url: None,
+            entrypoint_tls_cert: None,
+            entrypoint_tls_key: None,
+            entrypoint_insecure_plaintext: false,
+            entrypoint_keys: Vec::new(),
+            entrypoint_max_per_client: PER_CLIENT,
+            entrypoint_trusted_proxies: Vec::new(),
+            entrypoint_activity_interval: Duration::from_secs(5),
+            entrypoint_header_read_timeout: HEADER_READ_TIMEOUT,
+            entrypoint_request_timeout: REQUEST_TIMEOUT,
+            entrypoint_max_token_lifetime: token::MAX_LIFETIME,
+        }
+    }
 }
 
 /// A bound entrypoint, ready to serve.
@@ -792,7 +931,7 @@ impl EntrypointArgs {
             }
             tracing::warn!(listen = %local, "entrypoint serves plaintext off loopback (--entrypoint-insecure-plaintext)");
         }
-        let keys = Arc::new(Keys::default());
+        let keys = Arc::new(Keys::with_max_lifetime(self.entrypoint_max_token_lifetime));
         for spec in &self.entrypoint_keys {
             let (kid, path) = spec.split_once('=').ok_or_else(|| {
                 TlsError::Flags(format!("--entrypoint-key `{spec}` is not KID=PEM-FILE"))
@@ -821,13 +960,20 @@ impl EntrypointArgs {
             .unwrap_or_else(|| format!("{scheme}://{local}"))
             .trim_end_matches('/')
             .to_owned();
+        // Learners reach an https URL over TLS, whoever ends it (a proxy in front of a
+        // plaintext entrypoint, the documented Kubernetes setup): the cookie is then `Secure`.
+        let https_url = url
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
         Ok(Some(Bound {
             listener,
             settings: Settings {
                 per_client: self.entrypoint_max_per_client.max(1),
                 trusted_proxies,
                 activity_interval: self.entrypoint_activity_interval,
-                secure_cookies: tls.is_some(),
+                secure_cookies: tls.is_some() || https_url,
+                header_read_timeout: self.entrypoint_header_read_timeout,
+                request_timeout: self.entrypoint_request_timeout,
             },
             tls,
             url,
@@ -911,6 +1057,45 @@ mod tests {
         let proxied = clients.proxy();
         drop((c, d, proxied));
         assert!(clients.held.lock().unwrap().is_empty());
+    }
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        entrypoint: EntrypointArgs,
+    }
+
+    #[tokio::test]
+    async fn an_https_url_makes_the_cookie_secure_and_defaults_match_the_flags() {
+        use clap::Parser as _;
+        let parsed = |args: &[&str]| Flags::parse_from(["agent"].iter().chain(args)).entrypoint;
+        let defaults = parsed(&[]);
+        let manual = EntrypointArgs::default();
+        assert_eq!(format!("{defaults:?}"), format!("{manual:?}"));
+        let bind = |args: &[&str]| {
+            let mut args: Vec<&str> = args.to_vec();
+            args.extend(["--entrypoint-listen", "127.0.0.1:0"]);
+            let flags = parsed(&args);
+            async move { flags.bind().await.unwrap().unwrap().settings }
+        };
+        assert!(!bind(&[]).await.secure_cookies, "plain http on loopback");
+        assert!(
+            bind(&["--entrypoint-url", "HTTPS://lab.example:8443"])
+                .await
+                .secure_cookies,
+            "TLS ends in front of the entrypoint"
+        );
+        let mut headers = http::HeaderMap::new();
+        assert!(!forwarded_https(&headers));
+        headers.insert("x-forwarded-proto", "https, http".parse().unwrap());
+        assert!(forwarded_https(&headers));
+        headers.insert("x-forwarded-proto", "http".parse().unwrap());
+        assert!(!forwarded_https(&headers));
+        headers.insert(
+            header::FORWARDED,
+            "for=1.2.3.4;proto=\"https\"".parse().unwrap(),
+        );
+        assert!(forwarded_https(&headers));
     }
 
     #[test]

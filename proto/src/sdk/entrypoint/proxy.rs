@@ -13,7 +13,6 @@ use std::time::Duration;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -21,7 +20,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::frames::Frames;
-use super::{Activity, Body, COOKIE, Permit, Route, TOKEN_PARAM, reply};
+use super::{Activity, Body, COOKIE, Credential, Inbound, Permit, Route, Source, reply};
 
 /// How long an idle backend connection stays in the pool.
 pub const IDLE: Duration = Duration::from_secs(15);
@@ -34,7 +33,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// takes an idle one or opens one; a server that closes after each answer gets a new one each
 /// time).
 pub(super) struct Backends {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, Inbound>,
 }
 
 impl Default for Backends {
@@ -95,12 +94,13 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
-/// The path and query the backend sees: the rest of the path, without our token parameter.
+/// The path and query the backend sees: the rest of the path, without our token parameter
+/// (every pair [`super::token_param`] reads as one).
 fn backend_target(route: &Route, query: Option<&str>) -> String {
     let query: Vec<&str> = query
         .unwrap_or_default()
         .split('&')
-        .filter(|p| !p.is_empty() && !p.starts_with(&format!("{TOKEN_PARAM}=")))
+        .filter(|p| !p.is_empty() && super::token_param(p).is_none())
         .collect();
     if query.is_empty() {
         route.rest.clone()
@@ -109,17 +109,31 @@ fn backend_target(route: &Route, query: Option<&str>) -> String {
     }
 }
 
-/// The request's cookies without ours; `None` when none is left.
+/// The request's cookies without ours (every pair [`super::cookie_pairs`] names so); `None`
+/// when none is left.
 fn backend_cookies(headers: &HeaderMap) -> Option<String> {
-    let kept: Vec<&str> = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|pair| !pair.is_empty() && !pair.starts_with(&format!("{COOKIE}=")))
+    let kept: Vec<String> = super::cookie_pairs(headers)
+        .filter(|(name, _)| *name != COOKIE)
+        .map(|(name, value)| format!("{name}={value}"))
         .collect();
     (!kept.is_empty()).then(|| kept.join("; "))
+}
+
+/// Removes the `Authorization` header when it carried the credential the entrypoint used
+/// (read by the same parser, [`super::bearer`]: any case of `Bearer`, any spacing): our token
+/// is for us, never for the lesson's server. A header with another credential (the
+/// presentation's own, when the token came in the query) is the presentation's.
+fn strip_credential(headers: &mut HeaderMap, credential: &Credential) {
+    let ours = credential.source == Source::Header
+        || headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .filter_map(super::bearer)
+            .any(|token| token == credential.token);
+    if ours {
+        headers.remove(header::AUTHORIZATION);
+    }
 }
 
 /// A `Location` the backend sent, as the learner must follow it: absolute paths and URLs of
@@ -177,7 +191,8 @@ pub fn rewrite_set_cookie(value: &str, prefix: &str) -> String {
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn forward(
     backends: &Backends,
-    mut request: Request<Incoming>,
+    mut request: Request<Inbound>,
+    credential: &Credential,
     backend: SocketAddr,
     route: &Route,
     peer: SocketAddr,
@@ -203,14 +218,7 @@ pub(super) async fn forward(
     {
         headers.insert(header::COOKIE, value);
     }
-    // Our bearer token is for us, never for the lesson's server.
-    if headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("Bearer ey"))
-    {
-        headers.remove(header::AUTHORIZATION);
-    }
+    strip_credential(&mut headers, credential);
     if let Ok(host) = HeaderValue::from_str(&backend.to_string()) {
         headers.insert(header::HOST, host);
     }
@@ -243,6 +251,17 @@ pub(super) async fn forward(
                 StatusCode::BAD_GATEWAY,
                 "the presentation does not answer (yet)",
             );
+        }
+        Err(err) if crate::sdk::BodyTimedOut::within(&err).is_some() => {
+            tracing::debug!(%backend, %peer, "request body too slow; connection closed");
+            let mut response = reply(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+            );
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
         }
         Err(err) => {
             tracing::debug!(%backend, error = %err, "presentation request failed");
@@ -393,5 +412,55 @@ mod tests {
             HeaderValue::from_static("antidote_entrypoint=t"),
         );
         assert_eq!(backend_cookies(&headers), None);
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static(" antidote_entrypoint=t ;app=1;  antidote_entrypoint=u"),
+        );
+        assert_eq!(backend_cookies(&headers).as_deref(), Some("app=1"));
+    }
+
+    #[test]
+    fn the_credential_used_never_reaches_the_backend_however_it_is_spelt() {
+        let used = |token: &str, source| Credential {
+            token: token.to_owned(),
+            source,
+        };
+        for value in [
+            "Bearer ey.x.y",
+            "Bearer  ey.x.y",
+            "bearer ey.x.y",
+            "BEARER\tey.x.y ",
+            " Bearer ey.x.y",
+        ] {
+            let request = Request::builder()
+                .uri("/l/a/b/c/x")
+                .header(header::AUTHORIZATION, value)
+                .body(())
+                .unwrap();
+            let found = super::super::find_token(&request).expect(value);
+            assert_eq!(found, used("ey.x.y", Source::Header), "{value:?}");
+            let mut headers = request.headers().clone();
+            strip_credential(&mut headers, &found);
+            assert!(headers.get(header::AUTHORIZATION).is_none(), "{value:?}");
+        }
+        // The token came in the query: the same token in the header goes too, another
+        // credential (the presentation's own) stays.
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  t1"),
+        );
+        strip_credential(&mut headers, &used("t1", Source::Query));
+        assert!(headers.get(header::AUTHORIZATION).is_none());
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer app"),
+        );
+        strip_credential(&mut headers, &used("t1", Source::Query));
+        assert!(headers.get(header::AUTHORIZATION).is_some());
+        // Not a bearer credential at all: nothing found.
+        for value in ["Bearer", "Bearer   ", "Basic dTpw", "Bearerey.x.y"] {
+            assert_eq!(super::super::bearer(value), None, "{value:?}");
+        }
     }
 }

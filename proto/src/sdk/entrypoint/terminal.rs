@@ -26,7 +26,6 @@ use std::time::Duration;
 use futures::{SinkExt as _, StreamExt as _};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Empty};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use russh::ChannelMsg;
 use russh::client;
@@ -39,7 +38,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
-use super::{Activity, Body, Permit, Route, reply};
+use super::{Activity, Body, Inbound, Permit, Route, reply};
 
 /// How long an SSH connection and login may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -132,7 +131,7 @@ async fn login(
 
 /// Answers a WebSocket upgrade with a terminal on the SSH presentation at `addr`.
 pub(super) async fn open(
-    mut request: Request<Incoming>,
+    mut request: Request<Inbound>,
     addr: SocketAddr,
     (user, password): (&str, &str),
     route: &Route,

@@ -25,6 +25,10 @@ pub const AUDIENCE: &str = "antidote-entrypoint";
 /// scheduler's and the agent's hosts differ a little.
 pub const LEEWAY: Duration = Duration::from_secs(5);
 
+/// The longest a token may still have to live by default (`--entrypoint-max-token-lifetime`):
+/// the scheduler's `token_ttl` is at most half of it.
+pub const MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
 /// PKCS#8 v1 of an Ed25519 private key: this prefix, then the 32-byte seed (RFC 8410).
 const PKCS8_PREFIX: [u8; 16] = [
     0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
@@ -49,6 +53,11 @@ pub struct Claims {
     pub iat: u64,
     /// Always [`AUDIENCE`].
     pub aud: String,
+    /// The scheduler instance whose key signed it (its `instance_id`, the Handshake's
+    /// `scheduler_instance_id`): only that instance's keys (and the operator's) verify it.
+    /// Absent from older schedulers' tokens: then any instance's key of its `kid` may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
 }
 
 impl Claims {
@@ -62,7 +71,14 @@ impl Claims {
             exp: now + ttl.as_secs().max(1),
             iat: now,
             aud: AUDIENCE.to_owned(),
+            iss: None,
         }
+    }
+
+    /// The claims, naming scheduler instance `instance` as their issuer.
+    pub fn issued_by(mut self, instance: &str) -> Claims {
+        self.iss = Some(instance.to_owned());
+        self
     }
 
     /// Whether the token is for exactly this presentation.
@@ -89,6 +105,10 @@ pub enum TokenError {
     /// Past its `exp`.
     #[error("token expired")]
     Expired,
+    /// Its `exp` lies further ahead (of now, or of its `iat`) than the entrypoint lets a token
+    /// live.
+    #[error("token lives too long: its exp is more than {0:?} ahead")]
+    TooLong(Duration),
     /// A bad signature, another audience, another algorithm.
     #[error("invalid token: {0}")]
     Invalid(String),
@@ -178,22 +198,39 @@ impl Signer {
     }
 }
 
-/// One trusted public key: its id and its 32 bytes.
-type KeyRef = (String, [u8; 32]);
+/// Whose a key is: a scheduler instance's (by its id), or the operator's (`None`).
+type Owner = Option<String>;
+
+/// One trusted public key: whose, its id and its 32 bytes.
+type KeyRef = (Owner, String, [u8; 32]);
 
 /// The public keys an entrypoint trusts, by key id: those its operator configured (kept for the
 /// process's life) and, per scheduler instance id, the set that instance's latest handshake
 /// offered (replaced wholesale by its next handshake). Replicas of one scheduler share an
 /// instance id and one configured key set, so their latest handshake is their set; independent
-/// schedulers sharing the agent each keep theirs. A key no set holds any more is retired: its
-/// tokens are refused from then on, but what it admitted goes on. A key a scheduler's handshake
-/// revokes is refused whatever set holds it, and what it admitted is told to end
-/// ([`Admitted::withdrawn`]). Shared: handshakes change it while the listener verifies.
-#[derive(Debug, Default)]
+/// schedulers sharing the agent each keep theirs. Keys are bound to their instance: a token
+/// naming an instance (`iss`) is verified only by that instance's keys (or the operator's),
+/// and an instance's revocations touch only the keys it offered, so a stranger's Handshake
+/// under another instance id can neither sign for the real scheduler nor revoke its keys
+/// ([`Admitted::instance`] tells the entrypoint whose key admitted, for the live lesson's
+/// owner to be checked). A key no set holds any more is retired: its tokens are refused from
+/// then on, but what it admitted goes on. A key its instance's handshake revokes is refused,
+/// and what it admitted is told to end ([`Admitted::withdrawn`]). Shared: handshakes change it
+/// while the listener verifies.
+#[derive(Debug)]
 pub struct Keys {
     inner: RwLock<KeySets>,
     /// Bumped by every change of the sets ([`Keys::generation`]).
     generation: AtomicU64,
+    /// The longest a token may still have to live when presented: a key holder cannot mint
+    /// a token that outlives every rotation and revocation plan.
+    max_lifetime: Duration,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys::with_max_lifetime(MAX_LIFETIME)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -202,7 +239,7 @@ struct KeySets {
     configured: HashMap<String, [u8; 32]>,
     /// Each scheduler instance's latest offer, by instance id, then `kid`.
     offered: HashMap<String, HashMap<String, [u8; 32]>>,
-    /// The key ids each scheduler instance's latest handshake revoked.
+    /// The key ids each scheduler instance's latest handshake revoked, among its own keys.
     revoked: HashMap<String, HashSet<String>>,
     /// One token per key that admitted or admits (trusted or retired), cancelled when the key
     /// is revoked.
@@ -210,22 +247,33 @@ struct KeySets {
 }
 
 impl KeySets {
-    /// Whether some scheduler instance revoked `kid`.
-    fn is_revoked(&self, kid: &str) -> bool {
-        self.revoked.values().any(|ids| ids.contains(kid))
+    /// Whether `owner` revoked its key `kid` (the operator's keys are never revoked by a
+    /// scheduler: they leave with the flag).
+    fn is_revoked(&self, owner: &Owner, kid: &str) -> bool {
+        owner
+            .as_ref()
+            .and_then(|instance| self.revoked.get(instance))
+            .is_some_and(|ids| ids.contains(kid))
     }
 
-    /// Every public key of `kid`, in any set (normally one); none once it is revoked.
-    fn candidates(&self, kid: &str) -> Vec<[u8; 32]> {
-        if self.is_revoked(kid) {
-            return Vec::new();
-        }
-        let mut found: Vec<[u8; 32]> = self.configured.get(kid).copied().into_iter().collect();
-        for set in self.offered.values() {
+    /// Every trusted public key of `kid` with its owner: the operator's, then each instance's
+    /// that has not revoked it (normally one in all).
+    fn candidates(&self, kid: &str) -> Vec<(Owner, [u8; 32])> {
+        let mut found: Vec<(Owner, [u8; 32])> = self
+            .configured
+            .get(kid)
+            .map(|public| (None, *public))
+            .into_iter()
+            .collect();
+        let mut instances: Vec<(&String, &HashMap<String, [u8; 32]>)> =
+            self.offered.iter().collect();
+        instances.sort_by_key(|(instance, _)| *instance);
+        for (instance, set) in instances {
+            let owner = Some(instance.clone());
             if let Some(public) = set.get(kid)
-                && !found.contains(public)
+                && !self.is_revoked(&owner, kid)
             {
-                found.push(*public);
+                found.push((owner, *public));
             }
         }
         found
@@ -239,21 +287,27 @@ impl KeySets {
         let mut trusted: HashSet<KeyRef> = self
             .configured
             .iter()
-            .map(|(kid, public)| (kid.clone(), *public))
+            .map(|(kid, public)| (None, kid.clone(), *public))
             .collect();
-        for set in self.offered.values() {
-            trusted.extend(set.iter().map(|(kid, public)| (kid.clone(), *public)));
+        for (instance, set) in &self.offered {
+            trusted.extend(
+                set.iter()
+                    .map(|(kid, public)| (Some(instance.clone()), kid.clone(), *public)),
+            );
         }
-        let revoked: HashSet<String> = self.revoked.values().flatten().cloned().collect();
-        trusted.retain(|(kid, _)| !revoked.contains(kid));
+        trusted.retain(|(owner, kid, _)| !self.is_revoked(owner, kid));
         let mut gone = Vec::new();
-        self.withdrawn.retain(|key, token| {
-            let kept = !revoked.contains(&key.0);
-            if !kept {
+        let revoked = &self.revoked;
+        self.withdrawn.retain(|(owner, kid, _), token| {
+            let is_revoked = owner
+                .as_ref()
+                .and_then(|instance| revoked.get(instance))
+                .is_some_and(|ids| ids.contains(kid));
+            if is_revoked {
                 token.cancel();
-                gone.push(key.0.clone());
+                gone.push(kid.clone());
             }
-            kept
+            !is_revoked
         });
         for key in trusted {
             self.withdrawn.entry(key).or_default();
@@ -272,6 +326,9 @@ pub struct Admitted {
     /// (terminals, proxied WebSockets) end then. A key that merely leaves the key set
     /// (retired) cancels nothing.
     pub withdrawn: CancellationToken,
+    /// The scheduler instance whose key verified the token; `None`: a key the operator
+    /// configured. A live lesson another instance placed is not this token's to admit.
+    pub instance: Option<String>,
 }
 
 impl Keys {
@@ -286,6 +343,15 @@ impl Keys {
         let sets = self.inner.write().unwrap_or_else(|p| p.into_inner());
         self.generation.fetch_add(1, Ordering::SeqCst);
         sets
+    }
+
+    /// An empty key set admitting tokens that live at most `max_lifetime`.
+    pub fn with_max_lifetime(max_lifetime: Duration) -> Keys {
+        Keys {
+            inner: RwLock::default(),
+            generation: AtomicU64::new(0),
+            max_lifetime,
+        }
     }
 
     /// A number that changes whenever the key set may have changed (keys added, replaced,
@@ -347,6 +413,14 @@ impl Keys {
             }
         }
         let mut sets = self.sets_mut();
+        if !offer.is_empty() && !sets.offered.contains_key(instance) {
+            let others: Vec<&String> = sets.offered.keys().collect();
+            if !others.is_empty() {
+                // Anyone who reaches the agent's port can handshake: a second instance's keys
+                // are worth an operator's look (they admit only to that instance's lessons).
+                tracing::warn!(scheduler_instance = %instance, known_instances = ?others, "a scheduler instance not seen before brings entrypoint keys");
+            }
+        }
         let before: Option<Vec<String>> = sets.offered.get(instance).map(|set| {
             let mut ids: Vec<String> = set.keys().cloned().collect();
             ids.sort();
@@ -375,8 +449,10 @@ impl Keys {
     pub fn len(&self) -> usize {
         let sets = self.sets();
         let mut trusted: HashSet<&String> = sets.configured.keys().collect();
-        trusted.extend(sets.offered.values().flat_map(|set| set.keys()));
-        trusted.retain(|kid| !sets.is_revoked(kid));
+        for (instance, set) in &sets.offered {
+            let owner = Some(instance.clone());
+            trusted.extend(set.keys().filter(|kid| !sets.is_revoked(&owner, kid)));
+        }
         trusted.len()
     }
 
@@ -406,19 +482,30 @@ impl Keys {
         validation.set_required_spec_claims(&["exp", "aud"]);
         validation.leeway = LEEWAY.as_secs();
         let mut refusal = None;
-        for public in candidates {
+        for (owner, public) in candidates {
             match jsonwebtoken::decode::<Claims>(
                 token,
                 &DecodingKey::from_ed_der(&public),
                 &validation,
             ) {
+                // A token naming its instance is verified by that instance's keys (and the
+                // operator's) only: another instance's key under the same `kid` is no key of
+                // its.
+                Ok(data)
+                    if owner.is_some() && data.claims.iss.is_some() && data.claims.iss != owner =>
+                {
+                    refusal.get_or_insert(TokenError::Invalid(format!(
+                        "signed by a key of another scheduler instance than its iss `{}`",
+                        data.claims.iss.unwrap_or_default()
+                    )));
+                }
                 Ok(data) => {
                     // The key may have been withdrawn since the candidates were read: then its
                     // token is already cancelled, and so is what it admits.
                     let withdrawn = self
                         .sets()
                         .withdrawn
-                        .get(&(kid.clone(), public))
+                        .get(&(owner.clone(), kid.clone(), public))
                         .cloned()
                         .unwrap_or_else(|| {
                             let token = CancellationToken::new();
@@ -428,9 +515,17 @@ impl Keys {
                     if withdrawn.is_cancelled() {
                         return Err(TokenError::UnknownKey(kid));
                     }
+                    let max = self.max_lifetime.as_secs();
+                    let claims = &data.claims;
+                    if claims.exp > unix(SystemTime::now()) + max + LEEWAY.as_secs()
+                        || claims.exp.saturating_sub(claims.iat) > max + LEEWAY.as_secs()
+                    {
+                        return Err(TokenError::TooLong(self.max_lifetime));
+                    }
                     return Ok(Admitted {
                         claims: data.claims,
                         withdrawn,
+                        instance: owner,
                     });
                 }
                 // Expiry is checked after the signature: this key signed it.
@@ -511,6 +606,24 @@ mod tests {
             keys.verify("not.a.token"),
             Err(TokenError::Malformed(_))
         ));
+        // A token signed to live ten years, or back-dated to look young, is refused.
+        let keys = Keys::with_max_lifetime(Duration::from_secs(1200));
+        keys.insert("k1", signer.public_key());
+        let decade = claims(Duration::from_secs(10 * 365 * 86400));
+        assert_eq!(
+            keys.verify(&signer.sign(&decade)),
+            Err(TokenError::TooLong(Duration::from_secs(1200)))
+        );
+        let mut backdated = claims(Duration::from_secs(600));
+        backdated.iat -= 3600;
+        assert!(matches!(
+            keys.verify(&signer.sign(&backdated)),
+            Err(TokenError::TooLong(_))
+        ));
+        assert!(
+            keys.verify(&signer.sign(&claims(Duration::from_secs(1200))))
+                .is_ok()
+        );
     }
 
     #[test]
@@ -551,8 +664,22 @@ mod tests {
         keys.offer_revoking("a", [("k2", &p2[..])], ["k1"]);
         assert!(admitted.withdrawn.is_cancelled());
         assert!(!by_k2.withdrawn.is_cancelled());
-        // A revoked key is refused even while a set still holds it (here instance b's).
+        // An instance revokes its own keys only: b holding the same key goes on verifying
+        // tokens that name no instance, or b, but never those naming a.
         keys.offer_revoking("b", [("k3", &p3[..]), ("k1", &p1[..])], []);
+        assert_eq!(
+            keys.admit(&token(&k1)).unwrap().instance.as_deref(),
+            Some("b")
+        );
+        let naming = |s: &Signer, instance: &str| {
+            s.sign(&claims(Duration::from_secs(60)).issued_by(instance))
+        };
+        assert!(keys.verify(&naming(&k1, "b")).is_ok());
+        assert!(matches!(
+            keys.verify(&naming(&k1, "a")),
+            Err(TokenError::Invalid(_))
+        ));
+        keys.offer_revoking("b", [("k3", &p3[..])], []);
         assert_eq!(
             keys.verify(&token(&k1)),
             Err(TokenError::UnknownKey("k1".into()))
@@ -578,6 +705,53 @@ mod tests {
         // Revoking the retired k2 ends what it admitted.
         keys.offer_revoking("a", [], ["k2"]);
         assert!(by_k2.withdrawn.is_cancelled());
+    }
+
+    #[test]
+    fn keys_are_bound_to_their_instance() {
+        let real = Signer::generate("k1");
+        let forger = Signer::generate("k1");
+        let other_kid = Signer::generate("evil");
+        let (pr, pf, po) = (
+            real.public_key(),
+            forger.public_key(),
+            other_kid.public_key(),
+        );
+        let keys = Keys::default();
+        let operator = Signer::generate("op");
+        keys.insert("op", operator.public_key());
+        keys.offer_revoking("real", [("k1", &pr[..])], []);
+        let sign = |s: &Signer, iss: Option<&str>| {
+            let c = claims(Duration::from_secs(60));
+            s.sign(&match iss {
+                Some(iss) => c.issued_by(iss),
+                None => c,
+            })
+        };
+        let admitted = keys.admit(&sign(&real, Some("real"))).unwrap();
+        assert_eq!(admitted.instance.as_deref(), Some("real"));
+        // A stranger's handshake under another instance id, with its own key under the real
+        // kid or another, and a revocation of the real kid.
+        keys.offer_revoking("forged", [("k1", &pf[..]), ("evil", &po[..])], ["k1", "op"]);
+        for token in [sign(&forger, Some("real")), sign(&other_kid, Some("real"))] {
+            assert!(
+                matches!(keys.verify(&token), Err(TokenError::Invalid(_))),
+                "a forged key signed for the real instance"
+            );
+        }
+        // Its own tokens say whose they are (the entrypoint admits them only to its lessons).
+        let forged = keys.admit(&sign(&other_kid, None)).unwrap();
+        assert_eq!(forged.instance.as_deref(), Some("forged"));
+        // Its revocation touched neither the real instance's key nor the operator's.
+        assert!(!admitted.withdrawn.is_cancelled());
+        assert!(keys.verify(&sign(&real, Some("real"))).is_ok());
+        assert!(keys.verify(&sign(&real, None)).is_ok());
+        let by_operator = keys.admit(&sign(&operator, Some("real"))).unwrap();
+        assert_eq!(by_operator.instance, None);
+        // The real instance's own revocation does end what its key admitted.
+        keys.offer_revoking("real", [], ["k1"]);
+        assert!(admitted.withdrawn.is_cancelled());
+        assert!(keys.verify(&sign(&real, Some("real"))).is_err());
     }
 
     #[test]

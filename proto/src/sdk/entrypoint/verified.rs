@@ -103,6 +103,7 @@ mod tests {
         let admitted = Admitted {
             claims: old,
             withdrawn: CancellationToken::new(),
+            instance: None,
         };
         verified.seen.lock().unwrap().insert(
             expired.clone(),

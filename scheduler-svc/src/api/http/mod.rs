@@ -376,8 +376,10 @@ pub fn message(name: &str) -> MessageDescriptor {
 ///
 /// The accept loop is ours (not `axum::serve`) for the bounds axum does not offer: each client
 /// address (its network) holds at most `limits.connections_per_address` connections (more are
-/// closed at once), a client must send its first byte, and then a request's headers, within
-/// `limits.header_read_timeout` each (the silent-client and slowloris guards), HTTP/2 clients
+/// closed at once), a client must send its first byte (HTTP/2: the whole preface and its first
+/// SETTINGS), and then a request's headers, within `limits.header_read_timeout` each, and a
+/// request's body within `limits.request_timeout` of its headers (the silent-client, slowloris
+/// and slow-body guards; a late body is a 408 and the connection's end), HTTP/2 clients
 /// get at most `limits.streams_per_connection` streams per connection, and every connection gets TCP_NODELAY (small answers and events must
 /// leave at once: without it Nagle's algorithm and delayed ACKs held them ~40 ms; api-bench
 /// measured 88 ms per lifecycle). At shutdown, connections finish their requests (bounded).
@@ -423,7 +425,7 @@ pub async fn serve(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
-        let Some(stream) = super::limits::Limited::admit(stream, &quota) else {
+        let Some(mut stream) = super::limits::Limited::admit(stream, &quota) else {
             tracing::debug!(%peer, "connection refused: its address holds its share");
             continue;
         };
@@ -431,18 +433,27 @@ pub async fn serve(
         // Counted by the graceful shutdown from now on, so a connection whose first byte
         // arrives during shutdown is drained like the others.
         let watcher = graceful.watcher();
-        let first_byte = limits.header_read_timeout;
+        let (opening, body_within) = (limits.header_read_timeout, limits.request_timeout);
         tokio::spawn(async move {
-            // The handshake guard: hyper-util's protocol sniffing has no timer (hyper#3756), so
-            // a client that connects and sends nothing would hold its socket forever.
-            if !stream.speaks_within(first_byte).await {
-                tracing::debug!(%peer, "connection closed: nothing sent within limits.header_read_timeout");
+            // The handshake guard: hyper-util's protocol sniffing and h2's wait for the preface
+            // have no timer (hyper#3756), so a client that connects and sends nothing, or drips
+            // the HTTP/2 preface, would hold its socket forever.
+            if !stream.opens_within(opening).await {
+                tracing::debug!(%peer, "connection closed: no HTTP/1 byte or HTTP/2 preface and SETTINGS within limits.header_read_timeout");
                 return;
             }
             let service = hyper::service::service_fn(
                 move |mut request: hyper::Request<hyper::body::Incoming>| {
                     request.extensions_mut().insert(ConnectInfo(peer));
-                    tower::ServiceExt::oneshot(app.clone(), request.map(axum::body::Body::new))
+                    // The slow-body guard: the body is due whole within request_timeout of
+                    // its headers; a late one is a 408 and the end of the connection.
+                    let request = request.map(|body| {
+                        axum::body::Body::new(antidote_proto::sdk::BodyDeadline::new(
+                            body,
+                            body_within,
+                        ))
+                    });
+                    tower::ServiceExt::oneshot(app.clone(), request)
                 },
             );
             let connection = builder.serve_connection_with_upgrades(
@@ -469,13 +480,17 @@ pub async fn serve(
 }
 
 /// Which routes a listener serves: the learners' never serves the admin API (its routes answer
-/// 404 there), the admin listener serves only it (and `/metrics`, whose scrape counts tables).
+/// 404 there), the admin listener serves only it (and `/metrics`, whose scrape counts tables
+/// and names lessons and agents: for an `admin:read` token), a metrics listener only
+/// `/metrics` (to anyone who reaches it: the operator's choice of network).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Surface {
     /// The learners' listener (`http.listen`).
     Learners,
     /// The operators' listener (`admin.http_listen`).
     Admin,
+    /// `/metrics` and `/healthz` without a token (`admin.metrics_listen`).
+    Metrics,
     /// Every route (documentation only).
     All,
 }
@@ -487,6 +502,7 @@ impl Surface {
         match self {
             Surface::Learners => !admin,
             Surface::Admin => admin,
+            Surface::Metrics => false,
             Surface::All => true,
         }
     }
@@ -498,8 +514,11 @@ pub fn router(api: Api, config: &HttpConfig, surface: Surface) -> axum::Router {
     for route in ROUTES.iter().filter(|r| surface.serves(r)) {
         router = router.route(route.path, method_router(route));
     }
-    if surface == Surface::Admin {
-        router = router.route("/metrics", get(metrics));
+    match surface {
+        // Behind `admin:read`, as every admin call is.
+        Surface::Admin => router = router.route("/metrics", get(guarded_metrics)),
+        Surface::Metrics => router = router.route("/metrics", get(metrics)),
+        Surface::Learners | Surface::All => {}
     }
     if surface == Surface::Learners {
         router = page::routes(router);
@@ -570,6 +589,27 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
     )
 }
 
+/// `/metrics` on the admin listener: for a token with `admin:read` (401 without one, 403
+/// without the scope, in the API's error shape). Scrapes are not written to the audit log
+/// (one every few seconds would fill it); refusals are logged.
+async fn guarded_metrics(
+    State(api): State<Api>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    let metadata = tonic::metadata::MetadataMap::from_headers(headers);
+    match api
+        .admin_auth
+        .check(&metadata, crate::settings::Scope::Read)
+    {
+        Ok(_) => metrics(State(api)).await,
+        Err((identity, err)) => {
+            tracing::info!(target: "audit", %identity, %peer, action = "metrics", outcome = ?err.reason().0, "admin call refused");
+            status_response(&tonic::Status::from(err))
+        }
+    }
+}
+
 async fn metrics(State(api): State<Api>) -> Response {
     match api.store.counts().await {
         Ok(counts) => (
@@ -624,7 +664,12 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
                 (Ok(Path(params)), Ok(Query(query)), Ok(body)) => (params, query, body),
                 (Err(err), _, _) => return rejection(err.status(), err.body_text()),
                 (_, Err(err), _) => return rejection(err.status(), err.body_text()),
-                (_, _, Err(err)) => return rejection(err.status(), err.body_text()),
+                (_, _, Err(err)) => {
+                    if let Some(timed_out) = antidote_proto::sdk::BodyTimedOut::within(&err) {
+                        return body_timed_out(timed_out);
+                    }
+                    return rejection(err.status(), err.body_text());
+                }
             };
             // Only JSON bodies: a form or text/plain POST is a "simple" cross-site request that
             // browsers send without asking CORS first; requiring JSON makes them ask.
@@ -693,6 +738,27 @@ fn rejection(status: StatusCode, message: String) -> Response {
         &HashMap::new(),
     );
     (status, axum::Json(body)).into_response()
+}
+
+/// The answer to a body that did not arrive within `limits.request_timeout`: 408,
+/// DEADLINE_EXCEEDED with reason REQUEST_TIMEOUT, and the connection closed (the rest of the
+/// body is never read).
+fn body_timed_out(timed_out: antidote_proto::sdk::BodyTimedOut) -> Response {
+    let body = error_body(
+        Code::DeadlineExceeded,
+        ErrorReason::RequestTimeout.as_str_name(),
+        &format!(
+            "the request body did not arrive within limits.request_timeout ({:?})",
+            timed_out.0
+        ),
+        &HashMap::from([("timeout".to_owned(), format!("{:?}", timed_out.0))]),
+    );
+    (
+        StatusCode::REQUEST_TIMEOUT,
+        [(header::CONNECTION, HeaderValue::from_static("close"))],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// Path parameters, then the query or the body, as one JSON object of request fields.
