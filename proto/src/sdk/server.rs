@@ -588,3 +588,34 @@ where
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    #[tokio::test]
+    async fn a_body_must_arrive_whole_before_its_deadline() {
+        let within = Duration::from_millis(200);
+        // A whole body in time passes untouched.
+        let whole = http_body_util::Full::new(bytes::Bytes::from_static(b"{}"));
+        let collected = BodyDeadline::new(whole, within).collect().await.unwrap();
+        assert_eq!(collected.to_bytes(), "{}");
+        // A body whose sender dawdles past the deadline fails with BodyTimedOut.
+        let first = futures::stream::once(async {
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes::Bytes::from_static(
+                b"{",
+            )))
+        });
+        // The rest would come a minute later: far past the deadline.
+        let rest = futures::stream::once(async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(hyper::body::Frame::data(bytes::Bytes::from_static(b"}")))
+        });
+        let dawdling = futures::StreamExt::chain(first, rest);
+        let body = http_body_util::StreamBody::new(Box::pin(dawdling));
+        let err = BodyDeadline::new(body, within).collect().await.unwrap_err();
+        let timed_out = BodyTimedOut::within(&*err).expect("BodyTimedOut in the chain");
+        assert_eq!(timed_out.0, within);
+    }
+}

@@ -295,3 +295,26 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_tonics_decode_refusals_are_malformed_requests() {
+        let internal = |message: &str| tonic::Status::internal(message.to_owned());
+        for refusal in [
+            "failed to decode Protobuf message: GetLessonRequest.slug: invalid string value: data is not UTF-8 encoded",
+            "failed to decode Protobuf message: buffer underflow",
+            "Unexpected EOF decoding stream.",
+            "protocol error: received message with invalid compression flag: 7 (valid flags are 0 and 1), while sending request",
+        ] {
+            assert!(is_decode_error(&internal(refusal)), "{refusal}");
+        }
+        // Our own faults stay INTERNAL, and other codes are never touched.
+        assert!(!is_decode_error(&internal("cannot count live lessons")));
+        assert!(!is_decode_error(&tonic::Status::invalid_argument(
+            "failed to decode Protobuf message: x"
+        )));
+    }
+}
