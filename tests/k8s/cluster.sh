@@ -352,13 +352,19 @@ free_port() { # a loopback port nobody listens on, below the ephemeral range
 }
 
 machine_claim() { # one node per machine: refuse while another state dir's node runs
-  exec 9>"$MACHINE_LOCK"
-  flock 9
+  machine_lock
   if [[ -f $MACHINE_OWNER ]]; then
     local other
     other=$(<"$MACHINE_OWNER")
-    if [[ $other != "$STATE" ]] && ANTIDOTE_K8S_STATE=$other "$0" status >/dev/null 2>&1; then
-      die "a test node of another checkout runs on this machine (state dir $other): one node per machine; stop it with ANTIDOTE_K8S_STATE=$other $0 stop"
+    if [[ $other != "$STATE" ]]; then
+      if ANTIDOTE_K8S_STATE=$other "$0" status >/dev/null 2>&1; then
+        die "a test node of another checkout runs on this machine (state dir $other, owner file $MACHINE_OWNER): one node per machine; stop it with ANTIDOTE_K8S_STATE=$other $0 stop"
+      fi
+      if [[ -d $other/node ]]; then
+        # a dead node's leftovers (chains, bridges, mounts) would collide with ours
+        log "cleaning up the leftovers of a dead test node in $other"
+        ANTIDOTE_K8S_STATE=$other ANTIDOTE_K8S_MACHINE_LOCKED=1 "$0" stop 9>&- || true
+      fi
     fi
   fi
   echo "$STATE" >"$MACHINE_OWNER"
@@ -373,10 +379,7 @@ save_host_state() {
   done
   : >"$NS/new-paths"
   for s in "${FIXED_PATHS[@]}"; do [[ -e $s ]] || echo "$s" >>"$NS/new-paths"; done
-  if ! ip -o -4 addr show dev lo | grep -q " $NODE_IP/32 "; then
-    ip addr add "$NODE_IP/32" dev lo
-    echo "$NODE_IP" >"$NS/node-ip-added"
-  fi
+  [[ -z ${1:-} ]] || echo "$1" >"$NS/node-ip-added"
 }
 
 write_containerd_config() {
@@ -475,6 +478,7 @@ clusterDNS: [$DNS_IP]
 clusterDomain: $CLUSTER_DOMAIN
 podLogsDir: $NS/pod-logs
 podPidsLimit: 512
+volumePluginDir: $NS/volume-plugins
 maxPods: 110
 failSwapOn: false
 serializeImagePulls: false
@@ -585,13 +589,32 @@ start() {
   machine_claim
   local t0=$SECONDS
   [[ ! -d $NS ]] || { log "cleaning up a stale node state in $NS"; stop_node; }
-  save_host_state
+  # The node IP goes on lo before the apiserver binds it.
+  local added_ip=""
+  if ! ip -o -4 addr show dev lo | grep -q " $NODE_IP/32 "; then
+    ip addr add "$NODE_IP/32" dev lo
+    added_ip=$NODE_IP
+  fi
+  # A control plane started alone (loopback only) is restarted in node mode. Its start cleans
+  # a stale state dir, so the node's own state is made only afterwards.
+  if [[ $(cat "$STATE/mode" 2>/dev/null) != "$NODE_IP" ]] && "$CONTROLPLANE" status >/dev/null 2>&1; then
+    log "restarting the control plane (running on loopback only) in node mode"
+    ANTIDOTE_K8S_CLUSTER_STOPPING=1 "$CONTROLPLANE" stop 9>&- >/dev/null
+  fi
+  local cp_log
+  cp_log=$(mktemp /tmp/antidote-cluster-cp.XXXXXX)
+  if ! ANTIDOTE_K8S_NODE_IP=$NODE_IP "$CONTROLPLANE" start 9>&- >"$cp_log" 2>&1; then
+    tail -n 30 "$cp_log" >&2
+    rm -f "$cp_log"
+    [[ -z $added_ip ]] || ip addr del "$added_ip/32" dev lo 2>/dev/null || true
+    die "the control plane did not start"
+  fi
+  save_host_state "$added_ip"
+  mkdir -p "$NS/logs"
+  mv "$cp_log" "$NS/logs/controlplane-start.log"
   modprobe br_netfilter 2>/dev/null || true
   echo 1 >/proc/sys/net/ipv4/ip_forward
   [[ -f /proc/sys/net/bridge/bridge-nf-call-iptables ]] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
-  mkdir -p "$NS/logs"
-  ANTIDOTE_K8S_NODE_IP=$NODE_IP "$CONTROLPLANE" start >"$NS/logs/controlplane-start.log" 2>&1 \
-    || { tail -n 30 "$NS/logs/controlplane-start.log" >&2; die "the control plane did not start"; }
   write_containerd_config
   node_configs
   forward_rules
@@ -630,6 +653,15 @@ SERVICE_CIDR=$SERVICE_CIDR
 DNS_IP=$DNS_IP
 CONTAINERD_SOCK=$NS/containerd/containerd.sock
 LESSON_BRIDGE_PREFIX=$LESSON_BRIDGE_PREFIX
+CLUSTER_DOMAIN=$CLUSTER_DOMAIN
+KUBECONFIG=$STATE/admin.kubeconfig
+KUBECTL=$KUBECTL
+$(grep '^APISERVER=' "$STATE/endpoints")
+CNI_BIN_DIR=$NS/cni/bin
+CNI_CONF_DIR=$NS/cni/net.d
+PAUSE_IMAGE=$PAUSE_IMAGE
+COREDNS_IMAGE=$COREDNS_IMAGE
+LOGS=$NS/logs
 EOF
   touch "$NS/ready"
   exec 9>&-
@@ -662,61 +694,135 @@ kill_component() { # name : TERM, then KILL after 10 s
 }
 
 strip_iptables() { # iptables-save|restore without our, kube-proxy's, kube-router's and CNI's chains
-  local cmd=$1 t
+  local cmd=$1 t dump
   command -v "$cmd-save" >/dev/null || return 0
   for t in filter nat mangle raw; do
-    "$cmd-save" -t "$t" 2>/dev/null | grep -q . || continue
-    "$cmd-save" -t "$t" | awk -v fwd="$FWD_CHAIN" '
+    # (a variable, not a pipe into grep -q: with pipefail, a save cut short by SIGPIPE "fails")
+    dump=$("$cmd-save" -t "$t" 2>/dev/null) || continue
+    grep -qE "^:(KUBE-|CNI-|$FWD_CHAIN )" <<<"$dump" || continue
+    awk -v fwd="$FWD_CHAIN" '
       /^:(KUBE-|CNI-)/ || $0 ~ "^:" fwd " " { next }
       /^-A (KUBE-|CNI-)/ || $0 ~ "^-A " fwd " " { next }
       / -[jg] (KUBE-|CNI-)/ || $0 ~ " -j " fwd "( |$)" { next }
-      { print }' | "$cmd-restore" -T "$t" 2>/dev/null || log "could not clean $cmd table $t"
+      { print }' <<<"$dump" | "$cmd-restore" -w -T "$t" || log "could not clean $cmd table $t"
   done
 }
 
+# Pids of our containerd's shims (found by our socket in their command line, read from /proc:
+# no pattern matching on process names) and of every process below them (the containers).
+shim_tree_pids() {
+  local f p pp shims=() all=()
+  for f in /proc/[0-9]*/cmdline; do
+    p=${f#/proc/}; p=${p%/cmdline}
+    [[ $(tr '\0' ' ' <"$f" 2>/dev/null) == *containerd-shim*" -address $NS/containerd/containerd.sock"* ]] && shims+=("$p")
+  done
+  ((${#shims[@]})) || return 0
+  all=("${shims[@]}")
+  local grew=1
+  while ((grew)); do
+    grew=0
+    for f in /proc/[0-9]*/stat; do
+      p=${f#/proc/}; p=${p%/stat}
+      [[ " ${all[*]} " == *" $p "* ]] && continue
+      pp=$(sed 's/.*) //' "$f" 2>/dev/null | cut -d' ' -f2) || continue
+      if [[ " ${all[*]} " == *" $pp "* ]]; then all+=("$p"); grew=1; fi
+    done
+  done
+  echo "${all[*]}"
+}
+
+# /run/containerd/s holds the shims' sockets of every containerd 1.6 on the machine (Docker's
+# too): remove only the dead ones (no listener in /proc/net/unix), then empty directories.
+clean_run_containerd() {
+  [[ -d /run/containerd ]] || return 0
+  local f listening
+  listening=$(awk 'NR > 1 && $8 != "" { print $8 }' /proc/net/unix)
+  for f in /run/containerd/s/*; do
+    [[ -S $f ]] || continue
+    grep -qxF "$f" <<<"$listening" || rm -f "$f"
+  done
+  find /run/containerd -depth -type d -empty -delete 2>/dev/null || true
+}
+
+# The kubelet's cgroups (cgroupfs driver, cgroup v1: kubepods in every hierarchy), deepest first.
+clean_cgroups() {
+  local d
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+    [[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+}
+
+other_dockerd() { grep -qsx dockerd /proc/[0-9]*/comm; }
+
 stop_node() {
-  local c
+  local c pids
   for c in kube-router kube-proxy kubelet kube-scheduler; do kill_component "$c"; done
   # Every container and shim of our containerd, then containerd itself.
-  if [[ -S $NS/containerd/containerd.sock ]]; then
+  if [[ -d $NS/runc/k8s.io ]]; then
     local id
     for id in $(runc --root "$NS/runc/k8s.io" list -q 2>/dev/null); do runc --root "$NS/runc/k8s.io" kill "$id" KILL 2>/dev/null || true; done
   fi
-  pkill -9 -f "containerd-shim.*-address $NS/containerd/containerd.sock" 2>/dev/null || true
+  pids=$(shim_tree_pids)
+  # shellcheck disable=SC2086
+  [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true
   kill_component containerd
-  pkill -9 -f "containerd-shim.*-address $NS/containerd/containerd.sock" 2>/dev/null || true
-  # Mounts under the state dir (pod volumes, netns, overlay rootfs, shm), deepest first.
+  pids=$(shim_tree_pids)
+  # shellcheck disable=SC2086
+  [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true
+  # Mounts under the state dir (kubelet pod volumes, netns, overlay rootfs, shm), deepest first.
   local m
   for _ in 1 2 3; do
-    for m in $(awk -v p="$NS" 'index($2, p) == 1 { print $2 }' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
+    for m in $(awk -v p="$NS/" 'index($2 "/", p) == 1 { print $2 }' /proc/mounts | sort -r); do
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done
   done
-  # Interfaces: the pod bridge, lesson bridges (adl*), veths left behind.
-  ip link del cni0 2>/dev/null || true
-  for c in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^($LESSON_BRIDGE_PREFIX[0-9a-f]{12}|veth)" || true); do
-    ip link del "$c" 2>/dev/null || true
+  # Interfaces: the pod bridge and agent-k8s's lesson bridges (adl*), with the veths still on
+  # them (the others go with their network namespaces). Other veths (Docker's) stay.
+  local bridges b
+  bridges=$(ip -o link show type bridge | awk -F': ' '{print $2}' | sed 's/@.*//' \
+    | grep -xE "cni0|$LESSON_BRIDGE_PREFIX[0-9a-z]+" || true)
+  for b in $bridges; do
+    for c in $(ip -o link show master "$b" | awk -F': ' '{print $2}' | sed 's/@.*//'); do ip link del "$c" 2>/dev/null || true; done
+    ip link del "$b" 2>/dev/null || true
   done
   strip_iptables iptables
   strip_iptables ip6tables
   iptables -D FORWARD -j "$FWD_CHAIN" 2>/dev/null || true
   iptables -F "$FWD_CHAIN" 2>/dev/null && iptables -X "$FWD_CHAIN" 2>/dev/null || true
   if command -v ipset >/dev/null; then
-    for c in $(ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-)' || true); do ipset destroy "$c" 2>/dev/null || true; done
+    for c in $(ipset list -n 2>/dev/null | grep -E '^(inet6:)?(KUBE-|kube-)' || true); do ipset destroy "$c" 2>/dev/null || true; done
   fi
-  ANTIDOTE_K8S_CLUSTER_STOPPING=1 "$CONTROLPLANE" stop >/dev/null 2>&1 || true
   if [[ -f $NS/node-ip-added ]]; then ip addr del "$(<"$NS/node-ip-added")/32" dev lo 2>/dev/null || true; fi
+  clean_cgroups
   if [[ -f $NS/sysctls ]]; then
     local name value
-    while read -r name value; do echo "$value" >"/proc/sys/$name" 2>/dev/null || true; done <"$NS/sysctls"
+    while read -r name value; do
+      # Docker needs forwarding and bridge netfilter as long as one of its engines runs
+      case $name in net/ipv4/ip_forward | net/bridge/*) ! other_dockerd || continue ;; esac
+      echo "$value" >"/proc/sys/$name" 2>/dev/null || true
+    done <"$NS/sysctls"
   fi
   if [[ -f $NS/new-paths ]]; then
     while read -r m; do
-      [[ -n $m ]] || continue
-      for c in $(awk -v p="$m" 'index($2, p) == 1 { print $2 }' /proc/mounts | sort -r); do umount -l "$c" 2>/dev/null || true; done
-      rm -rf "$m"
+      [[ -n $m && $m != /run/containerd ]] || continue
+      for c in $(awk -v p="$m/" 'index($2 "/", p) == 1 { print $2 }' /proc/mounts | sort -r); do umount -l "$c" 2>/dev/null || true; done
+      rm -rf --one-file-system "$m"
     done <"$NS/new-paths"
   fi
-  rm -rf "$NS"
+  clean_run_containerd
+  if awk -v p="$NS/" 'index($2 "/", p) == 1 { found = 1 } END { exit !found }' /proc/mounts; then
+    die "mounts are left under $NS; not removing it"
+  fi
+  rm -rf --one-file-system "$NS"
+  # the control plane last: its stop removes the whole state dir
+  ANTIDOTE_K8S_CLUSTER_STOPPING=1 "$CONTROLPLANE" stop >/dev/null 2>&1 || true
   if [[ -f $MACHINE_OWNER && $(<"$MACHINE_OWNER") == "$STATE" ]]; then rm -f "$MACHINE_OWNER"; fi
+}
+
+machine_lock() { # serialise starts and stops of test nodes on this machine
+  [[ -n ${ANTIDOTE_K8S_MACHINE_LOCKED:-} ]] && return 0
+  exec 9>"$MACHINE_LOCK"
+  flock 9
 }
 
 case ${1:-} in
@@ -727,6 +833,7 @@ case ${1:-} in
   import) shift; import_images "$@" ;;
   stop)
     t0=$SECONDS
+    machine_lock
     stop_node
     log "stopped in $((SECONDS - t0))s"
     ;;

@@ -502,6 +502,7 @@ start() {
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
     --leader-elect=false --profiling=false \
+    --flex-volume-plugin-dir="$STATE/kcm-flexvolume" \
     "${kcm_mode[@]}" "${kcm_extra[@]}"
   # its serving cert is self-signed (in --cert-dir), hence -k for this probe
   wait_for kube-controller-manager 60 body_is ok curl -skf --max-time 2 "https://127.0.0.1:$kcm_port/healthz"
