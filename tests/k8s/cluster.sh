@@ -689,8 +689,16 @@ kill_component() { # name : TERM, then KILL after 10 s
   local pid i
   pid=$(pid_of "$1") || return 0
   kill "$pid" 2>/dev/null || true
-  for i in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  for i in $(seq 1 50); do alive "$pid" || return 0; sleep 0.2; done
   kill -9 "$pid" 2>/dev/null || true
+  for i in $(seq 1 25); do alive "$pid" || return 0; sleep 0.2; done
+}
+
+# Running and not a zombie: this VM's init reaps orphans late, and `kill -0` succeeds on zombies.
+alive() {
+  local st
+  st=$(sed 's/.*) //' 2>/dev/null <"/proc/$1/stat" | cut -d' ' -f1) || return 1
+  [[ -n $st && $st != Z ]]
 }
 
 strip_iptables() { # iptables-save|restore without our, kube-proxy's, kube-router's and CNI's chains
@@ -714,7 +722,7 @@ shim_tree_pids() {
   local f p pp shims=() all=()
   for f in /proc/[0-9]*/cmdline; do
     p=${f#/proc/}; p=${p%/cmdline}
-    [[ $(tr '\0' ' ' <"$f" 2>/dev/null) == *containerd-shim*" -address $NS/containerd/containerd.sock"* ]] && shims+=("$p")
+    [[ $(tr '\0' ' ' 2>/dev/null <"$f") == *containerd-shim*" -address $NS/containerd/containerd.sock"* ]] && shims+=("$p")
   done
   ((${#shims[@]})) || return 0
   all=("${shims[@]}")
@@ -754,9 +762,13 @@ clean_cgroups() {
 
 other_dockerd() { grep -qsx dockerd /proc/[0-9]*/comm; }
 
+stop_phase() { log "stop: $1 ($((SECONDS - STOP_T0))s)"; }
+
 stop_node() {
   local c pids
+  STOP_T0=$SECONDS
   for c in kube-router kube-proxy kubelet kube-scheduler; do kill_component "$c"; done
+  stop_phase "node daemons stopped"
   # Every container and shim of our containerd, then containerd itself.
   if [[ -d $NS/runc/k8s.io ]]; then
     local id
@@ -766,6 +778,7 @@ stop_node() {
   # shellcheck disable=SC2086
   [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true
   kill_component containerd
+  stop_phase "containerd stopped"
   pids=$(shim_tree_pids)
   # shellcheck disable=SC2086
   [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true
@@ -776,6 +789,7 @@ stop_node() {
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
   done
+  stop_phase "mounts gone"
   # Interfaces: the pod bridge and agent-k8s's lesson bridges (adl*), with the veths still on
   # them (the others go with their network namespaces). Other veths (Docker's) stay.
   local bridges b
@@ -786,6 +800,7 @@ stop_node() {
     ip link del "$b" 2>/dev/null || true
   done
   strip_iptables iptables
+  stop_phase "interfaces gone"
   strip_iptables ip6tables
   iptables -D FORWARD -j "$FWD_CHAIN" 2>/dev/null || true
   iptables -F "$FWD_CHAIN" 2>/dev/null && iptables -X "$FWD_CHAIN" 2>/dev/null || true
@@ -794,6 +809,7 @@ stop_node() {
   fi
   if [[ -f $NS/node-ip-added ]]; then ip addr del "$(<"$NS/node-ip-added")/32" dev lo 2>/dev/null || true; fi
   clean_cgroups
+  stop_phase "iptables and ipsets clean"
   if [[ -f $NS/sysctls ]]; then
     local name value
     while read -r name value; do
@@ -814,8 +830,10 @@ stop_node() {
     die "mounts are left under $NS; not removing it"
   fi
   rm -rf --one-file-system "$NS"
+  stop_phase "host state restored"
   # the control plane last: its stop removes the whole state dir
-  ANTIDOTE_K8S_CLUSTER_STOPPING=1 "$CONTROLPLANE" stop >/dev/null 2>&1 || true
+  # The apiserver would wait a minute for the watches of pods killed above; nothing of it is kept.
+  ANTIDOTE_K8S_CLUSTER_STOPPING=1 ANTIDOTE_K8S_STOP_GRACE=3 "$CONTROLPLANE" stop >/dev/null 2>&1 || true
   if [[ -f $MACHINE_OWNER && $(<"$MACHINE_OWNER") == "$STATE" ]]; then rm -f "$MACHINE_OWNER"; fi
 }
 

@@ -16,6 +16,7 @@
 #   ANTIDOTE_K8S_STATE  pids, certs, logs, etcd data (default /tmp/antidote-k8s)
 #   ANTIDOTE_K8S_APISERVER_ARGS, ANTIDOTE_K8S_CONTROLLER_MANAGER_ARGS
 #                       extra flags (split on spaces), e.g. --feature-gates=...
+#   ANTIDOTE_K8S_STOP_GRACE  seconds stop waits for each process after SIGTERM (default 20)
 #   ANTIDOTE_K8S_NODE_IP  node mode, set by tests/k8s/cluster.sh (which puts that address on lo
 #                       first): the apiserver binds and advertises it (pods reach it through the
 #                       `kubernetes` Service, so the endpoint reconciler stays on), talks to the
@@ -286,6 +287,9 @@ stop_all() {
 }
 
 kill_all() {
+  # seconds to wait for each to exit on SIGTERM before SIGKILL; cluster.sh, whose pods were
+  # killed with their connections to the apiserver still open, sets it short (a minute otherwise)
+  local grace=${ANTIDOTE_K8S_STOP_GRACE:-20}
   local i c pid pids=()
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     c=${COMPONENTS[i]}
@@ -293,21 +297,28 @@ kill_all() {
       kill -TERM "$pid" 2>/dev/null || true
       pids+=("$pid")
       # the apiserver should drain before etcd goes away
-      [[ $c == etcd ]] || wait_gone 20 "$pid"
+      [[ $c == etcd ]] || wait_gone "$grace" "$pid"
     fi
   done
-  [[ ${#pids[@]} -eq 0 ]] || wait_gone 20 "${pids[@]}"
+  [[ ${#pids[@]} -eq 0 ]] || wait_gone "$grace" "${pids[@]}"
   for pid in "${pids[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       log "pid $pid ignored SIGTERM, killing"
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done
   [[ ${#pids[@]} -eq 0 ]] || wait_gone 10 "${pids[@]}"
   for pid in "${pids[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then die "pid $pid is still alive"; fi
+    if alive "$pid"; then die "pid $pid is still alive"; fi
   done
   return 0
+}
+
+# Running and not a zombie: this VM's init reaps orphans late, and `kill -0` succeeds on zombies.
+alive() {
+  local st
+  st=$(sed 's/.*) //' 2>/dev/null <"/proc/$1/stat" | cut -d' ' -f1) || return 1
+  [[ -n $st && $st != Z ]]
 }
 
 wait_gone() { # seconds pids...
@@ -315,7 +326,7 @@ wait_gone() { # seconds pids...
   shift
   while ((SECONDS < deadline)); do
     alive=0
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for p in "$@"; do alive "$p" && alive=1; done
     ((alive)) || return 0
     sleep 0.2
   done
