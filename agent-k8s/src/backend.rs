@@ -587,6 +587,7 @@ fn waiting_reason(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<Stri
                 w.reason.as_deref(),
                 Some(
                     "ErrImagePull"
+                        | "ErrImageNeverPull"
                         | "ImagePullBackOff"
                         | "InvalidImageName"
                         | "CreateContainerConfigError"
