@@ -408,8 +408,9 @@ async fn the_session_cookie_is_secure_behind_an_https_proxy() {
     }
 }
 
-/// deploy/k8s: Prometheus scrapes `/metrics` where the scheduler serves it, the admin HTTP
-/// listener (the learners' port answers 404 for it), and the container declares that port.
+/// deploy/k8s: Prometheus scrapes `/metrics` where the scheduler serves it without a token, the
+/// admin section's `metrics_listen` (the admin HTTP listener wants an admin:read token, the
+/// learners' port answers 404), and the container declares that port.
 /// (`deploy::deploy_scheduler_configurations_start_the_scheduler` starts this ConfigMap.)
 #[test]
 fn deploy_k8s_scrapes_metrics_on_the_admin_listener() {
@@ -445,8 +446,8 @@ fn deploy_k8s_scrapes_metrics_on_the_admin_listener() {
     };
     assert_eq!(
         port,
-        listen("admin", "http_listen"),
-        "the scrape misses the admin listener"
+        listen("admin", "metrics_listen"),
+        "the scrape misses the metrics listener"
     );
     assert_ne!(
         port,

@@ -643,7 +643,9 @@ async fn spawn_scheduler(dir: &Path, config: &str) -> anyhow::Result<Process> {
     std::fs::write(keys.join("k1.pem"), crate::entrypoint::KEY).unwrap();
     let config = config.replace("/etc/antidote-entrypoint/", &format!("{}/", keys.display()));
     // deploy/k8s's admin listener, 0.0.0.0:9090, may be another test's agent's port.
-    let config = config.replace("\"0.0.0.0:9090\"", "\"127.0.0.1:0\"");
+    let config = config
+        .replace("\"0.0.0.0:9090\"", "\"127.0.0.1:0\"")
+        .replace("\"0.0.0.0:9091\"", "\"127.0.0.1:0\"");
     let path = dir.join("antidote.toml");
     std::fs::write(&path, config).unwrap();
     let env = [
