@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A real, local Kubernetes control plane for tests: etcd + kube-apiserver +
 # kube-controller-manager on loopback only (no kubelet, no scheduler, so pods
-# stay Pending).
+# stay Pending). tests/k8s/cluster.sh starts it in node mode (ANTIDOTE_K8S_NODE_IP)
+# beside a real node; the build also makes that node's kubelet, kube-proxy and
+# kube-scheduler.
 #
 #   tests/k8s/controlplane.sh build   build the binaries into the cache (once)
 #   tests/k8s/controlplane.sh start   build if needed, start, wait for /readyz;
