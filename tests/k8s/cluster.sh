@@ -15,6 +15,9 @@
 #                                         containerd's k8s.io namespace (skipped when up to date)
 #   tests/k8s/cluster.sh stop             stop everything and remove all it made on the machine
 #
+# A started cluster's facts are in $ANTIDOTE_K8S_STATE/node/env (sourceable: NODE_IP, POD_CIDR,
+# DNS_IP, KUBECONFIG, KUBECTL, APISERVER, CONTAINERD_SOCK, ...); tests/k8s/README.md has the rest.
+#
 # Environment:
 #   ANTIDOTE_K8S_CACHE    binaries cache (default ~/.cache/antidote/k8s), shared with controlplane.sh
 #   ANTIDOTE_K8S_STATE    state dir (default /tmp/antidote-k8s): the control plane's, with the
