@@ -410,7 +410,6 @@ pub async fn inspect(docker: &Docker, name: &str, lesson_net: &str) -> Result<Pl
     })
 }
 
-
 /// The command a configuration runs as: a shell that reports its pid on stderr's first line,
 /// then becomes the command (for a shell script: `sh -c SCRIPT`). `docker exec` starts it as a
 /// session and process group leader, so the pid names the whole group when the run has to be
