@@ -79,16 +79,7 @@ pub async fn shell(
     env: (&str, &str),
     timeout: Duration,
 ) -> Result<(Run, Tail), ExecError> {
-    let params = AttachParams {
-        container: Some(container.to_owned()),
-        stdin: true,
-        stdout: true,
-        stderr: true,
-        tty: false,
-        max_stdin_buf_size: Some(64 * 1024),
-        max_stdout_buf_size: Some(64 * 1024),
-        max_stderr_buf_size: Some(64 * 1024),
-    };
+    let params = with_stdin(container);
     let command = ["sh", "-c", WRAPPER, "antidote-config", env.0, env.1];
     let kube = |source| ExecError::Kube {
         pod: pod.to_owned(),
@@ -153,6 +144,21 @@ pub async fn shell(
     }
 }
 
+/// An exec in `container` with stdin, stdout and stderr and no terminal, its pipes holding
+/// 64 KiB each (kube-rs's 1 KiB default would cut a script or notebook into many small frames).
+fn with_stdin(container: &str) -> AttachParams {
+    AttachParams {
+        container: Some(container.to_owned()),
+        stdin: true,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        max_stdin_buf_size: Some(64 * 1024),
+        max_stdout_buf_size: Some(64 * 1024),
+        max_stderr_buf_size: Some(64 * 1024),
+    }
+}
+
 /// The output tail, whichever stream's task holds it last (a poisoned lock still holds
 /// bytes worth keeping).
 fn lock(tail: &std::sync::Mutex<Tail>) -> std::sync::MutexGuard<'_, Tail> {
@@ -196,15 +202,7 @@ pub async fn put(
     path: &str,
     contents: &[u8],
 ) -> Result<(), ExecError> {
-    let params = AttachParams {
-        container: Some(container.to_owned()),
-        stdin: true,
-        stdout: true,
-        stderr: true,
-        tty: false,
-        max_stdin_buf_size: Some(64 * 1024),
-        ..AttachParams::default()
-    };
+    let params = with_stdin(container);
     let command = [
         "sh",
         "-c",

@@ -1,4 +1,4 @@
-//! What the security review of issue 30 found, each refused over real sockets against the real
+//! Listener and entrypoint hardening, each attack refused over real sockets against the real
 //! scheduler and the test agent's entrypoint (the SDK's, `--entrypoint-listen`): a client
 //! dripping the HTTP/2 preface or a request body is cut on every listener; the entrypoint's
 //! token never reaches the lesson's backend however the header spells it, its cookie is

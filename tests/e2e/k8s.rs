@@ -632,9 +632,8 @@ async fn k8s_agent_restart_recovers_and_orphan_namespaces_go() {
     assert_eq!(lesson.status(), S::Ready, "{}", lesson.failure_reason);
     let after = pods.get("web").await.unwrap().metadata.uid;
     assert_eq!(before, after, "the pod was adopted, not recreated");
-    // A stage-less lesson's next generation (asking again with the same stage only touches it),
-    // so the adoption is the whole test of the changed flags; still READY a moment later.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let fresh = env.ready("sandboxed", 0).await;
+    // Still READY after a whole new lesson went through the restarted agent.
     let still = c.ready(&ready.id).await.unwrap();
     assert_eq!(
         still.status(),
@@ -643,7 +642,6 @@ async fn k8s_agent_restart_recovers_and_orphan_namespaces_go() {
         still.failure_reason,
         env.logs()
     );
-    let fresh = env.ready("sandboxed", 0).await;
     let limits = env
         .namespaced::<Pod>(&fresh.id)
         .get("web")
