@@ -823,18 +823,17 @@ async fn k8s_agent_of_deploy_k8s_offers_configurators_and_jupyter_guides() {
     }
 }
 
-/// The conformance suite's configurator checks against agent-docker with its configurator and
-/// the SSH endpoint image: `configuration-python` and `configuration-ansible` (which logs in to
-/// the endpoint with the credentials `--config-user`/`--config-password` put in the spec) pass.
-/// `configuration-napalm` needs an image NAPALM can configure (`--napalm-image`), which cannot
-/// be built here: it is skipped, and the napalm path is covered above.
-#[tokio::test]
-async fn agent_docker_passes_the_conformance_configurator_checks() {
-    let env = DockerEnv::start("e2e-configurators-conformance", &[]).await;
+/// The conformance suite's configurator and Jupyter guide checks against the agent at `url`,
+/// with the SSH endpoint image: `configuration-python` and `configuration-ansible` (which log in
+/// to the endpoint with the credentials `--config-user`/`--config-password` put in the spec) and
+/// `guide-jupyter` pass. `configuration-napalm` needs an image NAPALM can configure
+/// (`--napalm-image`), which cannot be built here: it is skipped, and the napalm path is covered
+/// by the tests above, which log in to the endpoint's port 22 as NAPALM does.
+async fn conformance_configurator_checks(url: &str, agent_log: impl Fn() -> String) {
     let output = tokio::process::Command::new(workspace_bin("antidote-conformance"))
         .args([
             "--agent",
-            &env.agent.url(),
+            url,
             "--image",
             "sshd",
             "--config-user",
@@ -847,6 +846,8 @@ async fn agent_docker_passes_the_conformance_configurator_checks() {
             "configuration-ansible",
             "--check",
             "configuration-napalm",
+            "--check",
+            "guide-jupyter",
         ])
         .output()
         .await
@@ -854,9 +855,9 @@ async fn agent_docker_passes_the_conformance_configurator_checks() {
     let report = String::from_utf8_lossy(&output.stdout).into_owned();
     let logs = || {
         format!(
-            "{report}\n{}\n--- agent-docker ---\n{}",
+            "{report}\n{}\n--- agent ---\n{}",
             String::from_utf8_lossy(&output.stderr),
-            env.agent.log_text()
+            agent_log()
         )
     };
     assert!(output.status.success(), "{}", logs());
@@ -864,9 +865,35 @@ async fn agent_docker_passes_the_conformance_configurator_checks() {
         "PASS  configuration-python",
         "PASS  configuration-ansible",
         "SKIP  configuration-napalm",
+        "PASS  guide-jupyter",
     ] {
         assert!(report.contains(line), "{line:?}:\n{}", logs());
     }
     assert!(report.contains(" 0 failed"), "{}", logs());
     assert!(!report.contains("antidotepassword"), "{report}");
+}
+
+#[tokio::test]
+async fn agent_docker_passes_the_conformance_configurator_and_jupyter_checks() {
+    let env = DockerEnv::start("e2e-configurators-conformance", &[]).await;
+    conformance_configurator_checks(&env.agent.url(), || env.agent.log_text()).await;
+}
+
+/// The same checks against agent-k8s on the test node, with its configurator and Jupyter
+/// images: every configuration type it claims and `guide.jupyter` pass there too.
+#[tokio::test]
+async fn agent_k8s_passes_the_conformance_configurator_and_jupyter_checks() {
+    let env = K8sEnv::start(
+        "k8s-configurators-conformance",
+        &[
+            "--configurator-image",
+            "antidote/configurator:latest",
+            "--jupyter-image",
+            "antidote/jupyter:latest",
+            "--config-timeout",
+            "90s",
+        ],
+    )
+    .await;
+    conformance_configurator_checks(&env.agent.url(), || env.agent.log_text()).await;
 }

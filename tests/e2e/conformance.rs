@@ -72,8 +72,8 @@ async fn whole_suite(agent: &Restartable, extra: &[&str], skipped: &[&str]) -> S
 
 /// What every agent here skips: forcing a resync is not done from outside, and these runs offer
 /// no python, ansible or napalm configurations (agent-docker runs them without its configurator
-/// image; tests/e2e/configurators.rs runs the suite's configuration checks against agent-docker
-/// with that image and an SSH endpoint image, and each type on both agents).
+/// image; tests/e2e/configurators.rs runs the suite's configuration and Jupyter guide checks
+/// against agent-docker and agent-k8s with their configurator, Jupyter and SSH endpoint images).
 const ALWAYS_SKIPPED: [&str; 4] = [
     "watch-resync",
     "configuration-python",
@@ -134,7 +134,10 @@ async fn the_test_agent_conforms() {
     )
     .await
     .expect("test-agent starts");
-    let report = whole_suite(&agent, &[], &ALWAYS_SKIPPED).await;
+    // It runs no Jupyter guides.
+    let mut skipped = ALWAYS_SKIPPED.to_vec();
+    skipped.push("guide-jupyter");
+    let report = whole_suite(&agent, &[], &skipped).await;
     for adopted in [
         "PASS  restart-adopt",
         "PASS  capacity-refusal",
@@ -285,7 +288,12 @@ async fn the_python_agent_conforms_and_runs_a_lesson_through_the_scheduler() {
     let agent = python_agent(dir.path(), &state).await;
     // It runs no configuration (no `stage.configuration`): nothing to fail there either.
     let mut skipped = ALWAYS_SKIPPED.to_vec();
-    skipped.extend(["configuration-shell", "failed-config", "watch-pages"]);
+    skipped.extend([
+        "configuration-shell",
+        "failed-config",
+        "watch-pages",
+        "guide-jupyter",
+    ]);
     let report = whole_suite(&agent, &[], &skipped).await;
     assert!(report.contains("PASS  restart-adopt"), "{report}");
 

@@ -55,6 +55,7 @@
 //! | `configuration-python` | `handshake`, `configuration.python` offered | a live lesson with a python configuration becomes READY |
 //! | `configuration-ansible` | `handshake`, `configuration.ansible` offered | a live lesson with an ansible playbook becomes READY |
 //! | `configuration-napalm` | `handshake`, `configuration.napalm` offered, `--napalm-image` given | a live lesson of the NAPALM image with a napalm configuration becomes READY |
+//! | `guide-jupyter` | `handshake`, `guide.jupyter` offered | a live lesson with a Jupyter guide endpoint ([V7]) becomes READY and its `web` presentation serves the spec's notebook as `/files/guide.ipynb` within 90 s of READY, then, after a stage change, the new generation's |
 //! | `failed-image` | `handshake` | a live lesson of `--bad-image` is accepted, then FAILED with a reason naming the slug |
 //! | `failed-config` | `handshake`, `stage.configuration` offered | a live lesson whose configuration is `--failing-config` is FAILED with a reason naming the file |
 //! | `failed-probe` | `handshake`, `--silent-port` given | a live lesson with a presentation on `--silent-port` is FAILED with a reason naming the presentation |

@@ -299,6 +299,12 @@ pub const CHECKS: &[Check] = &[
         run: |suite| Box::pin(paths::configuration_napalm(suite)),
     },
     Check {
+        name: "guide-jupyter",
+        what: "a Jupyter guide endpoint serves each generation's notebook",
+        needs: &[HANDSHAKE, Need::Capability(capabilities::GUIDE_JUPYTER)],
+        run: |suite| Box::pin(paths::guide_jupyter(suite)),
+    },
+    Check {
         name: "failed-image",
         what: "an image that does not start makes the generation FAILED, naming it",
         needs: &[HANDSHAKE],

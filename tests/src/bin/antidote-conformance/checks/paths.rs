@@ -310,6 +310,116 @@ pub async fn configuration_napalm(suite: &mut Suite) -> Verdict {
     configured(suite, configuration, Some(image)).await
 }
 
+/// How long a Jupyter guide endpoint may take, after READY, to serve the generation's notebook
+/// (PROTOCOL.md [V7]: it must have handed it over by READY and should be serving it).
+const NOTEBOOK_PATIENCE: Duration = Duration::from_secs(90);
+
+/// A notebook whose one markdown cell says `marker`.
+fn notebook(marker: &str) -> Vec<u8> {
+    serde_json::json!({
+        "cells": [{"cell_type": "markdown", "metadata": {}, "source": [marker]}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// `guide-jupyter`: a live lesson with a Jupyter guide endpoint (PROTOCOL.md [V7]) becomes
+/// READY, its `web` presentation serves the spec's notebook as `/files/guide.ipynb`, and after
+/// a stage change the new generation's notebook.
+pub async fn guide_jupyter(suite: &mut Suite) -> Verdict {
+    let id = new_id();
+    let mut spec = suite.solo(&id);
+    let guide = |stage: u32| proto::Endpoint {
+        name: "jupyter-guide".into(),
+        image: Some(proto::Image {
+            slug: "jupyter".into(),
+            flavor: proto::Flavor::Untrusted as i32,
+            ..Default::default()
+        }),
+        additional_ports: vec![],
+        presentations: vec![proto::Presentation {
+            name: "web".into(),
+            r#type: PresentationType::Http as i32,
+            port: 8888,
+        }],
+        configuration: None,
+        jupyter_guide: Some(proto::JupyterGuide {
+            notebook: notebook(&format!("antidote-conformance guide, stage {stage}")),
+        }),
+    };
+    spec.endpoints.push(guide(0));
+    let outcome = async {
+        let mut waited = Vec::new();
+        for (generation, stage) in [(1, 0), (2, 1)] {
+            let mut spec = spec.clone();
+            spec.generation = generation;
+            spec.stage = stage;
+            spec.endpoints[1] = guide(stage);
+            for endpoint in &mut spec.endpoints[..1] {
+                if let Some(configuration) = &mut endpoint.configuration {
+                    configuration.file_name = format!("stage{stage}.sh");
+                }
+            }
+            suite
+                .provision(spec)
+                .await
+                .map_err(|s| anyhow!("Provision of generation {generation}: {}", describe(&s)))?;
+            let state = suite.settled(&id, generation).await?;
+            ensure!(
+                state.phase == Phase::Ready as i32,
+                "generation {generation} (stage {stage}) with a Jupyter guide settled {}",
+                summary(&state)
+            );
+            let web = state
+                .endpoints
+                .iter()
+                .find(|e| e.name == "jupyter-guide")
+                .and_then(|e| e.presentations.iter().find(|p| p.name == "web"))
+                .context("READY without the jupyter-guide endpoint's `web` presentation")?;
+            let url = format!("http://{}/files/guide.ipynb", web.address);
+            let marker = format!("antidote-conformance guide, stage {stage}");
+            let started = std::time::Instant::now();
+            loop {
+                let last = match antidote_tests::web::Web::default().get(&url).await {
+                    Ok(answer)
+                        if answer.status == hyper::StatusCode::OK
+                            && answer.body.contains(&marker) =>
+                    {
+                        break;
+                    }
+                    Ok(answer) => format!(
+                        "{} {}",
+                        answer.status,
+                        answer.body.chars().take(200).collect::<String>()
+                    ),
+                    Err(err) => format!("{err:#}"),
+                };
+                ensure!(
+                    started.elapsed() < NOTEBOOK_PATIENCE,
+                    "GET {url} did not serve stage {stage}'s notebook within {NOTEBOOK_PATIENCE:?} \
+                     of READY; last answer: {last}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            waited.push(format!(
+                "stage {stage} {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        anyhow::Ok(waited)
+    }
+    .await;
+    suite.remove(&id).await?;
+    let waited = outcome?;
+    pass(format!(
+        "/files/guide.ipynb served each generation's notebook (after READY: {})",
+        waited.join(", ")
+    ))
+}
+
 /// Provisions `spec` (a new live lesson that is bound to fail), checks the answer is not a
 /// refusal nor FAILED at once, waits until it settles, removes it; returns the settled state.
 async fn failing(
