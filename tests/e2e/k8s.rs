@@ -1352,3 +1352,117 @@ async fn k8s_agent_token_writes_only_in_the_namespaces_it_labels() {
         .await
         .unwrap();
 }
+
+/// The directory of a pod's cgroup in the node's pids controller (cgroup v1's `pids`
+/// hierarchy, or the unified one), found by the pod's uid under `kubepods`.
+fn pod_pids_cgroup(uid: &str) -> PathBuf {
+    let name = format!("pod{uid}");
+    let roots = ["/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/kubepods"];
+    for root in roots {
+        let root = Path::new(root);
+        let candidates = [
+            root.join(&name),
+            root.join("burstable").join(&name),
+            root.join("besteffort").join(&name),
+        ];
+        if let Some(dir) = candidates
+            .into_iter()
+            .find(|d| d.join("pids.max").is_file())
+        {
+            return dir;
+        }
+    }
+    panic!("no pids cgroup for pod {uid} under {roots:?}")
+}
+
+/// Forks the kernel refused at a pids limit in `cgroup` and the cgroups below it (the
+/// containers': cgroup v1 counts a refusal where the forking task is).
+fn forks_refused(cgroup: &Path) -> u64 {
+    let here = std::fs::read_to_string(cgroup.join("pids.events"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("max "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    let below: u64 = std::fs::read_dir(cgroup)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| forks_refused(&e.path()))
+        .sum();
+    here + below
+}
+
+/// A fork bomb in one lesson stops at the node's pids limit (`podPidsLimit`, 512 on the test
+/// node) under the pod's CPU limit: the pod never holds more than 512 processes and the kernel
+/// refuses the bomb's forks, another lesson's pod on the same node still runs commands and
+/// serves its page, and deleting the lesson ends every process of the bomb.
+#[tokio::test]
+async fn k8s_a_fork_bomb_stops_at_the_pods_pids_limit_and_spares_other_lessons() {
+    let env = K8sEnv::start("k8s-forkbomb", &[]).await;
+    let (bomb, other) = tokio::join!(env.ready("sandboxed", 0), env.ready("sandboxed", 0));
+    let pod = env.namespaced::<Pod>(&bomb.id).get("web").await.unwrap();
+    let cgroup = pod_pids_cgroup(&pod.metadata.uid.clone().unwrap());
+    let read = |file: &str| {
+        std::fs::read_to_string(cgroup.join(file))
+            .unwrap_or_else(|e| panic!("{}: {e}", cgroup.join(file).display()))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read("pids.max"), "512", "the pod's pids limit");
+    assert_eq!(forks_refused(&cgroup), 0, "no fork refused yet");
+
+    // The classic bomb, detached so that the exec returns at once.
+    let started = env
+        .exec(
+            &bomb.id,
+            "web",
+            "(f() { f | f & }; f) </dev/null >/tmp/bomb.log 2>&1 & echo started",
+        )
+        .await;
+    assert!(started.output.contains("started"), "{started:?}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while forks_refused(&cgroup) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no fork was refused: pids.current {}",
+            read("pids.current")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let current: u64 = read("pids.current").parse().unwrap();
+    assert!(
+        current <= 512,
+        "{current} processes in a pod limited to 512"
+    );
+    if cgroup.join("pids.peak").is_file() {
+        let peak: u64 = read("pids.peak").parse().unwrap();
+        assert!(
+            peak <= 512,
+            "{peak} processes at once in a pod limited to 512"
+        );
+    }
+
+    // The other lesson, on the same node, is not starved.
+    let alive = env.exec(&other.id, "web", "echo alive").await;
+    assert_eq!((alive.code, alive.output.trim()), (0, "alive"), "{alive:?}");
+    let served = page(presentation(&other, "web", "page"), "/").await;
+    assert!(served.starts_with("HTTP/1."), "{served}");
+
+    // Deleting the lesson ends the bomb: the pod's cgroup goes with its last process.
+    let c = &env.scheduler.clients;
+    c.delete(&bomb.id, PATIENCE)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", env.logs()));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cgroup.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} still exists after the lesson was deleted",
+            cgroup.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    c.delete(&other.id, PATIENCE).await.unwrap();
+}
