@@ -1402,6 +1402,22 @@ fn forks_refused(cgroup: &Path) -> u64 {
 async fn k8s_a_fork_bomb_stops_at_the_pods_pids_limit_and_spares_other_lessons() {
     let env = K8sEnv::start("k8s-forkbomb", &[]).await;
     let (bomb, other) = tokio::join!(env.ready("sandboxed", 0), env.ready("sandboxed", 0));
+    // Should an assertion fail, the bomb must not outlive the test and slow every other one.
+    struct Defuse(String);
+    impl Drop for Defuse {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(crate::deploy::kubectl_binary())
+                .args([
+                    "delete",
+                    "namespace",
+                    &self.0,
+                    "--wait=false",
+                    "--ignore-not-found",
+                ])
+                .output();
+        }
+    }
+    let _defuse = Defuse(format!("antidote-{}", bomb.id));
     let pod = env.namespaced::<Pod>(&bomb.id).get("web").await.unwrap();
     let cgroup = pod_pids_cgroup(&pod.metadata.uid.clone().unwrap());
     let read = |file: &str| {
