@@ -4,7 +4,8 @@
 //! as it would from inside a cluster. The scheduler hands out the URLs with tokens it signs; a
 //! WebSocket terminal logs in to the pod's SSH server and runs commands there (the pod's own
 //! hostname answers), the HTTP presentation's page arrives through the proxy; no token, an
-//! expired one, and tokens for another live lesson or endpoint or of another key are refused.
+//! expired one, and tokens for another live lesson or endpoint or of another key are refused;
+//! keystrokes keep a lesson alive past its idle TTL, an idle open terminal does not.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,40 +13,49 @@ use std::time::Duration;
 use antidote_proto::api::v1 as api;
 use antidote_proto::sdk::entrypoint::{Claims, Signer};
 use antidote_tests::{Scheduler, presentation};
-use futures::SinkExt as _;
+use futures::{SinkExt as _, StreamExt as _};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::PATIENCE;
 use crate::entrypoint::{KEY, get, read_until, run, unix_now, websocket, with_token};
 use crate::k8s::{admin, agent_k8s, agent_kubeconfig};
 
-#[tokio::test]
-async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
-    let instance = "k8s-entry";
-    let dir = tempfile::tempdir().unwrap();
-    let client = admin().await;
-    let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
-    let (agent, _, _) = agent_k8s(
-        dir.path(),
-        &kubeconfig,
-        &[
-            "--entrypoint-listen",
-            "127.0.0.1:0",
-            "--entrypoint-activity-interval",
-            "500ms",
-        ],
-    )
-    .await;
-    let key = dir.path().join("k1.pem");
-    std::fs::write(&key, KEY).unwrap();
-    let curriculum = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/entrypoint-curriculum")
-        .canonicalize()
-        .unwrap();
-    let config = format!(
-        r#"instance_id = "{instance}"
+/// agent-k8s with its entrypoint and a scheduler signing tokens for it, on the entrypoint
+/// curriculum; `ttl` is the live lessons' idle TTL.
+struct EntryEnv {
+    dir: tempfile::TempDir,
+    agent: antidote_tests::Process,
+    scheduler: Scheduler,
+}
+
+impl EntryEnv {
+    async fn start(instance: &str, ttl: &str) -> EntryEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let client = admin().await;
+        let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
+        let (agent, _, _) = agent_k8s(
+            dir.path(),
+            &kubeconfig,
+            &[
+                "--entrypoint-listen",
+                "127.0.0.1:0",
+                "--entrypoint-activity-interval",
+                "500ms",
+            ],
+        )
+        .await;
+        let key = dir.path().join("k1.pem");
+        std::fs::write(&key, KEY).unwrap();
+        let curriculum = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/entrypoint-curriculum")
+            .canonicalize()
+            .unwrap();
+        let config = format!(
+            r#"instance_id = "{instance}"
 curriculum = "{curriculum}"
 tier = "prod"
+[ttl]
+live_lesson = "{ttl}"
 [limits]
 sessions_per_ip = 0
 [reaper]
@@ -64,20 +74,61 @@ token_ttl = "2m"
 name = "k8s"
 address = "{agent}"
 "#,
-        curriculum = curriculum.display(),
-        key = key.display(),
-        agent = agent.url(),
-    );
-    let scheduler = Scheduler::start(dir.path(), &config)
-        .await
-        .expect("scheduler starts");
-    let logs = || {
+            curriculum = curriculum.display(),
+            key = key.display(),
+            agent = agent.url(),
+        );
+        let scheduler = Scheduler::start(dir.path(), &config)
+            .await
+            .expect("scheduler starts");
+        EntryEnv {
+            dir,
+            agent,
+            scheduler,
+        }
+    }
+
+    fn logs(&self) -> String {
         format!(
             "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
-            scheduler.process.log_text(),
-            agent.log_text(),
+            self.scheduler.process.log_text(),
+            self.agent.log_text(),
         )
-    };
+    }
+
+    /// A new session's `terminal` lesson, READY.
+    async fn lesson(&self) -> api::LiveLesson {
+        let c = &self.scheduler.clients;
+        let session = c.session().await.unwrap();
+        let requested = c.request(&session, "terminal", 0).await.unwrap();
+        c.ready(&requested.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()))
+    }
+
+    /// Whether the live lesson is still there and READY.
+    async fn alive(&self, id: &str) -> bool {
+        let c = &self.scheduler.clients;
+        match c
+            .lessons
+            .clone()
+            .get_live_lesson(antidote_tests::with_token(
+                api::GetLiveLessonRequest { id: id.into() },
+                c.tokens.of_lesson(id),
+            ))
+            .await
+        {
+            Ok(lesson) => lesson.into_inner().status() == api::LiveLessonStatus::Ready,
+            Err(_) => false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
+    let env = EntryEnv::start("k8s-entry", "30m").await;
+    let (dir, agent, scheduler) = (&env.dir, &env.agent, &env.scheduler);
+    let logs = || env.logs();
     let c = &scheduler.clients;
     let session = c.session().await.unwrap();
     let requested = c.request(&session, "terminal", 0).await.unwrap();
@@ -248,4 +299,66 @@ address = "{agent}"
         .await
         .unwrap();
     c.gone(&lesson.id, PATIENCE).await.unwrap();
+}
+
+/// Keystrokes through the entrypoint keep a lesson on the real node alive past its idle TTL;
+/// a terminal left open and untouched does not, and it ends when its lesson goes.
+#[tokio::test]
+async fn k8s_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_terminal_does_not() {
+    const TTL: Duration = Duration::from_secs(20);
+    let env = EntryEnv::start("k8s-entry-ttl", "20s").await;
+    let (busy, idle) = tokio::join!(env.lesson(), env.lesson());
+    let mut typing = websocket(&presentation(&busy, "box", "cli").entrypoint_url)
+        .await
+        .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs()));
+    let mut open = websocket(&presentation(&idle, "box", "cli").entrypoint_url)
+        .await
+        .unwrap_or_else(|status| panic!("terminal refused with {status}\n{}", env.logs()));
+    let started = std::time::Instant::now();
+    let mut idle_gone = None;
+    let mut n = 1000;
+    // Type every 2 s for more than twice the TTL; the other terminal stays open, untouched.
+    while started.elapsed() < TTL * 2 + Duration::from_secs(5) {
+        n += 1;
+        run(
+            &mut typing,
+            &format!("echo tick-$(({n}+1))"),
+            &format!("tick-{}", n + 1),
+        )
+        .await;
+        if idle_gone.is_none() && !env.alive(&idle.id).await {
+            idle_gone = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let idle_gone = idle_gone.unwrap_or_else(|| {
+        panic!(
+            "the idle terminal's lesson outlived its TTL by {:?}\n{}",
+            started.elapsed(),
+            env.logs()
+        )
+    });
+    assert!(
+        env.alive(&busy.id).await,
+        "the typing learner's lesson was reaped (the idle one went after {idle_gone:?})\n{}",
+        env.logs()
+    );
+    // The idle terminal ends with its lesson's pod.
+    let ended = tokio::time::timeout(PATIENCE, async {
+        while let Some(Ok(message)) = open.next().await {
+            if matches!(message, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the idle terminal stayed open after its lesson went"
+    );
+    drop(typing);
+    let c = &env.scheduler.clients;
+    c.delete(&busy.id, PATIENCE)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", env.logs()));
 }
