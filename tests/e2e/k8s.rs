@@ -905,10 +905,10 @@ async fn k8s_requests_fit_a_small_node_and_an_unschedulable_pod_says_why() {
 }
 
 /// Isolation, enforced by the node's NetworkPolicy enforcer: from a pod of lesson A, lesson B's
-/// pods and Services are out of reach, and
-/// no name resolves through the cluster DNS; A's own endpoints stay reachable. An agent with
-/// `--allow-egress` lets its lessons out (the node's API server answers them) but still keeps
-/// other lessons' pods closed. (The metadata address, closed even with egress allowed, has no
+/// pods and Services, the API server (through the `kubernetes` Service and at its own address)
+/// and the node's kubelet are out of reach, and no name resolves through the cluster DNS; A's
+/// own endpoints stay reachable. An agent with `--allow-egress` lets its lessons out (the
+/// node's API server answers them) but still keeps other lessons' pods closed. (The metadata address, closed even with egress allowed, has no
 /// listener on this machine, so a check of it here could not fail: the policy's `except` is
 /// checked in agent-k8s's unit tests.)
 #[tokio::test]
@@ -936,13 +936,47 @@ async fn k8s_lessons_are_isolated_from_each_other_the_node_and_the_api_server() 
         .unwrap();
     let a_pods: Api<Pod> = env.namespaced(&a.id);
     assert!(reaches(&a_pods, "web", "router:22").await, "A's own router");
-    // The node itself (its kubelet, the API server behind the `kubernetes` Service) is not in
-    // this list: kube-router, the test node's enforcer, filters pod egress on the forward path
-    // only, and traffic to the node's own addresses takes the input path, so lessons reach the
-    // node here. Production clusters whose enforcer covers it (Calico, Cilium) refuse it.
+    // The node: its address and kubelet port, and the API server's own address.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let node = nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let status = node.status.unwrap();
+    let node_ip = status
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .expect("the node has an InternalIP")
+        .address;
+    let kubelet_port = status
+        .daemon_endpoints
+        .unwrap()
+        .kubelet_endpoint
+        .unwrap()
+        .port;
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(env.client.clone(), "default");
+    let slice = slices
+        .list(&kube::api::ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let api_server = format!(
+        "{}:{}",
+        slice.endpoints.unwrap()[0].addresses[0],
+        slice.ports.unwrap()[0].port.unwrap()
+    );
     for (what, target) in [
         ("B's web pod", b_web.clone()),
         ("B's web Service", format!("{b_service}:8080")),
+        ("the API server's Service", format!("{kubernetes_ip}:443")),
+        ("the API server", api_server),
+        ("the node's kubelet", format!("{node_ip}:{kubelet_port}")),
     ] {
         assert!(
             !reaches(&a_pods, "web", &target).await,

@@ -640,7 +640,7 @@ start() {
   launch kube-router "$NODE_CACHE/kube-router-$KUBE_ROUTER_VERSION/kube-router" \
     --kubeconfig "$STATE/admin.kubeconfig" --hostname-override "$NODE_NAME" \
     --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
-    --metrics-port=0 --health-port="$(free_port)"
+    --service-cluster-ip-range="$SERVICE_CIDR" --metrics-port=0 --health-port="$(free_port)"
   wait_until 60 "the node becoming Ready" node_ready
   k apply --server-side -f "$NODE_CACHE/multus-$MULTUS_VERSION/nad-crd.yaml" >/dev/null
   coredns_manifest | k apply --server-side -f - >/dev/null
