@@ -18,6 +18,7 @@ mod faults;
 mod fleet;
 mod hardening;
 mod k8s;
+mod k8s_deploy;
 mod k8s_entrypoint;
 mod lifecycle;
 mod mesh;
