@@ -788,3 +788,266 @@ async fn k8s_deploy_postgres_ha_keeps_every_lesson_when_a_replica_goes() {
     drop(deployment);
     drop(postgres);
 }
+
+/// deploy/Dockerfile's instructions, comments dropped and continued lines joined, by stage.
+fn dockerfile_stages() -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
+    let mut stages: Vec<Vec<String>> = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                current += head;
+                current.push(' ');
+            }
+            None => {
+                current += line;
+                let instruction = std::mem::take(&mut current);
+                if instruction.starts_with("FROM ") {
+                    stages.push(Vec::new());
+                }
+                stages
+                    .last_mut()
+                    .expect("the Dockerfile starts with FROM")
+                    .push(instruction);
+            }
+        }
+    }
+    stages
+}
+
+/// The value after `flag` among `words`.
+fn flag<'a>(words: &[&'a str], flag: &str) -> &'a str {
+    let at = words.iter().position(|w| *w == flag);
+    words[at.unwrap_or_else(|| panic!("{flag} in {words:?}")) + 1]
+}
+
+/// The image tests/k8s/antidote-image.sh builds has deploy/Dockerfile's runtime stage, checked
+/// in the exported filesystem and the image's configuration: the binaries the build stage
+/// builds where the stage copies them, the curriculum, the user and group with their ids, home
+/// and shell, the directories and their owners, the CA bundle, USER, WORKDIR, EXPOSE and CMD.
+#[test]
+fn deploy_image_has_the_dockerfile_runtime_stage() {
+    image();
+    let stages = dockerfile_stages();
+    let (runtime, build) = stages.split_last().expect("stages");
+    let binaries: Vec<&str> = build
+        .iter()
+        .flatten()
+        .flat_map(|i| {
+            let words: Vec<&str> = i.split_whitespace().collect();
+            words
+                .windows(2)
+                .filter(|w| w[0] == "--bin")
+                .map(|w| w[1])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(binaries.len(), 4, "{build:?}");
+
+    let inspect = Command::new("docker")
+        .args(["image", "inspect", IMAGE])
+        .output()
+        .expect("docker runs");
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let inspect: Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let config = &inspect[0]["Config"];
+
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("image.tar");
+    let docker = |args: &[&str]| {
+        let output = Command::new("docker")
+            .args(args)
+            .output()
+            .expect("docker runs");
+        assert!(
+            output.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap().trim().to_owned()
+    };
+    let container = docker(&["create", IMAGE]);
+    let exported = Command::new("docker")
+        .args(["export", "-o", &export.display().to_string(), &container])
+        .status();
+    docker(&["rm", &container]);
+    assert!(exported.expect("docker runs").success(), "docker export");
+    let listing = Command::new("tar")
+        .args(["--numeric-owner", "-tvf"])
+        .arg(&export)
+        .output()
+        .expect("tar runs");
+    assert!(listing.status.success());
+    // path (without a trailing /) -> (mode string, "uid/gid")
+    let files: BTreeMap<String, (String, String)> = String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let name = words.get(5..)?.join(" ");
+            let name = name.split(" -> ").next()?.trim_end_matches('/').to_owned();
+            Some((
+                format!("/{name}"),
+                (words[0].to_owned(), words[1].to_owned()),
+            ))
+        })
+        .collect();
+    let read = |path: &str| {
+        let output = Command::new("tar")
+            .args(["-xOf"])
+            .arg(&export)
+            .arg(path.trim_start_matches('/'))
+            .output()
+            .expect("tar runs");
+        assert!(output.status.success(), "{path} in the image");
+        String::from_utf8(output.stdout).unwrap()
+    };
+
+    let mut checked = BTreeSet::new();
+    for instruction in runtime {
+        let (keyword, rest) = instruction.split_once(' ').unwrap_or((instruction, ""));
+        checked.insert(keyword.to_owned());
+        match keyword {
+            "FROM" => assert!(rest.starts_with("debian:bookworm"), "{rest}"),
+            "USER" => assert_eq!(config["User"], rest, "USER"),
+            "WORKDIR" => assert_eq!(config["WorkingDir"], rest, "WORKDIR"),
+            "CMD" => {
+                let cmd: Value = serde_json::from_str(rest).unwrap();
+                assert_eq!(config["Cmd"], cmd, "CMD");
+            }
+            "EXPOSE" => {
+                let want: BTreeSet<String> = rest
+                    .split_whitespace()
+                    .map(|p| format!("{p}/tcp"))
+                    .collect();
+                let have: BTreeSet<String> = config["ExposedPorts"]
+                    .as_object()
+                    .map(|ports| ports.keys().cloned().collect())
+                    .unwrap_or_default();
+                assert_eq!(have, want, "EXPOSE");
+            }
+            "RUN" => {
+                for command in rest.split("&&") {
+                    let words: Vec<&str> = command.split_whitespace().collect();
+                    match words.first().copied() {
+                        Some("groupadd") => {
+                            let (gid, name) = (flag(&words, "--gid"), words[words.len() - 1]);
+                            assert!(
+                                read("/etc/group")
+                                    .lines()
+                                    .any(|l| l.starts_with(&format!("{name}:x:{gid}:"))),
+                                "group {name} {gid}: {}",
+                                read("/etc/group")
+                            );
+                        }
+                        Some("useradd") => {
+                            let want = format!(
+                                "{}:x:{}:{}::{}:{}",
+                                words[words.len() - 1],
+                                flag(&words, "--uid"),
+                                flag(&words, "--gid"),
+                                flag(&words, "--home-dir"),
+                                flag(&words, "--shell"),
+                            );
+                            assert!(
+                                read("/etc/passwd").lines().any(|l| l == want),
+                                "{want} in {}",
+                                read("/etc/passwd")
+                            );
+                        }
+                        Some("mkdir") => {
+                            for path in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
+                                let (mode, _) = files
+                                    .get(*path)
+                                    .unwrap_or_else(|| panic!("{path} in the image"));
+                                assert!(mode.starts_with('d'), "{path} is a directory: {mode}");
+                            }
+                        }
+                        Some("chown") => {
+                            let (owner, path) = (words[1].replace(':', "/"), words[2]);
+                            assert_eq!(
+                                files.get(path).map(|f| f.1.as_str()),
+                                Some(owner.as_str()),
+                                "chown {path}"
+                            );
+                        }
+                        Some("apt-get") if words.contains(&"install") => {
+                            assert!(words.contains(&"ca-certificates"), "{command}");
+                            assert!(
+                                read("/etc/ssl/certs/ca-certificates.crt")
+                                    .contains("BEGIN CERTIFICATE"),
+                                "the CA bundle"
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            "COPY" => {
+                let words: Vec<&str> = rest.split_whitespace().collect();
+                let dest = words[words.len() - 1].trim_end_matches('/');
+                if words[0] == "--from=build" {
+                    for bin in &binaries {
+                        let path = format!("{dest}/{bin}");
+                        let (mode, _) = files
+                            .get(&path)
+                            .unwrap_or_else(|| panic!("{path} in the image"));
+                        assert!(mode.starts_with("-rwx"), "{path}: {mode}");
+                    }
+                } else {
+                    assert_eq!(words[0], "deploy/curriculum", "{instruction}");
+                    let source = repo().join("deploy/curriculum");
+                    let mut want = BTreeSet::new();
+                    let mut stack = vec![source.clone()];
+                    while let Some(dir) = stack.pop() {
+                        for entry in std::fs::read_dir(&dir).unwrap() {
+                            let path = entry.unwrap().path();
+                            if path
+                                .file_name()
+                                .is_some_and(|n| n == "__pycache__" || n == ".venv")
+                            {
+                                continue;
+                            }
+                            if path.is_dir() {
+                                stack.push(path);
+                            } else {
+                                want.insert(format!(
+                                    "{dest}/{}",
+                                    path.strip_prefix(&source).unwrap().display()
+                                ));
+                            }
+                        }
+                    }
+                    let have: BTreeSet<String> = files
+                        .iter()
+                        .filter(|(path, (mode, _))| {
+                            path.starts_with(&format!("{dest}/")) && mode.starts_with('-')
+                        })
+                        .map(|(path, _)| path.clone())
+                        .collect();
+                    assert_eq!(have, want, "the curriculum at {dest}");
+                    let meta = "curriculum.meta.yaml";
+                    assert_eq!(
+                        read(&format!("{dest}/{meta}")),
+                        std::fs::read_to_string(source.join(meta)).unwrap()
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for keyword in ["USER", "WORKDIR", "CMD", "EXPOSE", "RUN", "COPY"] {
+        assert!(
+            checked.contains(keyword),
+            "the runtime stage has no {keyword}: {runtime:?}"
+        );
+    }
+}
