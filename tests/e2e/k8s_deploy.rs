@@ -1051,3 +1051,56 @@ fn deploy_image_has_the_dockerfile_runtime_stage() {
         );
     }
 }
+
+/// The `ANTIDOTE_*` names in `text` (set or mentioned), without prose prefixes such as
+/// `ANTIDOTE_AGENT_TLS_*`.
+fn variables(text: &str) -> BTreeSet<String> {
+    text.match_indices("ANTIDOTE_")
+        .map(|(at, _)| {
+            text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect::<String>()
+        })
+        .filter(|name| !name.ends_with('_'))
+        .collect()
+}
+
+/// Every agent-k8s variable the manifests set or mention (agent-k8s.yaml and the mesh
+/// components' agent patch) is one the agent reads: a removed or renamed flag would otherwise
+/// be ignored in silence.
+#[test]
+fn agent_k8s_manifests_name_only_variables_the_agent_reads() {
+    let mut known = BTreeSet::new();
+    let mut sources = vec![repo().join("agent-k8s/src/settings.rs")];
+    let mut dirs = vec![repo().join("proto/src/sdk")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    for source in &sources {
+        let text = std::fs::read_to_string(source).unwrap();
+        for (at, _) in text.match_indices("env = \"") {
+            let rest = &text[at + 7..];
+            known.insert(rest[..rest.find('"').unwrap()].to_owned());
+        }
+    }
+    assert!(known.contains("ANTIDOTE_K8S_LISTEN"), "{known:?}");
+    for manifest in ["agent-k8s.yaml", "mesh/common/agent-k8s-plaintext.yaml"] {
+        let text = std::fs::read_to_string(k8s_dir().join(manifest)).unwrap();
+        let unknown: Vec<String> = variables(&text)
+            .into_iter()
+            .filter(|name| !known.contains(name))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "deploy/k8s/{manifest} names {unknown:?}, which agent-k8s does not read"
+        );
+    }
+}
