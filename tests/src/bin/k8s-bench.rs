@@ -1,270 +1,641 @@
-//! `k8s-bench`: agent-k8s's speed against plain kube-rs calls, measured in the same run.
+//! `k8s-bench`: agent-k8s on the real test node against plain kube-rs calls, measured in the
+//! same run.
 //!
-//! Each round, interleaved (the baseline first in odd rounds, the scheduler first in even ones):
-//! the baseline creates N three-pod "lessons" with plain kube-rs calls
-//! and C concurrent clients (a namespace, a NetworkPolicy, three pods and three Services; a watch
-//! until each pod runs; an SSH banner read from each pod's address), then deletes the
-//! namespaces and waits until they are gone; N `three-pods` live lessons go through the
-//! scheduler and agent-k8s at the same concurrency (session → request → watch until READY) and
-//! are deleted (until gone). It prints both wall times and their ratios.
+//! **Three pods.** Each round, interleaved (the baseline first in odd rounds, agent-k8s first in
+//! even ones): the baseline makes N three-pod "lessons" with plain kube-rs calls at C concurrent
+//! clients, with the objects agent-k8s makes for `three-pods` (a namespace, the same
+//! deny-by-default NetworkPolicy, three Services, then three pods with agent-k8s's image,
+//! `imagePullPolicy`, requests and limits, security context, `/etc/hosts` entries and
+//! affinity), watches each pod until it runs with an address and reads its SSH banner there
+//! (agent-k8s's probe); agent-k8s's side is N `three-pods` live lessons through the scheduler
+//! (session → request → watch until READY). Both sides then delete their namespaces and wait
+//! until they are gone (through the scheduler: until the live lesson is gone, which agent-k8s
+//! answers once the namespace is). Per side it prints each lesson's time to READY and to gone
+//! (median, p10–p90) and each round's wall time (median, min–max), and the ratios of the
+//! medians (agent-k8s / baseline).
 //!
-//! Needs the test control plane (`export "$(tests/k8s/controlplane.sh start | tail -n1)"`); it
-//! starts its own fake kubelet, agent-k8s and scheduler. Build with
-//! `cargo build --release --workspace --bins`.
+//! **routing-basics.** Then `--routing-rounds` rounds of the example curriculum's
+//! routing-basics (three pods or containers, links, a shell configuration per endpoint) on the
+//! node through agent-k8s against the same lesson on agent-docker on this machine's Docker
+//! engine, one scheduler each, interleaved the same way: request→READY and delete→gone.
+//!
+//! Needs the test node (`tests/k8s/cluster.sh start`, KUBECONFIG exported, images imported),
+//! and for routing-basics DOCKER_HOST (`tests/docker/dockerd.sh`) with the lesson images. It
+//! starts its own agents and schedulers, runs agent-k8s with the same admin credentials as the
+//! baseline, and removes only what it made (its namespaces carry `antidote.io/instance`
+//! `k8s-bench`). Build with `cargo build --release --workspace --bins`.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use antidote_proto::sdk::probe::{Expect, until_ready};
-use antidote_tests::{Process, Ratios, Scheduler, fan_out, workspace_bin};
+use antidote_tests::{Clients, Process, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::conditions::{is_deleted, is_pod_running};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::conditions::is_deleted;
 use kube::runtime::wait::await_condition;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const INSTANCE: &str = "k8s-bench";
 const ENDPOINTS: [&str; 3] = ["alpha", "bravo", "charlie"];
-const PATIENCE: Duration = Duration::from_secs(180);
+const PATIENCE: Duration = Duration::from_secs(300);
+/// The capabilities agent-k8s gives a lesson container after dropping all
+/// (agent-k8s/src/cluster.rs, `CAPABILITIES`).
+const CAPABILITIES: [&str; 12] = [
+    "NET_ADMIN",
+    "NET_RAW",
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+];
 
 #[derive(Parser)]
-#[command(name = "k8s-bench", about = "agent-k8s against plain kube-rs calls")]
+#[command(
+    name = "k8s-bench",
+    about = "agent-k8s on the real node against plain kube-rs calls"
+)]
 struct Args {
-    /// Lessons per round.
-    #[arg(long, default_value_t = 100)]
+    /// Three-pod lessons per side per round. Each pod requests 50 millicpu and 64 MiB, and a
+    /// round's lessons are all up at once: the default 4 (12 pods, 600 millicpu) leaves most
+    /// of the 2-CPU test node to the tests sharing it.
+    #[arg(long, default_value_t = 4)]
     lessons: usize,
-    /// Concurrent clients.
-    #[arg(long, default_value_t = 10)]
+    /// Concurrent clients per side.
+    #[arg(long, default_value_t = 4)]
     concurrency: usize,
-    /// Rounds (baseline and scheduler alternate within each).
-    #[arg(long, default_value_t = 2)]
+    /// Rounds of three-pod lessons (the side going first alternates).
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Keep the directory with the fake kubelet's, agent's and scheduler's logs (its path is
-    /// printed) instead of removing it at the end: for `RUST_LOG=agent_k8s=debug` timings.
+    /// Rounds of routing-basics on agent-k8s against agent-docker (0: skip, no Docker needed).
+    #[arg(long, default_value_t = 5)]
+    routing_rounds: usize,
+    /// Keep the directory with the agents' and schedulers' logs (its path is printed) instead
+    /// of removing it at the end: with `RUST_LOG=agent_k8s=debug`, agent-k8s's per-step timings.
     #[arg(long)]
     keep_logs: bool,
+}
+
+/// One side's timings of one round: wall times of the whole round's way up and down, and
+/// every lesson's own.
+struct RoundTimes {
+    up: Duration,
+    down: Duration,
+    up_each: Vec<Duration>,
+    down_each: Vec<Duration>,
+}
+
+/// One side's timings over all rounds.
+#[derive(Default)]
+struct Side {
+    up: Vec<Duration>,
+    down: Vec<Duration>,
+    up_each: Vec<Duration>,
+    down_each: Vec<Duration>,
+}
+
+impl Side {
+    fn add(&mut self, round: RoundTimes) {
+        self.up.push(round.up);
+        self.down.push(round.down);
+        self.up_each.extend(round.up_each);
+        self.down_each.extend(round.down_each);
+    }
+}
+
+/// The median, p10, p90, min and max of some durations, in seconds.
+struct Stats {
+    median: f64,
+    p10: f64,
+    p90: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stats(values: &[Duration]) -> Stats {
+    let mut sorted: Vec<f64> = values.iter().map(Duration::as_secs_f64).collect();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        return Stats {
+            median: f64::NAN,
+            p10: f64::NAN,
+            p90: f64::NAN,
+            min: f64::NAN,
+            max: f64::NAN,
+        };
+    }
+    let at = |q: f64| sorted[((n as f64 * q).ceil() as usize).clamp(1, n) - 1];
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    Stats {
+        median,
+        p10: at(0.10),
+        p90: at(0.90),
+        min: sorted[0],
+        max: sorted[n - 1],
+    }
+}
+
+/// Prints one measure of both sides: per lesson (median, p10–p90) and per round (median,
+/// min–max), with the ratios of the medians (other / baseline).
+fn report(
+    what: &str,
+    names: (&str, &str),
+    baseline: (&[Duration], &[Duration]),
+    other: (&[Duration], &[Duration]),
+) {
+    let (b_each, o_each) = (stats(baseline.0), stats(other.0));
+    let (b_wall, o_wall) = (stats(baseline.1), stats(other.1));
+    println!(
+        "{what}, per lesson: {} median {:.2} s (p10 {:.2}, p90 {:.2}), {} median {:.2} s (p10 {:.2}, p90 {:.2}); ratio of medians {:.2}",
+        names.0,
+        b_each.median,
+        b_each.p10,
+        b_each.p90,
+        names.1,
+        o_each.median,
+        o_each.p10,
+        o_each.p90,
+        o_each.median / b_each.median
+    );
+    println!(
+        "{what}, per round (wall): {} median {:.2} s (min {:.2}, max {:.2}), {} median {:.2} s (min {:.2}, max {:.2}); ratio of medians {:.2}",
+        names.0,
+        b_wall.median,
+        b_wall.min,
+        b_wall.max,
+        names.1,
+        o_wall.median,
+        o_wall.min,
+        o_wall.max,
+        o_wall.median / b_wall.median
+    );
+}
+
+/// [`fan_out`] that also returns every job's own time and result.
+async fn timed<T, F, Fut>(
+    count: usize,
+    concurrency: usize,
+    job: F,
+) -> anyhow::Result<(Duration, Vec<(Duration, T)>)>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let wall = fan_out(count, concurrency, |i| {
+        let (done, fut) = (done.clone(), job(i));
+        async move {
+            let start = Instant::now();
+            let value = fut.await?;
+            done.lock()
+                .expect("not poisoned")
+                .push((start.elapsed(), value));
+            Ok(())
+        }
+    })
+    .await?;
+    let done = std::mem::take(&mut *done.lock().expect("not poisoned"));
+    Ok((wall, done))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = kube::Client::try_default().await.context(
-        "no Kubernetes API: run `tests/k8s/controlplane.sh start` and export the KUBECONFIG it prints",
+        "no Kubernetes API: run `tests/k8s/cluster.sh start` and export the KUBECONFIG it prints",
     )?;
     let dir = tempfile::tempdir()?;
-    let _kubelet = Process::spawn(
-        &workspace_bin("fake-kubelet"),
-        &[
-            "--instance".into(),
-            INSTANCE.into(),
-            "--node".into(),
-            "node-k8s-bench".into(),
-            "--ip-prefix".into(),
-            "127.91".into(),
-        ],
-        dir.path().join("fake-kubelet.log"),
-    )
-    .await?;
-    let agent = Process::spawn(
+    let result = run(&args, &client, dir.path()).await;
+    // Whatever happened, nothing of this run stays on the shared node.
+    if let Err(err) = remove_leftovers(&client).await {
+        eprintln!("k8s-bench: removing what it made: {err:#}");
+    }
+    if args.keep_logs {
+        println!("logs kept in {}", dir.keep().display());
+    }
+    result
+}
+
+/// agent-k8s on the test node's imported images, as the e2e tests run it.
+async fn agent_k8s(dir: &std::path::Path, name: &str) -> anyhow::Result<Process> {
+    Process::spawn(
         &workspace_bin("agent-k8s"),
-        &["--listen".into(), "127.0.0.1:0".into()],
-        dir.path().join("agent-k8s.log"),
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--image-pull-policy".into(),
+            "Never".into(),
+        ],
+        dir.join(format!("{name}.log")),
     )
-    .await?;
-    let curriculum =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/k8s-curriculum");
+    .await
+}
+
+/// A scheduler of one instance on one agent.
+async fn scheduler(
+    dir: &std::path::Path,
+    instance: &str,
+    curriculum: &std::path::Path,
+    agent: &Process,
+) -> anyhow::Result<Scheduler> {
+    let dir = dir.join(instance);
+    std::fs::create_dir_all(&dir)?;
     let config = format!(
-        "instance_id = \"{INSTANCE}\"\ncurriculum = \"{}\"\ntier = \"prod\"\n\
+        "instance_id = \"{instance}\"\ncurriculum = \"{}\"\ntier = \"prod\"\n\
          [limits]\nsessions_per_ip = 0\n[reconciler]\npoll_interval = \"500ms\"\n\
-         provision_timeout = \"4m\"\n[[agents]]\nname = \"k8s\"\naddress = \"{}\"\n",
+         backoff_initial = \"100ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"4m\"\n\
+         [[agents]]\nname = \"agent\"\naddress = \"{}\"\n",
         curriculum.display(),
         agent.url()
     );
-    let scheduler = Scheduler::start(dir.path(), &config).await?;
-    let clients = scheduler.clients.clone();
-    // Warm up: one lesson through each path, so the first round pays no first-use costs.
-    let id = clients
-        .request(&clients.session().await?, "three-pods", 0)
-        .await?
-        .id;
-    clients.ready(&id).await?;
-    clients.delete(&id, PATIENCE).await?;
-    baseline_lesson(&client, "bench-warm-up".into()).await?;
-    baseline_remove(&client, "bench-warm-up".into()).await?;
+    Scheduler::start(&dir, &config).await
+}
+
+async fn run(args: &Args, client: &kube::Client, dir: &std::path::Path) -> anyhow::Result<()> {
+    let agent = agent_k8s(dir, "agent-k8s").await?;
+    let curriculum =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/k8s-curriculum");
+    let scheduler = scheduler(dir, INSTANCE, &curriculum, &agent).await?;
+    let c = &scheduler.clients;
+    // Warm up: one lesson each way, so the first round pays no first-use costs.
+    agent_round(c, "three-pods", 1, 1).await?;
+    baseline_round(client, 0, 1, 1).await?;
 
     println!(
-        "k8s-bench: {} lessons of 3 pods, 3 services and a policy per round, concurrency {}, {} rounds",
+        "k8s-bench: {} lessons of 3 pods, 3 Services, a NetworkPolicy and a namespace per side per round, concurrency {}, {} rounds",
         args.lessons, args.concurrency, args.rounds
     );
-    let mut ratios = Ratios::default();
+    let (mut raw, mut ours) = (Side::default(), Side::default());
     for round in 1..=args.rounds {
-        // The first path alternates: whatever the control plane still does after a round's
-        // teardown (garbage collection, etcd compaction) falls on each path in turn.
-        let (baseline, scheduler) = if round % 2 == 1 {
-            let baseline = baseline(&client, &args, round).await?;
-            let scheduler = clients
-                .lifecycles("three-pods", args.lessons, args.concurrency, PATIENCE)
-                .await?;
-            (baseline, scheduler)
+        // The first side alternates: whatever the cluster still does after a round's teardown
+        // (garbage collection, etcd compaction, the kubelet's cleanup) falls on each in turn.
+        let (baseline, agent) = if round % 2 == 1 {
+            let baseline = baseline_round(client, round, args.lessons, args.concurrency).await?;
+            let agent = agent_round(c, "three-pods", args.lessons, args.concurrency).await?;
+            (baseline, agent)
         } else {
-            let scheduler = clients
-                .lifecycles("three-pods", args.lessons, args.concurrency, PATIENCE)
-                .await?;
-            (baseline(&client, &args, round).await?, scheduler)
+            let agent = agent_round(c, "three-pods", args.lessons, args.concurrency).await?;
+            let baseline = baseline_round(client, round, args.lessons, args.concurrency).await?;
+            (baseline, agent)
         };
-        ratios.round(round, baseline, scheduler);
+        println!(
+            "round {round} ({} first): to READY baseline {:.2} s, agent-k8s {:.2} s | teardown baseline {:.2} s, agent-k8s {:.2} s",
+            if round % 2 == 1 {
+                "baseline"
+            } else {
+                "agent-k8s"
+            },
+            baseline.up.as_secs_f64(),
+            agent.up.as_secs_f64(),
+            baseline.down.as_secs_f64(),
+            agent.down.as_secs_f64()
+        );
+        raw.add(baseline);
+        ours.add(agent);
+        let left = namespaces_left(client).await?;
+        anyhow::ensure!(
+            left.is_empty(),
+            "namespaces left after round {round}: {left:?}"
+        );
     }
-    ratios.print_medians();
-    if args.keep_logs {
-        println!("logs kept in {}", dir.keep().display());
+    let names = ("baseline", "agent-k8s");
+    report(
+        "to READY",
+        names,
+        (&raw.up_each, &raw.up),
+        (&ours.up_each, &ours.up),
+    );
+    report(
+        "teardown",
+        names,
+        (&raw.down_each, &raw.down),
+        (&ours.down_each, &ours.down),
+    );
+    drop(scheduler);
+    drop(agent);
+    if args.routing_rounds > 0 {
+        routing(args, dir).await?;
     }
     Ok(())
 }
 
-async fn baseline(
-    client: &kube::Client,
-    args: &Args,
-    round: usize,
-) -> anyhow::Result<(Duration, Duration)> {
-    let name = |i: usize| format!("bench-r{round}-{i}");
-    let up = fan_out(args.lessons, args.concurrency, |i| {
-        baseline_lesson(client, name(i))
-    })
-    .await?;
-    let down = fan_out(args.lessons, args.concurrency, |i| {
-        baseline_remove(client, name(i))
-    })
-    .await?;
-    Ok((up, down))
+/// routing-basics through agent-k8s on the node against agent-docker on this machine.
+async fn routing(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
+    let docker = Process::spawn(
+        &workspace_bin("agent-docker"),
+        &["--listen".into(), "127.0.0.1:0".into()],
+        dir.join("agent-docker.log"),
+    )
+    .await
+    .context("agent-docker (set DOCKER_HOST, or --routing-rounds 0)")?;
+    let k8s = agent_k8s(dir, "agent-k8s-routing").await?;
+    let on_k8s = scheduler(dir, "k8s-bench-routing", &example_curriculum(), &k8s).await?;
+    let on_docker = scheduler(dir, "k8s-bench-docker", &example_curriculum(), &docker).await?;
+    let (k, d) = (&on_k8s.clients, &on_docker.clients);
+    agent_round(k, "routing-basics", 1, 1).await?;
+    agent_round(d, "routing-basics", 1, 1).await?;
+    println!(
+        "routing-basics: one lesson per side per round, {} rounds",
+        args.routing_rounds
+    );
+    let (mut docker_side, mut k8s_side) = (Side::default(), Side::default());
+    for round in 1..=args.routing_rounds {
+        let (on_docker, on_k8s) = if round % 2 == 1 {
+            let docker = agent_round(d, "routing-basics", 1, 1).await?;
+            (docker, agent_round(k, "routing-basics", 1, 1).await?)
+        } else {
+            let k8s = agent_round(k, "routing-basics", 1, 1).await?;
+            (agent_round(d, "routing-basics", 1, 1).await?, k8s)
+        };
+        println!(
+            "routing round {round} ({} first): to READY agent-docker {:.2} s, agent-k8s {:.2} s | teardown agent-docker {:.2} s, agent-k8s {:.2} s",
+            if round % 2 == 1 {
+                "agent-docker"
+            } else {
+                "agent-k8s"
+            },
+            on_docker.up.as_secs_f64(),
+            on_k8s.up.as_secs_f64(),
+            on_docker.down.as_secs_f64(),
+            on_k8s.down.as_secs_f64()
+        );
+        docker_side.add(on_docker);
+        k8s_side.add(on_k8s);
+    }
+    let names = ("agent-docker", "agent-k8s");
+    report(
+        "routing-basics to READY",
+        names,
+        (&docker_side.up_each, &docker_side.up),
+        (&k8s_side.up_each, &k8s_side.up),
+    );
+    report(
+        "routing-basics teardown",
+        names,
+        (&docker_side.down_each, &docker_side.down),
+        (&k8s_side.down_each, &k8s_side.down),
+    );
+    Ok(())
 }
 
-/// One lesson's worth of Kubernetes work with plain kube-rs calls: the namespace, a
-/// deny-by-default policy, three pods (kept on the first one's node) and their Services; each
-/// pod watched until it runs and its SSH banner read from its address.
-fn baseline_lesson(
-    client: &kube::Client,
-    namespace: String,
-) -> impl Future<Output = anyhow::Result<()>> + Send + 'static {
-    let client = client.clone();
-    async move {
-        let labels = json!({ "antidote.io/instance": INSTANCE, "antidote.io/bench": "baseline" });
-        let create = PostParams::default();
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        namespaces
-            .create(
-                &create,
-                &serde_json::from_value(json!({
-                    "metadata": { "name": namespace, "labels": labels },
-                }))?,
-            )
-            .await?;
-        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &namespace);
-        policies
-            .create(
-                &create,
-                &serde_json::from_value(json!({
-                    "metadata": { "name": "isolation", "labels": labels },
-                    "spec": {
-                        "podSelector": {},
-                        "policyTypes": ["Ingress", "Egress"],
-                        "ingress": [{ "from": [{ "podSelector": {} }] }],
-                        "egress": [
-                            { "to": [{ "podSelector": {} }] },
-                            { "to": [{ "namespaceSelector": {} }],
-                              "ports": [{ "protocol": "UDP", "port": 53 }] },
-                        ],
-                    },
-                }))?,
-            )
-            .await?;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-        let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-        for (index, endpoint) in ENDPOINTS.into_iter().enumerate() {
-            let mut pod = json!({
-                "metadata": {
-                    "name": endpoint,
-                    "labels": {
-                        "antidote.io/instance": INSTANCE,
-                        "antidote.io/endpoint": endpoint,
-                    },
-                },
-                "spec": {
-                    "automountServiceAccountToken": false,
-                    "enableServiceLinks": false,
-                    "containers": [{
-                        "name": endpoint,
-                        "image": "antidote/busybox:latest",
-                        "ports": [{ "name": "ssh-22", "containerPort": 22 }],
-                    }],
-                },
-            });
-            if index > 0 {
-                pod["spec"]["affinity"] = json!({ "podAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": [{
-                        "labelSelector": { "matchLabels": { "antidote.io/endpoint": ENDPOINTS[0] } },
-                        "topologyKey": "kubernetes.io/hostname",
-                    }],
-                } });
-            }
-            pods.create(&create, &serde_json::from_value(pod)?).await?;
-            services
-                .create(
-                    &create,
-                    &serde_json::from_value(json!({
-                        "metadata": { "name": endpoint, "labels": labels },
-                        "spec": {
-                            "selector": { "antidote.io/endpoint": endpoint },
-                            "ports": [{ "name": "ssh-22", "port": 22 }],
-                        },
-                    }))?,
-                )
-                .await?;
+/// `count` live lessons of `lesson` through the scheduler at `concurrency` (a fresh session
+/// each, request → READY), then each deleted until gone.
+async fn agent_round(
+    c: &Clients,
+    lesson: &'static str,
+    count: usize,
+    concurrency: usize,
+) -> anyhow::Result<RoundTimes> {
+    let mut sessions = Vec::new();
+    for _ in 0..count {
+        sessions.push(c.session().await?);
+    }
+    let (up, ready) = timed(count, concurrency, |i| {
+        let (c, session) = (c.clone(), sessions[i].clone());
+        async move {
+            let id = c.request(&session, lesson, 0).await?.id;
+            c.ready(&id).await?;
+            Ok(id)
         }
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        for endpoint in ENDPOINTS {
-            let pod = tokio::time::timeout(
-                PATIENCE,
-                await_condition(pods.clone(), endpoint, is_pod_running()),
+    })
+    .await?;
+    let ids: Vec<String> = ready.iter().map(|(_, id)| id.clone()).collect();
+    let (down, gone) = timed(ids.len(), concurrency, |i| {
+        let (c, id) = (c.clone(), ids[i].clone());
+        async move { c.delete(&id, PATIENCE).await }
+    })
+    .await?;
+    Ok(RoundTimes {
+        up,
+        down,
+        up_each: ready.into_iter().map(|(took, _)| took).collect(),
+        down_each: gone.into_iter().map(|(took, ())| took).collect(),
+    })
+}
+
+/// `count` baseline lessons at `concurrency`, then each namespace deleted until gone.
+async fn baseline_round(
+    client: &kube::Client,
+    round: usize,
+    count: usize,
+    concurrency: usize,
+) -> anyhow::Result<RoundTimes> {
+    let name = |i: usize| format!("k8s-bench-r{round}-{i}");
+    let (up, ready) = timed(count, concurrency, |i| {
+        baseline_lesson(client.clone(), name(i))
+    })
+    .await?;
+    let (down, gone) = timed(count, concurrency, |i| {
+        baseline_remove(client.clone(), name(i))
+    })
+    .await?;
+    Ok(RoundTimes {
+        up,
+        down,
+        up_each: ready.into_iter().map(|(took, ())| took).collect(),
+        down_each: gone.into_iter().map(|(took, ())| took).collect(),
+    })
+}
+
+/// Endpoint `index`'s pod as agent-k8s makes it for `three-pods` with `--image-pull-policy
+/// Never` and its default limits and requests.
+fn pod(namespace: &str, index: usize, hosts: &Value) -> Value {
+    let endpoint = ENDPOINTS[index];
+    let mut pod = json!({
+        "metadata": {
+            "name": endpoint,
+            "labels": {
+                "antidote.io/instance": INSTANCE,
+                "antidote.io/live-lesson": namespace,
+                "antidote.io/endpoint": endpoint,
+            },
+        },
+        "spec": {
+            "hostname": endpoint,
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "restartPolicy": "Always",
+            "hostAliases": hosts,
+            "containers": [{
+                "name": endpoint,
+                "image": "antidote/busybox:latest",
+                "imagePullPolicy": "Never",
+                "ports": [{ "name": "ssh-22", "containerPort": 22, "protocol": "TCP" }],
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": { "drop": ["ALL"], "add": CAPABILITIES },
+                    "seccompProfile": { "type": "RuntimeDefault" },
+                },
+                "resources": {
+                    "limits": { "memory": "256Mi", "cpu": "1000m" },
+                    "requests": { "memory": "64Mi", "cpu": "50m" },
+                },
+            }],
+        },
+    });
+    if index > 0 {
+        pod["spec"]["affinity"] = json!({ "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": { "matchLabels": {
+                    "antidote.io/live-lesson": namespace,
+                    "antidote.io/endpoint": ENDPOINTS[0],
+                } },
+                "topologyKey": "kubernetes.io/hostname",
+            }],
+        } });
+    }
+    pod
+}
+
+/// One lesson's worth of Kubernetes work with plain kube-rs calls, in agent-k8s's order: the
+/// namespace, the deny-by-default policy, the Services (their cluster IPs go into every pod's
+/// `/etc/hosts`), the pods; then each pod watched until it runs with an address and its SSH
+/// banner read there.
+async fn baseline_lesson(client: kube::Client, namespace: String) -> anyhow::Result<()> {
+    let labels = json!({ "antidote.io/instance": INSTANCE, "antidote.io/live-lesson": namespace });
+    let create = PostParams::default();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &create,
+            &serde_json::from_value(
+                json!({ "metadata": { "name": namespace, "labels": labels } }),
+            )?,
+        )
+        .await?;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &namespace);
+    policies
+        .create(
+            &create,
+            &serde_json::from_value(json!({
+                "metadata": { "name": "antidote-isolation", "labels": labels },
+                "spec": {
+                    "podSelector": {},
+                    "policyTypes": ["Ingress", "Egress"],
+                    "ingress": [
+                        { "from": [{ "podSelector": {} }] },
+                        { "from": [{ "namespaceSelector": { "matchLabels": { "antidote.io/access": "true" } } }] },
+                    ],
+                    "egress": [{ "to": [{ "podSelector": {} }] }],
+                },
+            }))?,
+        )
+        .await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let mut ips = BTreeMap::new();
+    for endpoint in ENDPOINTS {
+        let service = services
+            .create(
+                &create,
+                &serde_json::from_value(json!({
+                    "metadata": { "name": endpoint, "labels": labels },
+                    "spec": {
+                        "selector": {
+                            "antidote.io/live-lesson": namespace,
+                            "antidote.io/endpoint": endpoint,
+                        },
+                        "ports": [{ "name": "ssh-22", "port": 22, "targetPort": 22, "protocol": "TCP" }],
+                    },
+                }))?,
             )
+            .await?;
+        let ip = service.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+        ips.insert(endpoint, ip);
+    }
+    let hosts: Value = ips
+        .iter()
+        .map(|(name, ip)| json!({ "ip": ip, "hostnames": [name] }))
+        .collect();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    for index in 0..ENDPOINTS.len() {
+        pods.create(
+            &create,
+            &serde_json::from_value(pod(&namespace, index, &hosts))?,
+        )
+        .await?;
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let runs = |pod: Option<&Pod>| {
+        pod.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.phase.as_deref() == Some("Running")
+                && s.pod_ip.as_ref().is_some_and(|ip| !ip.is_empty())
+        })
+    };
+    let mut addresses = Vec::new();
+    for endpoint in ENDPOINTS {
+        let pod = tokio::time::timeout(PATIENCE, await_condition(pods.clone(), endpoint, runs))
             .await
             .with_context(|| format!("pod {namespace}/{endpoint} never ran"))??
             .with_context(|| format!("pod {namespace}/{endpoint} is gone"))?;
-            let ip = pod
-                .status
-                .and_then(|s| s.pod_ip)
-                .with_context(|| format!("pod {namespace}/{endpoint} runs without an address"))?;
-            until_ready(&format!("{ip}:22"), Expect::SshBanner, deadline)
-                .await
-                .map_err(|err| anyhow::anyhow!("{namespace}/{endpoint} at {ip}:22: {err}"))?;
-        }
-        Ok(())
+        let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
+        addresses.push((endpoint, ip));
     }
+    for (endpoint, ip) in addresses {
+        until_ready(&format!("{ip}:22"), Expect::SshBanner, deadline)
+            .await
+            .map_err(|err| anyhow::anyhow!("{namespace}/{endpoint} at {ip}:22: {err}"))?;
+    }
+    Ok(())
 }
 
 /// Deletes a baseline namespace and waits until it is gone (as agent-k8s's Deprovision does).
-fn baseline_remove(
-    client: &kube::Client,
-    namespace: String,
-) -> impl Future<Output = anyhow::Result<()>> + Send + 'static {
+async fn baseline_remove(client: kube::Client, namespace: String) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client);
+    let uid = namespaces
+        .get(&namespace)
+        .await?
+        .metadata
+        .uid
+        .context("a namespace without uid")?;
+    namespaces
+        .delete(&namespace, &DeleteParams::foreground())
+        .await?;
+    tokio::time::timeout(
+        PATIENCE,
+        await_condition(namespaces, &namespace, is_deleted(&uid)),
+    )
+    .await
+    .with_context(|| format!("namespace {namespace} was never deleted"))??;
+    Ok(())
+}
+
+/// The namespaces of this bench's instances still on the cluster.
+async fn namespaces_left(client: &kube::Client) -> anyhow::Result<Vec<String>> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    async move {
-        let uid = namespaces
-            .get(&namespace)
-            .await?
-            .metadata
-            .uid
-            .context("a namespace without uid")?;
-        namespaces
-            .delete(&namespace, &DeleteParams::foreground())
+    let mut left = Vec::new();
+    for instance in [INSTANCE, "k8s-bench-routing"] {
+        let list = namespaces
+            .list(&ListParams::default().labels(&format!("antidote.io/instance={instance}")))
             .await?;
-        tokio::time::timeout(
-            PATIENCE,
-            await_condition(namespaces, &namespace, is_deleted(&uid)),
-        )
-        .await
-        .with_context(|| format!("namespace {namespace} was never deleted"))??;
-        Ok(())
+        left.extend(list.into_iter().filter_map(|ns| ns.metadata.name));
     }
+    Ok(left)
+}
+
+/// Deletes whatever namespaces of this bench's instances a failed run left (only those).
+async fn remove_leftovers(client: &kube::Client) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for name in namespaces_left(client).await? {
+        match namespaces.delete(&name, &DeleteParams::foreground()).await {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
 }
