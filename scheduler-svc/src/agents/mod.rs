@@ -8,7 +8,7 @@ mod convert;
 pub mod intake;
 mod supervisor;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -140,6 +140,12 @@ pub enum FleetEvent {
     /// The agent reported a failure nobody was waiting for (e.g. a READY lesson whose
     /// container died).
     Unsolicited(String, Report),
+    /// The agent's Watch said a live lesson was deleted, and nobody was waiting for it (it was
+    /// removed behind the scheduler's back, or the scheduler's own removal ended).
+    Vanished(String, LiveLessonId),
+    /// A complete Watch snapshot of an agent that did not restart since the scheduler last
+    /// reached it: the live lessons it holds. One placed on it and missing here is gone.
+    Snapshot(String, HashSet<LiveLessonId>),
 }
 
 /// Everything an agent needs to realise a live lesson at its desired generation.

@@ -1,9 +1,12 @@
 //! One supervisor task per agent: handshake (retrying with backoff), then follow the agent's
 //! Watch stream; when the stream breaks, mark the agent unavailable and start over. A handshake
 //! reporting a new instance id means the agent restarted: the supervisor tells the reconciler,
-//! which recovers the agent's live lessons.
+//! which recovers the agent's live lessons. What the stream says of live lessons nobody waits
+//! for goes to the reconciler too: a failure, a deletion, and, in each complete snapshot of an
+//! agent that did not restart, which live lessons it holds (one placed on it and missing was
+//! removed behind the scheduler's back).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,10 +195,13 @@ async fn connect_and_follow(agent: &Agent, ctx: &SupervisorContext) -> Result<()
         tokio::time::sleep(REHANDSHAKE).await;
         return Ok(());
     }
-    follow(agent, ctx).await
+    follow(agent, ctx, restarted).await
 }
 
-async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
+/// Follows the Watch stream. After a restart (`restarted`) the agent holds only what it adopts
+/// on Recover, so its snapshots say nothing of what vanished; otherwise each complete snapshot
+/// goes to the reconciler.
+async fn follow(agent: &Agent, ctx: &SupervisorContext, restarted: bool) -> Result<(), Failure> {
     let request = proto::WatchRequest {
         label_selector: HashMap::from([(labels::INSTANCE.to_owned(), ctx.instance_id.clone())]),
         heartbeat_interval: Some(prost_types::Duration {
@@ -219,8 +225,10 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
         .map_err(|status| Failure::Unavailable(format!("Watch failed: {status}")))?
         .into_inner();
     agent.watch_opened();
-    // The snapshot being received: live lessons and pages so far (PROTOCOL.md [W8]).
+    // The snapshot being received: live lessons and pages so far (PROTOCOL.md [W8]), and
+    // their ids.
     let mut snapshot = (0, 0);
+    let mut held = HashSet::new();
     loop {
         let next = tokio::time::timeout(QUIET_LIMIT, stream.next()).await;
         let event = match next {
@@ -238,11 +246,13 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
         use proto::watch_event::Event;
         match event.event {
             Some(Event::Snapshot(page)) => {
-                // Every page is routed as it comes: states are complete in themselves, and
-                // nothing here needs the whole view at once (a live lesson missing from it is
-                // found by Get or by the orphan reaper's List).
+                // Every page is routed as it comes: states are complete in themselves. Only
+                // what is missing needs the whole view: the ids are kept until the last page.
                 snapshot = (snapshot.0 + page.items.len(), snapshot.1 + 1);
                 for state in page.items {
+                    if let Ok(id) = state.live_lesson_id.parse::<LiveLessonId>() {
+                        held.insert(id);
+                    }
                     route(agent, ctx, state);
                 }
                 if !page.more {
@@ -253,12 +263,22 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext) -> Result<(), Failure> {
                     );
                     agent.watch_snapshot(snapshot.0, snapshot.1);
                     snapshot = (0, 0);
+                    let held = std::mem::take(&mut held);
+                    if !restarted {
+                        let _ = ctx
+                            .events
+                            .send(FleetEvent::Snapshot(agent.name.clone(), held));
+                    }
                 }
             }
             Some(Event::Changed(state)) => route(agent, ctx, state),
             Some(Event::Deleted(deleted)) => {
-                if let Ok(id) = deleted.live_lesson_id.parse::<LiveLessonId>() {
-                    agent.deliver(id, Observed::Deleted);
+                if let Ok(id) = deleted.live_lesson_id.parse::<LiveLessonId>()
+                    && !agent.deliver(id, Observed::Deleted)
+                {
+                    let _ = ctx
+                        .events
+                        .send(FleetEvent::Vanished(agent.name.clone(), id));
                 }
             }
             Some(Event::Heartbeat(_)) | Some(Event::Resync(_)) | None => {}

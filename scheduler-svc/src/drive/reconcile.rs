@@ -16,6 +16,13 @@
 //!   agent lost it, and at the deadline; the next run records, settles, fails or waits again.
 //!   A few slow live lessons therefore never starve the pool.
 //!
+//! A settled live lesson can break or vanish on its agent behind the scheduler's back (a
+//! container removed, a namespace deleted, a Deprovision from someone else). What an agent's
+//! Watch says of it while nobody waits, a FAILED state, a deletion, or its absence from a
+//! snapshot, makes it a suspect ([`Reconciler::suspect`]); its next run asks the agent (a report
+//! of FAILED, else Get) and records a READY live lesson FAILED with the agent's reason, or with
+//! "no longer holds" on NOT_FOUND. Asking again then provisions it afresh, as after any failure.
+//!
 //! Every agent call has a deadline; retryable codes back off exponentially; every generation
 //! ends in READY or FAILED within `provision_timeout`. After a restart, `start` enqueues every
 //! unsettled live lesson, and Provision's idempotency means nothing is created twice. A periodic
@@ -89,6 +96,9 @@ struct Inner {
     queue: WorkQueue,
     /// Live lessons whose agent restarted: their next run calls Recover.
     recover: Mutex<HashSet<LiveLessonId>>,
+    /// Settled live lessons an agent's Watch suggests are broken or gone: their next run checks
+    /// ([`Reconciler::check_held`]).
+    suspects: Mutex<HashMap<LiveLessonId, Suspicion>>,
     /// Per live lesson: the generation being worked on, when work on it started and how many
     /// attempts failed, for deadlines and backoff.
     attempts: Mutex<HashMap<LiveLessonId, Attempt>>,
@@ -210,6 +220,7 @@ impl Reconciler {
                 retrying: Mutex::new(HashSet::new()),
                 queue: WorkQueue::default(),
                 recover: Mutex::new(HashSet::new()),
+                suspects: Mutex::new(HashMap::new()),
                 attempts: Mutex::new(HashMap::new()),
                 origins: Mutex::new(HashMap::new()),
                 metrics,
@@ -569,23 +580,92 @@ impl Reconciler {
                     tracing::error!(%agent, error = %err, "cannot list the agent's live lessons")
                 }
             },
-            FleetEvent::Unsolicited(agent, report) => {
-                // A settled live lesson failed on the agent (e.g. its container died): record it
-                // so learners see it, unless the store moved on.
-                let Ok(Some(lesson)) = self.inner.store.find_live_lesson(report.id).await else {
-                    return;
+            // A settled live lesson failed on the agent (e.g. its container died).
+            FleetEvent::Unsolicited(agent, report) => self.suspect(report.id, agent, Some(report)),
+            // Removed on the agent, and no removal of ours waits for it.
+            FleetEvent::Vanished(agent, id) => self.suspect(id, agent, None),
+            FleetEvent::Snapshot(agent, held) => match self.inner.store.held_by(&agent).await {
+                Ok(placed) => {
+                    for id in placed.into_iter().filter(|id| !held.contains(id)) {
+                        self.suspect(id, agent.clone(), None);
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(%agent, error = %err, "cannot list the agent's live lessons to compare with its snapshot")
+                }
+            },
+        }
+    }
+
+    /// An agent's Watch suggests that a live lesson placed on it broke or is gone (`report`:
+    /// the FAILED state it sent): its next run checks, unless work on it is under way already
+    /// (waiting for the agent, retrying or recovering), which finds out by itself. A run in
+    /// progress runs again after it ends, and checks then.
+    fn suspect(&self, id: LiveLessonId, agent: String, report: Option<Report>) {
+        let inner = &self.inner;
+        if lock(&inner.waiting).contains_key(&id)
+            || lock(&inner.retrying).contains(&id)
+            || lock(&inner.recover).contains(&id)
+        {
+            return;
+        }
+        lock(&inner.suspects).insert(id, Suspicion { agent, report });
+        inner.queue.add(id);
+    }
+
+    /// Checks a READY live lesson its agent's Watch suggests is broken or gone: the agent's
+    /// FAILED report of its generation, or else Get, decides. FAILED (the agent's reason) or
+    /// NOT_FOUND (it does not hold the live lesson any more) is recorded FAILED, with no
+    /// endpoint healthy; anything else leaves it be. An agent that cannot answer is asked again
+    /// after `backoff_max`.
+    #[tracing::instrument(skip_all, fields(agent = %suspicion.agent))]
+    async fn check_held(&self, lesson: LiveLesson, suspicion: Suspicion) -> Result<Next, Error> {
+        let failed = |report: &Report| {
+            report.generation == lesson.generation && report.status == Some(Status::Failed)
+        };
+        let Suspicion { agent, report } = suspicion;
+        let report = match report.filter(failed) {
+            Some(report) => report,
+            None => {
+                let Some(agent) = self.inner.fleet.get(&agent) else {
+                    return Ok(Next::Done);
                 };
-                if lesson.agent.as_deref() == Some(agent.as_str())
-                    && lesson.generation == report.generation
-                    && lesson.status == Status::Ready
-                    && let Err(err) = self
-                        .record(&lesson, observation(&report, Status::Failed))
-                        .await
-                {
-                    tracing::error!(live_lesson.id = %lesson.id, error = %err, "cannot record the agent's report");
+                match agent.get(lesson.id).await {
+                    Ok(report) if failed(&report) => report,
+                    Ok(_) => return Ok(Next::Done),
+                    Err(err) if agents::lost_it(&err) => Report {
+                        id: lesson.id,
+                        generation: lesson.generation,
+                        status: Some(Status::Failed),
+                        reason: format!(
+                            "agent `{}` no longer holds this live lesson: it was removed without the scheduler asking; ask again for a new one",
+                            agent.name
+                        ),
+                        endpoints: lesson.endpoints.clone(),
+                        handle: Vec::new(),
+                    },
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot ask the agent whether it still holds the live lesson; asking again");
+                        let suspicion = Suspicion {
+                            agent: agent.name.clone(),
+                            report: None,
+                        };
+                        lock(&self.inner.suspects).insert(lesson.id, suspicion);
+                        return Ok(Next::After(self.inner.config.backoff_max));
+                    }
                 }
             }
+        };
+        tracing::warn!(reason = %report.reason, "a READY live lesson broke on its agent");
+        let mut observation = observation(&report, Status::Failed);
+        // Whatever the agent last measured, nothing of it answers now.
+        if let Some(endpoints) = &mut observation.endpoints {
+            for endpoint in endpoints {
+                endpoint.healthy = 0;
+            }
         }
+        self.record(&lesson, observation).await?;
+        Ok(Next::Done)
     }
 
     async fn work(&self, shutdown: CancellationToken) {
@@ -669,6 +749,15 @@ impl Reconciler {
             return self.terminate(lesson).await;
         }
         let recovering = lock(&self.inner.recover).remove(&id);
+        let suspicion = lock(&self.inner.suspects).remove(&id);
+        if let Some(suspicion) = suspicion
+            && !recovering
+            && !lesson.needs_work()
+            && lesson.status == Status::Ready
+            && lesson.agent.as_deref() == Some(suspicion.agent.as_str())
+        {
+            return self.check_held(lesson, suspicion).await;
+        }
         if !lesson.needs_work() && !recovering {
             self.stop_waiting(id);
             lock(&self.inner.attempts).remove(&id);
@@ -1335,6 +1424,14 @@ pub struct Identity {
     pub cluster_id: String,
     /// This process as a replica on PostgreSQL; `None` on SQLite.
     pub replica: Option<Arc<Replica>>,
+}
+
+/// Why a live lesson is suspected of being broken or gone on its agent.
+struct Suspicion {
+    /// The agent whose Watch said so (the live lesson may have moved since).
+    agent: String,
+    /// The FAILED state it sent, if that is what it said.
+    report: Option<Report>,
 }
 
 /// Where a live lesson runs, and why when placement chose just now.
