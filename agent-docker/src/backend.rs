@@ -175,6 +175,11 @@ impl Docker {
                         } else {
                             format!("endpoint `{endpoint}` stopped (exit code {exit})")
                         };
+                        for state in &mut state.endpoints {
+                            if &state.name == endpoint {
+                                state.healthy = 0;
+                            }
+                        }
                     }
                 });
             }
@@ -200,7 +205,16 @@ impl Docker {
         }
         let (placed, confinement) = match start {
             Start::Create => engine::create(docker, settings, &self.firewall, spec).await,
-            Start::Change | Start::Adopt => self.locate(spec).await,
+            Start::Adopt => self.locate(spec).await,
+            Start::Change => match self.locate(spec).await {
+                // Its containers were removed behind the agent's back (`docker rm -f`): the
+                // live lesson went FAILED, and a newer generation creates them again.
+                Err(EngineError::Docker(err)) if engine::is_not_found(&err) => {
+                    report.phase(Phase::Booting, "endpoints gone; creating them again");
+                    engine::create(docker, settings, &self.firewall, spec).await
+                }
+                located => located,
+            },
         }
         .map_err(|err| err.to_string())?;
         let endpoints = endpoint_states(spec, &placed);
