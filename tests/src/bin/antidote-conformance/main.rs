@@ -167,11 +167,10 @@ struct Args {
     /// A curriculum image slug the agent cannot run: its endpoints never start.
     #[arg(long, default_value = "ghost")]
     bad_image: String,
-    /// A shell configuration that exits non-zero on `--image` (the default also carries the
-    /// test node's failure marker).
+    /// A shell configuration that exits non-zero on `--image`.
     #[arg(
         long,
-        default_value = "echo 'antidote-conformance: fails on purpose (fake-kubelet: fail)' >&2; exit 3"
+        default_value = "echo 'antidote-conformance: fails on purpose' >&2; exit 3"
     )]
     failing_config: String,
     /// A port where `--image` accepts connections and never answers (0: none; `failed-probe`
