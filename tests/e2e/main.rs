@@ -20,6 +20,7 @@ mod hardening;
 mod k8s;
 mod k8s_deploy;
 mod k8s_entrypoint;
+mod k8s_pools;
 mod lifecycle;
 mod mesh;
 mod mtls;
