@@ -30,6 +30,7 @@ use tonic::Status;
 use crate::cluster::{self, LABEL_MANAGED, explain};
 use crate::configurator;
 use crate::exec;
+use crate::guard::Guard;
 use crate::settings::Settings;
 
 /// The capabilities agent-k8s offers.
@@ -73,12 +74,15 @@ struct Applied {
 pub struct Kubernetes {
     client: kube::Client,
     settings: Arc<Settings>,
+    /// READY live lessons' namespaces, watched for deletions behind the agent's back.
+    guard: Arc<Guard>,
 }
 
 impl Kubernetes {
     /// A backend on `client`.
     pub fn new(client: kube::Client, settings: Settings) -> Kubernetes {
         Kubernetes {
+            guard: Guard::new(client.clone()),
             client,
             settings: Arc::new(settings),
         }
@@ -256,6 +260,38 @@ impl Kubernetes {
             ));
         }
         Ok(pod)
+    }
+
+    /// Waits until the live lesson's namespace is gone if it is being deleted; returns whether
+    /// it was (then nothing of the live lesson exists any more).
+    async fn await_deleted_namespace(
+        &self,
+        spec: &proto::LessonSpec,
+        report: &Report,
+    ) -> Result<bool, String> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let name = cluster::namespace(&spec.live_lesson_id);
+        let found = namespaces
+            .get_opt(&name)
+            .await
+            .map_err(|e| explain(&format!("Namespace {name}"), &e))?;
+        let Some(ns) = found.filter(|ns| ns.metadata.deletion_timestamp.is_some()) else {
+            return Ok(false);
+        };
+        report.phase(
+            Phase::Booting,
+            format!("waiting for the deleted Namespace {name} to go before creating it again"),
+        );
+        let uid = ns.metadata.uid.unwrap_or_default();
+        let limit = self.settings.probe_timeout;
+        tokio::time::timeout(
+            limit,
+            await_condition(namespaces, &name, conditions::is_deleted(&uid)),
+        )
+        .await
+        .map_err(|_| format!("Namespace {name} is still being deleted after {limit:?}"))?
+        .map_err(|e| format!("watching Namespace {name}: {e}"))?;
+        Ok(true)
     }
 
     /// Removes the configuration Jobs and files of other generations than `spec`'s.
@@ -476,11 +512,16 @@ impl Kubernetes {
                 "applying namespace, policy, pods and services",
             );
         }
+        // A namespace deleted behind the agent's back (the live lesson went FAILED) goes
+        // before a newer generation creates everything again.
+        let recreate = start == Start::Change && self.await_deleted_namespace(spec, report).await?;
         let Applied {
             hosts,
             attached,
             service_ips,
-        } = self.apply_objects(spec, start == Start::Create).await?;
+        } = self
+            .apply_objects(spec, start == Start::Create || recreate)
+            .await?;
         tracing::debug!("objects applied");
         if !spec.connections.is_empty() && !attached {
             report.update(|s| {
@@ -699,11 +740,14 @@ impl Backend for Kubernetes {
         start: Start,
         report: Report,
     ) -> Result<Vec<proto::EndpointState>, String> {
-        self.take_to_ready(&spec, start, &report).await
+        let endpoints = self.take_to_ready(&spec, start, &report).await?;
+        self.guard.ready(&spec.live_lesson_id, report);
+        Ok(endpoints)
     }
 
     /// Deletes the namespace (everything in it goes with it) and waits until it is gone.
     async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+        self.guard.forget(live_lesson_id);
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let name = cluster::namespace(live_lesson_id);
         let Some(ns) = namespaces

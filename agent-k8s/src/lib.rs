@@ -10,6 +10,8 @@
 //! - [`configurator`], python, ansible and napalm configurations as Jobs of the configurator
 //!   image, their files in a ConfigMap, credentials in a Secret.
 //! - [`exec`], shell configurations inside an endpoint's container through `pods/exec`.
+//! - [`guard`], one watch of the agent's namespaces: a READY live lesson whose namespace is
+//!   deleted behind the agent's back becomes FAILED.
 //! - [`settings`], the agent's configuration.
 //!
 //! Every object carries the labels of the spec (instance, live lesson, session, generation,
@@ -21,4 +23,5 @@ pub mod backend;
 pub mod cluster;
 pub mod configurator;
 pub mod exec;
+pub mod guard;
 pub mod settings;
