@@ -314,6 +314,11 @@ async fn run(args: &Args, client: &kube::Client, dir: &std::path::Path) -> anyho
             "namespaces left after round {round}: {left:?}"
         );
     }
+    println!(
+        "CPU over the warm-up and rounds: agent-k8s {:.2} s, scheduler {:.2} s",
+        cpu_seconds(&agent),
+        cpu_seconds(&scheduler.process)
+    );
     let names = ("baseline", "agent-k8s");
     report(
         "to READY",
@@ -613,6 +618,28 @@ async fn baseline_remove(client: kube::Client, namespace: String) -> anyhow::Res
     .await
     .with_context(|| format!("namespace {namespace} was never deleted"))??;
     Ok(())
+}
+
+/// The CPU time (user and system) a child process has used so far, from `/proc/PID/stat`
+/// (in clock ticks of 1/100 s, Linux's `USER_HZ`); NaN where it cannot be read.
+fn cpu_seconds(process: &Process) -> f64 {
+    let Some(stat) = process
+        .pid()
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+    else {
+        return f64::NAN;
+    };
+    // The fields after the command name (which may hold spaces, inside parentheses): state is
+    // field 3, utime 14 and stime 15.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => f64::NAN,
+    }
 }
 
 /// The namespaces of this bench's instances still on the cluster.
