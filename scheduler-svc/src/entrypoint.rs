@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use antidote_proto::sdk::entrypoint::{Claims, Signer, TOKEN_PARAM, presentation_path};
+use antidote_proto::sdk::entrypoint::{
+    Claims, PLACEHOLDER, Signer, TOKEN_PARAM, Template, presentation_path,
+};
 
 use crate::settings::EntrypointConfig;
 
@@ -99,7 +101,8 @@ impl Tokens {
         self.urls.get(agent).map(String::as_str)
     }
 
-    /// A presentation's URL at the entrypoint `base`, with a fresh token; `None` without keys.
+    /// A presentation's URL at the entrypoint URL `base` (the live lesson's own origin when
+    /// `base` holds [`PLACEHOLDER`]), with a fresh token; `None` without keys.
     pub fn url(
         &self,
         base: &str,
@@ -116,9 +119,19 @@ impl Tokens {
         let terminal = if ssh { "terminal" } else { "" };
         Some(format!(
             "{}{path}{terminal}?{TOKEN_PARAM}={token}",
-            base.trim_end_matches('/')
+            base.trim_end_matches('/').replace(PLACEHOLDER, live_lesson)
         ))
     }
+}
+
+/// The Content-Security-Policy source matching every live lesson's origin of an entrypoint URL
+/// with an origin per lesson (`https://*.lab.example`), for the learner page; `None` for any
+/// other URL (one origin for all, or not a valid URL: an agent's handshake is not checked).
+pub fn per_lesson_source(url: &str) -> Option<String> {
+    Template::parse(url)
+        .ok()
+        .filter(Template::per_lesson)
+        .map(|t| t.policy_source())
 }
 
 #[cfg(test)]
@@ -174,6 +187,26 @@ mod tests {
         );
         let fresh = new.url("https://e:1", "ll", "ep", "pr", false).unwrap();
         assert!(fresh.starts_with("https://e:1/l/ll/ep/pr/?"));
+        // An origin per live lesson: the id is the host's first label.
+        let own = new
+            .url(
+                "http://{live_lesson}.localhost:7074/",
+                "ll",
+                "ep",
+                "pr",
+                false,
+            )
+            .unwrap();
+        assert!(
+            own.starts_with("http://ll.localhost:7074/l/ll/ep/pr/?"),
+            "{own}"
+        );
+        assert_eq!(
+            per_lesson_source("http://{live_lesson}.localhost:7074").as_deref(),
+            Some("http://*.localhost:7074")
+        );
+        assert_eq!(per_lesson_source("https://lab.example"), None);
+        assert_eq!(per_lesson_source("http://{live_lesson}.x;script-src"), None);
         assert!(keys.verify(&token(&fresh)).is_ok());
         config.current = Some("nope".into());
         assert!(Tokens::load(&config).is_err());

@@ -108,8 +108,9 @@ pub struct EntrypointConfig {
     /// twice this).
     #[serde(with = "humantime_serde")]
     pub token_ttl: Duration,
-    /// Agents' entrypoint base URLs by agent name (`{ docker = "https://lab.example:8443" }`),
-    /// over what their handshakes say.
+    /// Agents' entrypoint URLs by agent name, over what their handshakes say: best with an
+    /// origin per live lesson, `{ docker = "https://{live_lesson}.lab.example" }` (the agent's
+    /// `--entrypoint-url`); `https://lab.example:8443` serves every lesson from one origin.
     pub urls: std::collections::BTreeMap<String, String>,
     /// Whether learners see their presentations' backend `address`/`url` where they get no
     /// entrypoint URL (no keys, or the agent has no entrypoint). Off: learners never see a
@@ -995,6 +996,11 @@ impl Config {
                 &format!("`{id}` is revoked but still in entrypoint.keys: remove it from keys"),
             );
         }
+        for (agent, url) in &self.entrypoint.urls {
+            if let Err(err) = antidote_proto::sdk::entrypoint::Template::parse(url) {
+                return invalid(&format!("entrypoint.urls.{agent}"), &err);
+            }
+        }
         if self.entrypoint.token_ttl < Duration::from_secs(10) {
             return invalid("entrypoint.token_ttl", "must be at least 10s");
         }
@@ -1144,6 +1150,18 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("entrypoint.revoked"), "{err}");
         assert!(err.to_string().contains("`k1`"), "{err}");
+        // Entrypoint URLs are checked as agents check theirs.
+        let err =
+            load_toml("[entrypoint]\nurls = { docker = \"http://lab-{live_lesson}.example\" }\n")
+                .unwrap_err();
+        assert!(err.to_string().contains("entrypoint.urls.docker"), "{err}");
+        assert!(err.to_string().contains("first label"), "{err}");
+        assert!(
+            load_toml(
+                "[entrypoint]\nurls = { docker = \"http://{live_lesson}.localhost:7074\" }\n"
+            )
+            .is_ok()
+        );
     }
 
     #[test]

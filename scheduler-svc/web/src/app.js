@@ -435,13 +435,22 @@
     chosen.shown();
   }
 
+  // A framed presentation runs as an opaque origin, unless the entrypoint gives its live lesson
+  // an origin of its own (the lesson's id is the host's first label): where every lesson
+  // shares one origin, a page keeping it could read other learners' presentations.
+  const SANDBOX = 'allow-scripts allow-forms allow-popups allow-downloads';
+  function ownOrigin(url) {
+    const label = new URL(url).hostname.split('.')[0];
+    return label !== '' && label === String(view.live.id).toLowerCase();
+  }
+
   // An http presentation: in a sandboxed frame when `embed`, always as a link to a new tab.
   function webTab(endpoint, presentation, label, subpath, embed) {
     return makeTab(endpoint, presentation, label, (tab) => {
       const frame = el('iframe', {
         title: label,
         // No top navigation: the lesson's page cannot take this page away.
-        sandbox: 'allow-scripts allow-same-origin allow-forms allow-popups allow-downloads',
+        sandbox: SANDBOX,
         referrerpolicy: 'no-referrer',
       });
       const open = el('a', { target: '_blank', rel: 'noopener noreferrer' }, 'Open in a new tab');
@@ -457,6 +466,8 @@
           u.pathname = u.pathname.replace(/\/?$/, '/') + subpath;
           url = u.toString();
         }
+        // The page keeps its origin only where that origin is this live lesson's own.
+        frame.setAttribute('sandbox', ownOrigin(url) ? `${SANDBOX} allow-same-origin` : SANDBOX);
         if (embed) frame.src = url;
         open.href = url;
       };

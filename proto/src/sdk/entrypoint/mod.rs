@@ -9,11 +9,21 @@
 //! - SSH presentations are a web terminal at `.../terminal` ([`terminal`]): a WebSocket whose
 //!   far end is an SSH session the entrypoint opens with the image's credentials.
 //!
+//! Learners' pages of different live lessons must not reach each other ([`origin`]). With an
+//! origin per live lesson (`--entrypoint-url https://{live_lesson}.lab.example`) a request is
+//! served only on its lesson's own host (else 403). With one origin for all (the path mode,
+//! weaker) every proxied answer gets `Content-Security-Policy: sandbox ...` ([`SANDBOX`]), so a
+//! page runs as an opaque origin. In both, a browser's terminal WebSocket must come from the
+//! learner page's origin (`--entrypoint-learner-origin`), a proxied one from there or (per
+//! lesson) the lesson's own origin: 403 otherwise.
+//!
 //! Every request needs a token the scheduler signed for exactly that live lesson, endpoint and
 //! presentation ([`token`]): in the `antidote_token` query parameter (the URL the scheduler
-//! hands out; the entrypoint then sets a cookie scoped to the prefix so the page's own requests
-//! carry it), an `Authorization: Bearer` header, or that cookie. No token, a bad or expired one:
-//! 401; a good token for something else: 403. Neither a token's expiry nor its key leaving the
+//! hands out; for an HTTP presentation the entrypoint then sets a host-only cookie scoped to the
+//! prefix so the page's own requests carry it; a terminal sets none), an `Authorization: Bearer`
+//! header, or that cookie (only on requests the browser says are the page's own,
+//! `Sec-Fetch-Site: same-origin`). No token, a bad or expired one: 401; a good token for
+//! something else: 403. Neither a token's expiry nor its key leaving the
 //! key set (retired) ends what it admitted; its key's revocation does (terminals and proxied
 //! WebSockets close with 1008, see [`token::Keys`]). Each client (an address, an IPv6 /64;
 //! behind a trusted proxy the client `X-Forwarded-For` names) holds at most
@@ -25,6 +35,7 @@
 //! reported states) and calls [`serve`]; [`EntrypointArgs`] are the flags.
 
 pub mod frames;
+pub mod origin;
 pub mod proxy;
 pub mod terminal;
 pub mod token;
@@ -47,6 +58,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::tls::{ServerTls, TlsError};
+pub use origin::{PLACEHOLDER, Template};
 pub use token::{Admitted, Claims, Keys, Signer, TokenError};
 
 /// The body of every response.
@@ -132,6 +144,15 @@ pub struct Settings {
     /// Longest a request's body may take to arrive whole after its headers (the slow-body
     /// guard); a late one is a 408 and the end of the connection.
     pub request_timeout: Duration,
+    /// Where learners reach the entrypoint (`--entrypoint-url`). With an origin per live
+    /// lesson, a request is served only on its live lesson's own host and the cookie is
+    /// partitioned, host-only and cross-site capable; otherwise (`None` too) every lesson
+    /// shares one origin and proxied pages are sandboxed ([`SANDBOX`]).
+    pub url: Option<Template>,
+    /// The learner page's origins (`--entrypoint-learner-origin`): the only `Origin` a browser's
+    /// terminal WebSocket (and, on a shared origin, any WebSocket) may come from. Empty: every
+    /// browser's WebSocket is refused; clients that send no `Origin` (not browsers) are not.
+    pub learner_origins: Vec<String>,
 }
 
 impl Default for Settings {
@@ -143,9 +164,16 @@ impl Default for Settings {
             secure_cookies: false,
             header_read_timeout: HEADER_READ_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
+            url: None,
+            learner_origins: Vec::new(),
         }
     }
 }
+
+/// The policy every proxied answer gets when lessons share one origin: the page runs as an
+/// opaque origin (no `allow-same-origin`), so its scripts can read neither another lesson's
+/// presentations nor the entrypoint's cookies, whatever frame or tab it is opened in.
+pub const SANDBOX: &str = "sandbox allow-scripts allow-forms allow-popups";
 
 /// How long a client may take for its TLS handshake and each request's headers, by default
 /// (`--entrypoint-header-read-timeout`).
@@ -645,6 +673,62 @@ fn learners_doing<B>(request: &Request<B>) -> bool {
     }
 }
 
+/// Whether the browser says the request comes from the page's own origin, or from the
+/// learner themselves (`Sec-Fetch-Site: same-origin` or `none`: typed, bookmarked); a request
+/// without the header (not a browser, or an old one) is taken as such.
+fn same_origin_request(headers: &http::HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .is_none_or(|site| matches!(site.as_bytes(), b"same-origin" | b"none"))
+}
+
+/// Whether a WebSocket's opening may go on. Browsers always name the page that opens one
+/// (`Origin`): a terminal's must be the learner page's (`--entrypoint-learner-origin`); a
+/// proxied WebSocket's the learner page's or, with an origin per live lesson, that lesson's
+/// own. A request that is no WebSocket opening, or names no origin (not a browser: it holds
+/// its own token and no page can make it send one), goes on. The error says why not.
+fn websocket_origin<B>(
+    settings: &Settings,
+    request: &Request<B>,
+    route: &Route,
+    terminal: bool,
+) -> Result<(), String> {
+    let upgrade = request
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"));
+    let Some(origin) = request.headers().get(header::ORIGIN) else {
+        return Ok(());
+    };
+    if !upgrade {
+        return Ok(());
+    }
+    let origin = origin.to_str().unwrap_or("?").trim().to_ascii_lowercase();
+    if settings.learner_origins.contains(&origin) {
+        return Ok(());
+    }
+    let own = settings
+        .url
+        .as_ref()
+        .filter(|url| url.per_lesson())
+        .map(|url| url.origin(&route.live_lesson));
+    if !terminal && own.as_deref() == Some(origin.as_str()) {
+        return Ok(());
+    }
+    Err(format!(
+        "a WebSocket from origin `{origin}` is refused: {} (--entrypoint-learner-origin)",
+        if settings.learner_origins.is_empty() {
+            "this entrypoint names no learner page origin".to_owned()
+        } else {
+            format!(
+                "only the learner page ({}) may open one",
+                settings.learner_origins.join(", ")
+            )
+        }
+    ))
+}
+
 /// The value of cookie `name` in the request's `Cookie` headers.
 fn cookie(headers: &http::HeaderMap, name: &str) -> Option<String> {
     cookie_pairs(headers)
@@ -679,9 +763,41 @@ async fn handle(
     let Some(route) = Route::parse(request.uri().path()) else {
         return reply(StatusCode::NOT_FOUND, "not a presentation");
     };
+    // An origin per live lesson: a presentation is served on its own lesson's host only, so
+    // a page of one lesson cannot reach another's presentations as same-origin requests.
+    let per_lesson = entry.settings.url.as_ref().filter(|url| url.per_lesson());
+    if let Some(url) = per_lesson {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or(request.uri().host())
+            .unwrap_or_default();
+        if !url
+            .lesson_of_host(host)
+            .is_some_and(|lesson| lesson.eq_ignore_ascii_case(&route.live_lesson))
+        {
+            return reply(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "live lesson {} is served at its own origin, {}, not on host `{host}`",
+                    route.live_lesson,
+                    url.origin(&route.live_lesson)
+                ),
+            );
+        }
+    }
     let Some(credential) = find_token(&request) else {
         return reply(StatusCode::UNAUTHORIZED, "a token is required");
     };
+    // The cookie admits the presentation's own page only: a request another site (or another
+    // lesson's origin, the same site) made the browser send is refused, whatever it carries.
+    if credential.source == Source::Cookie && !same_origin_request(request.headers()) {
+        return reply(
+            StatusCode::FORBIDDEN,
+            "the entrypoint's cookie admits only the presentation's own requests: open it from the learner page",
+        );
+    }
     let from_query = credential.source == Source::Query;
     // `Secure` when learners reach us over TLS: ours, an https URL, or a trusted proxy's.
     let secure_cookie =
@@ -734,6 +850,11 @@ async fn handle(
             "no such presentation here (not ready, or gone)",
         );
     };
+    let terminal = matches!(target.kind, Kind::Ssh { .. });
+    if let Err(refusal) = websocket_origin(&entry.settings, &request, &route, terminal) {
+        tracing::warn!(live_lesson = %route.live_lesson, peer = %peer, "entrypoint refused a WebSocket: {refusal}");
+        return reply(StatusCode::FORBIDDEN, &refusal);
+    }
     if learners_doing(&request) {
         entry.activity.touch(&route.live_lesson);
     }
@@ -771,15 +892,35 @@ async fn handle(
             .await
         }
     };
-    if from_query {
+    if per_lesson.is_none() && !terminal {
+        // One origin for every lesson: the page runs sandboxed, as an opaque origin.
+        response.headers_mut().append(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(SANDBOX),
+        );
+    }
+    // A terminal sets no cookie: the learner page opens every terminal with a fresh token.
+    if from_query && !terminal {
         let max_age = claims.exp.saturating_sub(
             SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         );
-        let secure = if secure_cookie { "; Secure" } else { "" };
+        // Per lesson, the cookie is host-only (no Domain) on the lesson's own host, and must
+        // reach the lesson's page framed by a learner page of another site (the quickstart's
+        // `localhost`): partitioned by that top-level site (CHIPS), which needs `SameSite=None`
+        // and `Secure` (kept on https and on `localhost` names, the only per-lesson URLs
+        // allowed). Other sites' requests are refused above (`Sec-Fetch-Site`). One origin
+        // for every lesson: strict, and the sandboxed page's requests carry no cookie at all.
+        let attributes = if per_lesson.is_some() {
+            "SameSite=None; Secure; Partitioned"
+        } else if secure_cookie {
+            "SameSite=Strict; Secure"
+        } else {
+            "SameSite=Strict"
+        };
         let value = format!(
-            "{COOKIE}={}; Path={}/; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}",
+            "{COOKIE}={}; Path={}/; Max-Age={max_age}; HttpOnly; {attributes}",
             credential.token,
             route.prefix()
         );
@@ -800,14 +941,28 @@ pub struct EntrypointArgs {
         value_name = "ADDR"
     )]
     pub entrypoint_listen: Option<SocketAddr>,
-    /// The base URL learners reach the entrypoint at (told to the scheduler at handshake);
-    /// default: http(s)://the bound address.
+    /// The URL learners reach the entrypoint at (told to the scheduler at handshake), best
+    /// with an origin per live lesson: `https://{live_lesson}.lab.example` (a wildcard DNS
+    /// name and certificate; `http://{live_lesson}.localhost:PORT` needs neither). Without
+    /// the placeholder every lesson shares one origin (weaker: pages are sandboxed). Default:
+    /// http(s)://the bound address.
     #[arg(
         long = "entrypoint-url",
         env = "ANTIDOTE_AGENT_ENTRYPOINT_URL",
         value_name = "URL"
     )]
     pub entrypoint_url: Option<String>,
+    /// The learner page's origin (`https://learn.example`, the scheduler's page as browsers
+    /// reach it): the only origin a browser may open a terminal from (and, on a shared
+    /// origin, any WebSocket); repeatable (the variable: comma-separated). Unset: browsers'
+    /// WebSockets are refused.
+    #[arg(
+        long = "entrypoint-learner-origin",
+        env = "ANTIDOTE_AGENT_ENTRYPOINT_LEARNER_ORIGINS",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    pub entrypoint_learner_origins: Vec<String>,
     /// The entrypoint's certificate chain (PEM); with --entrypoint-tls-key it serves HTTPS.
     #[arg(
         long = "entrypoint-tls-cert",
@@ -870,6 +1025,7 @@ impl Default for EntrypointArgs {
         EntrypointArgs {
             entrypoint_listen: None,
             entrypoint_url: None,
+            entrypoint_learner_origins: Vec::new(),
             entrypoint_tls_cert: None,
             entrypoint_tls_key: None,
             entrypoint_insecure_plaintext: false,
@@ -890,7 +1046,7 @@ pub struct Bound {
     pub listener: TcpListener,
     /// TLS, when configured.
     pub tls: Option<ServerTls>,
-    /// The base URL to announce.
+    /// The URL to announce (with [`PLACEHOLDER`] when each live lesson has its own origin).
     pub url: String,
     /// The key set (flags' keys loaded; the handshake adds more).
     pub keys: Arc<Keys>,
@@ -953,18 +1109,33 @@ impl EntrypointArgs {
                     .map_err(|err| TlsError::Flags(format!("--entrypoint-trusted-proxy {err}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let learner_origins = self
+            .entrypoint_learner_origins
+            .iter()
+            .map(|o| {
+                origin::parse_origin(o)
+                    .map_err(|err| TlsError::Flags(format!("--entrypoint-learner-origin {err}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if learner_origins.is_empty() {
+            tracing::warn!(
+                "no --entrypoint-learner-origin: browsers' terminals (WebSockets) are refused"
+            );
+        }
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let url = self
-            .entrypoint_url
-            .clone()
-            .unwrap_or_else(|| format!("{scheme}://{local}"))
-            .trim_end_matches('/')
-            .to_owned();
+        let url = Template::parse(
+            &self
+                .entrypoint_url
+                .clone()
+                .unwrap_or_else(|| format!("{scheme}://{local}")),
+        )
+        .map_err(|err| TlsError::Flags(format!("--entrypoint-url: {err}")))?;
+        if !url.per_lesson() {
+            tracing::warn!(url = %url.as_str(), "the entrypoint serves every live lesson from one origin (no {PLACEHOLDER} in --entrypoint-url): pages are sandboxed, an origin per lesson is stronger");
+        }
         // Learners reach an https URL over TLS, whoever ends it (a proxy in front of a
         // plaintext entrypoint, the documented Kubernetes setup): the cookie is then `Secure`.
-        let https_url = url
-            .get(..8)
-            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+        let https_url = url.https();
         Ok(Some(Bound {
             listener,
             settings: Settings {
@@ -974,9 +1145,11 @@ impl EntrypointArgs {
                 secure_cookies: tls.is_some() || https_url,
                 header_read_timeout: self.entrypoint_header_read_timeout,
                 request_timeout: self.entrypoint_request_timeout,
+                url: Some(url.clone()),
+                learner_origins,
             },
             tls,
-            url,
+            url: url.as_str().to_owned(),
             keys,
         }))
     }

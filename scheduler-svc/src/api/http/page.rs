@@ -162,7 +162,8 @@ pub fn policy(origins: &[String], nonce: &str) -> String {
 }
 
 /// The origins of every entrypoint learners may be sent to: the configured ones and what the
-/// agents' handshakes said.
+/// agents' handshakes said (every live lesson's, `scheme://*.domain`, for a URL with an origin
+/// per lesson).
 fn entrypoint_origins(api: &Api) -> Vec<String> {
     let mut origins: Vec<String> = api
         .config
@@ -171,7 +172,7 @@ fn entrypoint_origins(api: &Api) -> Vec<String> {
         .values()
         .cloned()
         .chain(api.fleet.agents().iter().map(|a| a.entrypoint_url()))
-        .filter_map(|url| origin(&url))
+        .filter_map(|url| crate::entrypoint::per_lesson_source(&url).or_else(|| origin(&url)))
         .collect();
     origins.sort();
     origins.dedup();
