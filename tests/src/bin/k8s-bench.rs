@@ -93,6 +93,9 @@ struct RoundTimes {
     down: Duration,
     up_each: Vec<Duration>,
     down_each: Vec<Duration>,
+    /// The baseline's lessons' steps: from their start until every object was created, and
+    /// until every pod ran (the rest of `up_each` is the SSH banners).
+    steps: Vec<(Duration, Duration)>,
 }
 
 /// One side's timings over all rounds.
@@ -102,6 +105,7 @@ struct Side {
     down: Vec<Duration>,
     up_each: Vec<Duration>,
     down_each: Vec<Duration>,
+    steps: Vec<(Duration, Duration)>,
 }
 
 impl Side {
@@ -110,6 +114,7 @@ impl Side {
         self.down.push(round.down);
         self.up_each.extend(round.up_each);
         self.down_each.extend(round.down_each);
+        self.steps.extend(round.steps);
     }
 }
 
@@ -319,6 +324,13 @@ async fn run(args: &Args, client: &kube::Client, dir: &std::path::Path) -> anyho
         cpu_seconds(&agent),
         cpu_seconds(&scheduler.process)
     );
+    let (created, running): (Vec<Duration>, Vec<Duration>) = raw.steps.iter().copied().unzip();
+    let (created, running) = (stats(&created), stats(&running));
+    println!(
+        "baseline steps per lesson: objects created after median {:.2} s (p90 {:.2}), pods running after {:.2} s (p90 {:.2}); \
+         agent-k8s logs its own at debug (`objects applied`, `pods running`, `presentations answer`)",
+        created.median, created.p90, running.median, running.p90
+    );
     let names = ("baseline", "agent-k8s");
     report(
         "to READY",
@@ -431,6 +443,7 @@ async fn agent_round(
         down,
         up_each: ready.into_iter().map(|(took, _)| took).collect(),
         down_each: gone.into_iter().map(|(took, ())| took).collect(),
+        steps: Vec::new(),
     })
 }
 
@@ -453,8 +466,9 @@ async fn baseline_round(
     Ok(RoundTimes {
         up,
         down,
-        up_each: ready.into_iter().map(|(took, ())| took).collect(),
+        up_each: ready.iter().map(|(took, _)| *took).collect(),
         down_each: gone.into_iter().map(|(took, ())| took).collect(),
+        steps: ready.into_iter().map(|(_, steps)| steps).collect(),
     })
 }
 
@@ -511,8 +525,12 @@ fn pod(namespace: &str, index: usize, hosts: &Value) -> Value {
 /// One lesson's worth of Kubernetes work with plain kube-rs calls, in agent-k8s's order: the
 /// namespace, the deny-by-default policy, the Services (their cluster IPs go into every pod's
 /// `/etc/hosts`), the pods; then each pod watched until it runs with an address and its SSH
-/// banner read there.
-async fn baseline_lesson(client: kube::Client, namespace: String) -> anyhow::Result<()> {
+/// banner read there. Returns when every object was created and when every pod ran.
+async fn baseline_lesson(
+    client: kube::Client,
+    namespace: String,
+) -> anyhow::Result<(Duration, Duration)> {
+    let start = Instant::now();
     let labels = json!({ "antidote.io/instance": INSTANCE, "antidote.io/live-lesson": namespace });
     let create = PostParams::default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -575,6 +593,7 @@ async fn baseline_lesson(client: kube::Client, namespace: String) -> anyhow::Res
         )
         .await?;
     }
+    let created = start.elapsed();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let runs = |pod: Option<&Pod>| {
         pod.and_then(|p| p.status.as_ref()).is_some_and(|s| {
@@ -591,12 +610,13 @@ async fn baseline_lesson(client: kube::Client, namespace: String) -> anyhow::Res
         let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
         addresses.push((endpoint, ip));
     }
+    let running = start.elapsed();
     for (endpoint, ip) in addresses {
         until_ready(&format!("{ip}:22"), Expect::SshBanner, deadline)
             .await
             .map_err(|err| anyhow::anyhow!("{namespace}/{endpoint} at {ip}:22: {err}"))?;
     }
-    Ok(())
+    Ok((created, running))
 }
 
 /// Deletes a baseline namespace and waits until it is gone (as agent-k8s's Deprovision does).
