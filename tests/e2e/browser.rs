@@ -53,28 +53,55 @@ fn screenshots() -> PathBuf {
     dir
 }
 
+/// How the entrypoint gives live lessons their origins (`--entrypoint-url`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origins {
+    /// `http://{live_lesson}.localhost:PORT`: one origin per live lesson.
+    PerLesson,
+    /// `http://127.0.0.1:PORT`: one origin for every lesson (the path mode).
+    Shared,
+}
+
+/// A port free now, for a listener whose address must be known before it starts (the page's,
+/// which the agent names as the learner origin; the entrypoint's, which its URL names).
+fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
 /// A scheduler serving the page (with entrypoint keys) and, when asked, agent-docker with its
-/// entrypoint on the private Docker engine.
+/// entrypoint on the private Docker engine, the page's origin its learner origin.
 struct PageEnv {
     _dir: TempDir,
     agent: Option<Process>,
     scheduler: Scheduler,
+    /// The entrypoint's port.
+    entry_port: u16,
 }
 
 impl PageEnv {
-    async fn start(instance: &str, with_agent: bool) -> PageEnv {
+    async fn start(instance: &str, with_agent: bool, origins: Origins) -> PageEnv {
         let dir = tempfile::tempdir().unwrap();
+        let (page_port, entry_port) = (free_port(), free_port());
         let agent = if with_agent {
             std::env::var("DOCKER_HOST").expect(
                 "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
             );
+            let url = match origins {
+                Origins::PerLesson => format!("http://{{live_lesson}}.localhost:{entry_port}"),
+                Origins::Shared => format!("http://127.0.0.1:{entry_port}"),
+            };
             let args: Vec<String> = [
                 "--listen",
                 "127.0.0.1:0",
                 "--probe-timeout",
                 "30s",
                 "--entrypoint-listen",
-                "127.0.0.1:0",
+                &format!("127.0.0.1:{entry_port}"),
+                "--entrypoint-url",
+                &url,
+                "--entrypoint-learner-origin",
+                &format!("http://127.0.0.1:{page_port}"),
             ]
             .iter()
             .map(|a| a.to_string())
@@ -117,6 +144,8 @@ poll_interval = "500ms"
 backoff_initial = "100ms"
 backoff_max = "1s"
 provision_timeout = "3m"
+[http]
+listen = "127.0.0.1:{page_port}"
 [entrypoint]
 keys = [{{ id = "k1", file = "{key}" }}]
 token_ttl = "{TOKEN_TTL_SECS}s"
@@ -131,6 +160,7 @@ token_ttl = "{TOKEN_TTL_SECS}s"
             _dir: dir,
             agent,
             scheduler,
+            entry_port,
         }
     }
 
@@ -506,7 +536,7 @@ async fn unexpected_violations(browser: &Browser) -> Vec<String> {
 
 #[tokio::test]
 async fn browser_learner_page_runs_a_lesson_with_a_terminal_and_a_web_tab() {
-    let env = PageEnv::start("e2e-browser", true).await;
+    let env = PageEnv::start("e2e-browser", true, Origins::PerLesson).await;
     let browser = Browser::start().await;
     browser.goto(&env.page()).await;
 
@@ -711,7 +741,7 @@ async fn browser_learner_page_runs_a_lesson_with_a_terminal_and_a_web_tab() {
 
 #[tokio::test]
 async fn browser_learner_page_sends_a_strict_policy_and_never_runs_guide_scripts() {
-    let env = PageEnv::start("e2e-browser-policy", false).await;
+    let env = PageEnv::start("e2e-browser-policy", false, Origins::PerLesson).await;
     let page = get(&env.page()).await;
     assert_eq!(page.status, 200, "{}", page.body);
     let policy = page
@@ -807,4 +837,252 @@ async fn browser_learner_page_sends_a_strict_policy_and_never_runs_guide_scripts
     );
     browser.screenshot("guide-sanitised").await;
     browser.quit().await;
+}
+
+/// The page learner A writes into their own web presentation and sends learner B: its script,
+/// running in B's browser, tries to read B's presentation (with B's cookies) and to open B's
+/// terminal and type there, the same-origin way (a path on its own host) and on B's lesson's
+/// host; it shows what happened as JSON in `#result`.
+fn attack_page(b: &str, entry_port: u16) -> String {
+    let script = r#"(async () => {
+  const b = 'B_ID', theirs = 'B_ID.localhost:PORT', here = location.host;
+  const read = async (url) => {
+    try {
+      const r = await fetch(url, { credentials: 'include' });
+      const t = await r.text();
+      return t.includes('secret-of-b-42') ? 'READ B' : 'status ' + r.status;
+    } catch (e) { return 'refused ' + e.name; }
+  };
+  const shell = (url) => new Promise((done) => {
+    let ws;
+    try { ws = new WebSocket(url); } catch (e) { done('refused ' + e.name); return; }
+    ws.binaryType = 'arraybuffer';
+    ws.onopen = () => {
+      ws.send(new TextEncoder().encode('touch /tmp/pwned-by-a; echo PWNED\r'));
+      setTimeout(() => done('OPENED B'), 2000);
+    };
+    ws.onclose = (e) => done('closed ' + e.code);
+  });
+  const out = {};
+  out.pathHere = await read('/l/' + b + '/box/web/secret.html');
+  out.theirHost = await read('http://' + theirs + '/l/' + b + '/box/web/secret.html');
+  out.shellHere = await shell('ws://' + here + '/l/' + b + '/box/cli/terminal');
+  out.shellTheirs = await shell('ws://' + theirs + '/l/' + b + '/box/cli/terminal');
+  out.ran = true;
+  document.getElementById('result').textContent = JSON.stringify(out);
+})();"#
+        .replace("B_ID", b)
+        .replace("PORT", &entry_port.to_string());
+    format!(
+        "<html><body><p>cute cat pictures</p><pre id=\"result\"></pre><script>{script}</script></body></html>"
+    )
+}
+
+/// Standard base64 of `bytes` (for a file typed into a terminal as one line).
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
+
+/// A terminal WebSocket at an `http://` entrypoint URL, connected to the entrypoint's loopback
+/// port whatever the URL's host (`<id>.localhost` is loopback to browsers, not to this
+/// system's resolver); a client that is no browser, so it sends no `Origin`.
+async fn terminal_at(url: &str, entry_port: u16) -> crate::entrypoint::Terminal {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", entry_port))
+        .await
+        .unwrap();
+    let ws_url = url.replacen("http://", "ws://", 1);
+    match tokio_tungstenite::client_async(ws_url, stream).await {
+        Ok((ws, _)) => ws,
+        Err(err) => panic!("terminal at {url}: {err}"),
+    }
+}
+
+/// Whether a file exists in the `box` container of live lesson `id` (looked at from outside,
+/// with the docker CLI on the private engine).
+fn exists_in_box(id: &str, path: &str) -> bool {
+    let prefix: String = id.chars().filter(|c| *c != '-').take(12).collect();
+    let docker = |args: &[&str]| {
+        let output = std::process::Command::new("docker")
+            .args(args)
+            .output()
+            .expect("the docker CLI runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (_, names) = docker(&["ps", "--format", "{{.Names}}"]);
+    let name = names
+        .lines()
+        .find(|n| n.starts_with(&format!("antidote-{prefix}")) && n.ends_with("-box"))
+        .unwrap_or_else(|| panic!("no box container of {id} in {names}"))
+        .to_owned();
+    docker(&["exec", &name, "test", "-e", path]).0
+}
+
+/// Learner B's browser runs the lesson on the learner page (a terminal typed into, the web tab
+/// shown: the page works in this mode) and keeps the cookies that gives it; learner A, whose
+/// own lesson on the same agent serves a page A wrote, sends B the link, and B opens it. A's
+/// page can neither read B's presentation nor open B's terminal.
+async fn learners_labs_stay_apart(instance: &str, origins: Origins) {
+    let env = PageEnv::start(instance, true, origins).await;
+    let browser = Browser::start().await;
+
+    // B, on the learner page.
+    browser
+        .goto(&format!("{}#/lessons/web-terminal", env.page()))
+        .await;
+    browser
+        .until(
+            "stage one's guide",
+            "return document.querySelector('#guide #guide-marker') !== null",
+            PATIENCE,
+        )
+        .await;
+    browser.click("#start").await;
+    let ready = browser
+        .until(
+            "READY",
+            "const s = document.body.getAttribute('data-status'); \
+             if (s === 'FAILED') return 'FAILED: ' + document.getElementById('status').innerText; \
+             return s === 'READY' ? s : false",
+            Duration::from_secs(180),
+        )
+        .await;
+    assert_eq!(ready, json!("READY"), "{}", env.logs());
+    let b = browser
+        .run("return document.getElementById('live-id').innerText")
+        .await
+        .as_str()
+        .unwrap()
+        .to_owned();
+    browser
+        .until(
+            "the shell's prompt in B's terminal tab",
+            &terminal_shows("box/cli", "$"),
+            Duration::from_secs(30),
+        )
+        .await;
+    type_line(
+        &browser,
+        "box/cli",
+        "echo secret-of-b-$((6*7)) > /www/secret.html && echo saved-$((2*3))",
+        "saved-6",
+    )
+    .await;
+    assert!(exists_in_box(&b, "/www/secret.html"), "B's secret page");
+    browser.click("#tab-box-web").await;
+    web_tab_shows(&browser, "#panel-box-web iframe", "stage one page").await;
+    assert_eq!(
+        unexpected_violations(&browser).await,
+        Vec::<String>::new(),
+        "policy violations on the page"
+    );
+    browser
+        .screenshot(&format!("apart-{origins:?}-1-b-learns"))
+        .await;
+
+    // A: a lesson of their own on the same agent, and a page written into it from A's terminal.
+    let c = &env.scheduler.clients;
+    let session = c.session().await.unwrap();
+    let a = c.request(&session, "web-terminal", 0).await.unwrap();
+    let a = c
+        .ready(&a.id)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", env.logs()));
+    let a_cli = &antidote_tests::presentation(&a, "box", "cli").entrypoint_url;
+    let a_web = antidote_tests::presentation(&a, "box", "web")
+        .entrypoint_url
+        .clone();
+    if origins == Origins::PerLesson {
+        assert!(
+            a_web.starts_with(&format!("http://{}.localhost:{}/l/", a.id, env.entry_port)),
+            "A's lesson has its own origin: {a_web}"
+        );
+    }
+    let mut terminal = terminal_at(a_cli, env.entry_port).await;
+    // In lines the shell's line editor takes whole.
+    let page = base64_encode(attack_page(&b, env.entry_port).as_bytes());
+    for (i, part) in page.as_bytes().chunks(400).enumerate() {
+        let part = std::str::from_utf8(part).unwrap();
+        crate::entrypoint::run(
+            &mut terminal,
+            &format!("echo {part} >> /tmp/attack.b64 && echo part-$(({i}+1000))"),
+            &format!("part-{}", i + 1000),
+        )
+        .await;
+    }
+    crate::entrypoint::run(
+        &mut terminal,
+        "base64 -d /tmp/attack.b64 > /www/attack.html && echo written-$((1+1))",
+        "written-2",
+    )
+    .await;
+    drop(terminal);
+
+    // B opens A's link while B's cookies are fresh.
+    let (base, query) = a_web.split_once('?').unwrap();
+    browser.goto(&format!("{base}attack.html?{query}")).await;
+    let result = browser
+        .until(
+            "A's page's script to finish",
+            "const r = document.getElementById('result'); return r ? r.textContent : false",
+            Duration::from_secs(60),
+        )
+        .await;
+    browser
+        .screenshot(&format!("apart-{origins:?}-2-a-attacks"))
+        .await;
+    let result: Value = serde_json::from_str(result.as_str().unwrap()).unwrap();
+    eprintln!("A's page in B's browser ({origins:?}): {result}");
+    assert_eq!(result["ran"], json!(true), "{result}");
+    for (probe, what) in [
+        ("pathHere", "B's page by path on A's page's own host"),
+        ("theirHost", "B's page on B's host"),
+        ("shellHere", "B's terminal by path on A's page's own host"),
+        ("shellTheirs", "B's terminal on B's host"),
+    ] {
+        let got = result[probe].as_str().unwrap_or_default();
+        assert!(
+            got != "READ B" && got != "OPENED B",
+            "A's page reached {what}: {result}\n{}",
+            env.logs()
+        );
+    }
+    if origins == Origins::PerLesson {
+        // Same-origin to A's page, so readable: the entrypoint refused a path of B's on A's host.
+        assert_eq!(result["pathHere"], json!("status 403"), "{result}");
+    }
+    assert!(
+        !exists_in_box(&b, "/tmp/pwned-by-a"),
+        "A's page typed into B's shell: {result}"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn browser_learners_labs_stay_apart_with_an_origin_per_lesson() {
+    learners_labs_stay_apart("e2e-browser-apart-own", Origins::PerLesson).await;
+}
+
+#[tokio::test]
+async fn browser_learners_labs_stay_apart_on_one_shared_origin() {
+    learners_labs_stay_apart("e2e-browser-apart-shared", Origins::Shared).await;
 }
