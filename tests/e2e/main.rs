@@ -35,6 +35,7 @@ mod replicas;
 mod restart;
 mod shutdown;
 mod starvation;
+mod vanished;
 
 use std::path::PathBuf;
 use std::time::Duration;
