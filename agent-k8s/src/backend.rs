@@ -456,6 +456,26 @@ impl Kubernetes {
                 waits.push(self.shell(spec, endpoint, configuration).boxed());
                 continue;
             }
+            // The configurator logs in to the endpoint's SSH server through its Service: when
+            // the endpoint serves SSH on port 22, wait until that server answers (a running
+            // container is not yet a listening one), so that a slow start costs no try of the
+            // configuration.
+            let serves_ssh = endpoint
+                .presentations
+                .iter()
+                .any(|p| p.port == 22 && p.r#type == proto::PresentationType::Ssh as i32);
+            if let Some(ip) = service_ips.get(&endpoint.name).filter(|_| serves_ssh) {
+                let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
+                probe::until_ready(&format!("{ip}:22"), probe::Expect::SshBanner, deadline)
+                    .await
+                    .map_err(|last| {
+                        format!(
+                            "endpoint `{}` answered no SSH on port 22 within {:?}, so its {} \
+                             could not be applied: {last}",
+                            endpoint.name, self.settings.probe_timeout, configuration.file_name
+                        )
+                    })?;
+            }
             let name = cluster::job_name(&endpoint.name, spec.generation);
             let manifest = configurator::job_manifest(&self.settings, spec, i, service_ips);
             cluster::apply(&jobs, &name, &manifest)
