@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use antidote_proto::api::v1 as api;
 use antidote_proto::sdk::probe::{Expect, until_ready};
 use antidote_tests::{Clients, Process, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
@@ -226,6 +227,7 @@ async fn main() -> anyhow::Result<()> {
         "no Kubernetes API: run `tests/k8s/cluster.sh start` and export the KUBECONFIG it prints",
     )?;
     let dir = tempfile::tempdir()?;
+    headroom(&client, &args).await?;
     let result = run(&args, &client, dir.path()).await;
     // Whatever happened, nothing of this run stays on the shared node.
     if let Err(err) = remove_leftovers(&client).await {
@@ -235,6 +237,51 @@ async fn main() -> anyhow::Result<()> {
         println!("logs kept in {}", dir.keep().display());
     }
     result
+}
+
+/// A CPU quantity (`2`, `1.5`, `250m`) in millicpu.
+fn millicpu(quantity: &str) -> u64 {
+    match quantity.strip_suffix('m') {
+        Some(milli) => milli.parse().unwrap_or(0),
+        None => quantity
+            .parse::<f64>()
+            .map(|cpus| (cpus * 1000.0) as u64)
+            .unwrap_or(0),
+    }
+}
+
+/// Prints the nodes' allocatable CPU against what the pods already on them request and what a
+/// round of this bench adds, and warns when a round does not fit: the node is shared, and pods
+/// that find no room wait (the live lesson's reason then says so).
+async fn headroom(client: &kube::Client, args: &Args) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let allocatable: u64 = nodes
+        .list(&ListParams::default())
+        .await?
+        .into_iter()
+        .filter_map(|node| node.status?.allocatable?.get("cpu").map(|q| millicpu(&q.0)))
+        .sum();
+    let pods: Api<Pod> = Api::all(client.clone());
+    let requested: u64 = pods
+        .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
+        .await?
+        .into_iter()
+        .filter_map(|pod| pod.spec)
+        .filter(|spec| spec.node_name.is_some())
+        .flat_map(|spec| spec.containers)
+        .filter_map(|c| c.resources?.requests?.get("cpu").map(|q| millicpu(&q.0)))
+        .sum();
+    let needed = (args.lessons * ENDPOINTS.len()) as u64 * 50;
+    println!(
+        "node CPU: {allocatable}m allocatable, {requested}m requested by the pods on it, {needed}m more per round of this bench"
+    );
+    if requested + needed > allocatable {
+        eprintln!(
+            "k8s-bench: warning: a round does not fit beside what runs on the node now; pods will wait for room"
+        );
+    }
+    Ok(())
 }
 
 /// agent-k8s on the test node's imported images, as the e2e tests run it.
@@ -427,7 +474,19 @@ async fn agent_round(
         let (c, session) = (c.clone(), sessions[i].clone());
         async move {
             let id = c.request(&session, lesson, 0).await?.id;
-            c.ready(&id).await?;
+            if let Err(err) = c.ready(&id).await {
+                // Say where it stood: on a full node, the pods wait for room.
+                let state = c
+                    .admin
+                    .clone()
+                    .get_live_lesson(api::AdminGetLiveLessonRequest { id: id.clone() })
+                    .await
+                    .ok()
+                    .and_then(|view| view.into_inner().live_lesson)
+                    .map(|l| format!("{:?}: {}", l.status(), l.failure_reason))
+                    .unwrap_or_default();
+                return Err(err.context(format!("live lesson {id} of {lesson}, last {state}")));
+            }
             Ok(id)
         }
     })
