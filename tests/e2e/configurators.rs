@@ -481,6 +481,7 @@ struct K8sEnv {
     client: kube::Client,
     agent: Process,
     scheduler: Scheduler,
+    _leftovers: crate::k8s::Leftovers,
 }
 
 impl K8sEnv {
@@ -498,6 +499,7 @@ impl K8sEnv {
             client,
             agent,
             scheduler,
+            _leftovers: crate::k8s::Leftovers(instance.into()),
         }
     }
 

@@ -177,6 +177,26 @@ address = "{agent}"
     )
 }
 
+/// Deletes, when dropped, every lesson namespace of a scheduler instance (without waiting):
+/// a test's lessons must not outlive it on the one shared node, whose CPU requests they would
+/// hold while later tests wait for room, whether the test passed or not.
+pub(crate) struct Leftovers(pub String);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(crate::deploy::kubectl_binary())
+            .args([
+                "delete",
+                "namespace",
+                "--wait=false",
+                "--ignore-not-found",
+                "-l",
+            ])
+            .arg(format!("antidote.io/instance={}", self.0))
+            .output();
+    }
+}
+
 /// A scheduler and agent-k8s (as its ServiceAccount) for one instance.
 struct K8sEnv {
     dir: TempDir,
@@ -186,6 +206,7 @@ struct K8sEnv {
     agent_args: Vec<String>,
     agent_env: Vec<(&'static str, String)>,
     scheduler: Scheduler,
+    _leftovers: Leftovers,
 }
 
 impl K8sEnv {
@@ -210,6 +231,7 @@ impl K8sEnv {
             agent_args,
             agent_env,
             scheduler,
+            _leftovers: Leftovers(instance.into()),
         }
     }
 

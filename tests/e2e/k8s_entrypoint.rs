@@ -26,6 +26,7 @@ struct EntryEnv {
     dir: tempfile::TempDir,
     agent: antidote_tests::Process,
     scheduler: Scheduler,
+    _leftovers: crate::k8s::Leftovers,
 }
 
 impl EntryEnv {
@@ -85,6 +86,7 @@ address = "{agent}"
             dir,
             agent,
             scheduler,
+            _leftovers: crate::k8s::Leftovers(instance.into()),
         }
     }
 
