@@ -555,9 +555,16 @@ impl Kubernetes {
             });
         }
         let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
+        // Every pod watched at once: the kubelet starts them together, and a watch opened only
+        // after the previous pod ran would add its round trips to the lesson's time.
+        let pods = futures::future::try_join_all(
+            spec.endpoints
+                .iter()
+                .map(|endpoint| self.running(spec, &endpoint.name, deadline, report)),
+        )
+        .await?;
         let mut states = Vec::new();
-        for endpoint in &spec.endpoints {
-            let pod = self.running(spec, &endpoint.name, deadline, report).await?;
+        for (endpoint, pod) in spec.endpoints.iter().zip(pods) {
             let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
             let presentations = endpoint
                 .presentations
