@@ -560,8 +560,7 @@ async fn entrypoint_terminal_and_http_proxy_admit_only_their_tokens() {
 }
 
 /// Whether the live lesson is still there and not being removed.
-async fn alive(env: &EntryEnv, id: &str) -> bool {
-    let c = &env.scheduler.clients;
+pub(crate) async fn alive(c: &antidote_tests::Clients, id: &str) -> bool {
     match c
         .lessons
         .clone()
@@ -602,11 +601,11 @@ async fn entrypoint_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_termina
             &format!("tick-{}", n + 1),
         )
         .await;
-        if idle_gone.is_none() && !alive(&env, &idle.id).await {
+        if idle_gone.is_none() && !alive(&env.scheduler.clients, &idle.id).await {
             idle_gone = Some(started.elapsed());
         }
         if polled_gone.is_none() {
-            if alive(&env, &polled.id).await {
+            if alive(&env.scheduler.clients, &polled.id).await {
                 let poll = get(&polled_page, &[("sec-fetch-mode", "cors")]).await;
                 assert_eq!(poll.status, 200, "{}", poll.body);
             } else {
@@ -628,7 +627,7 @@ async fn entrypoint_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_termina
         )
     });
     assert!(
-        alive(&env, &busy.id).await,
+        alive(&env.scheduler.clients, &busy.id).await,
         "the typing learner's lesson was reaped (the idle one went after {idle_gone:?})\n{}",
         env.logs()
     );

@@ -107,23 +107,6 @@ address = "{agent}"
             .await
             .unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()))
     }
-
-    /// Whether the live lesson is still there and READY.
-    async fn alive(&self, id: &str) -> bool {
-        let c = &self.scheduler.clients;
-        match c
-            .lessons
-            .clone()
-            .get_live_lesson(antidote_tests::with_token(
-                api::GetLiveLessonRequest { id: id.into() },
-                c.tokens.of_lesson(id),
-            ))
-            .await
-        {
-            Ok(lesson) => lesson.into_inner().status() == api::LiveLessonStatus::Ready,
-            Err(_) => false,
-        }
-    }
 }
 
 #[tokio::test]
@@ -328,7 +311,8 @@ async fn k8s_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_terminal_does_
             &format!("tick-{}", n + 1),
         )
         .await;
-        if idle_gone.is_none() && !env.alive(&idle.id).await {
+        if idle_gone.is_none() && !crate::entrypoint::alive(&env.scheduler.clients, &idle.id).await
+        {
             idle_gone = Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -341,7 +325,7 @@ async fn k8s_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_terminal_does_
         )
     });
     assert!(
-        env.alive(&busy.id).await,
+        crate::entrypoint::alive(&env.scheduler.clients, &busy.id).await,
         "the typing learner's lesson was reaped (the idle one went after {idle_gone:?})\n{}",
         env.logs()
     );
