@@ -35,7 +35,7 @@ use crate::api::auth::AdminAuth;
 use crate::api::http::Surface;
 use crate::api::{Api, Services, Watches};
 use crate::catalog::Catalog;
-use crate::drive::{Hub, Identity, Pools, Reaper, Reconciler, Replica, Roster};
+use crate::drive::{Hub, Identity, Pools, Reaper, Reconciler, ReconcilerParts, Replica, Roster};
 use crate::metrics::Metrics;
 use crate::model::Millis;
 use crate::settings::Config;
@@ -122,21 +122,21 @@ pub async fn run(
         )
         .await?,
     );
-    let reconciler = Reconciler::new(
-        store.clone(),
-        catalog.clone(),
-        fleet.clone(),
+    let reconciler = Reconciler::new(ReconcilerParts {
+        store: store.clone(),
+        catalog: catalog.clone(),
+        fleet: fleet.clone(),
         roster,
-        hub.clone(),
-        config.reconciler.clone(),
-        Identity {
+        hub: hub.clone(),
+        config: config.reconciler.clone(),
+        identity: Identity {
             instance_id: config.instance_id.clone(),
             cluster_id: cluster_id.clone(),
             replica: replica.clone(),
         },
-        config.replicas.clone(),
-        metrics.clone(),
-    );
+        replicas: config.replicas.clone(),
+        metrics: metrics.clone(),
+    });
     let (fleet_tx, fleet_rx) = tokio::sync::mpsc::unbounded_channel();
     fleet.spawn_supervisors(
         &tracker,

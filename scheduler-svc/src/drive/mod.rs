@@ -17,6 +17,6 @@ pub mod roster;
 pub use hub::Hub;
 pub use pools::Pools;
 pub use reaper::Reaper;
-pub use reconcile::{Identity, Reconciler};
+pub use reconcile::{Identity, Reconciler, ReconcilerParts};
 pub use replicas::Replica;
 pub use roster::Roster;

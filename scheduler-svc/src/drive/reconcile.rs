@@ -187,24 +187,24 @@ enum Resume {
 }
 
 impl Reconciler {
-    /// Creates the reconciler; call [`Reconciler::start`] to run its workers.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: Store,
-        catalog: Arc<Catalog>,
-        fleet: Arc<Fleet>,
-        roster: Arc<Roster>,
-        hub: Arc<Hub>,
-        config: ReconcilerConfig,
-        identity: Identity,
-        replicas: ReplicasConfig,
-        metrics: Arc<Metrics>,
-    ) -> Reconciler {
-        let Identity {
-            instance_id,
-            cluster_id,
-            replica,
-        } = identity;
+    /// Creates the reconciler from its parts; call [`Reconciler::start`] to run its workers.
+    pub fn new(parts: ReconcilerParts) -> Reconciler {
+        let ReconcilerParts {
+            store,
+            catalog,
+            fleet,
+            roster,
+            hub,
+            config,
+            identity:
+                Identity {
+                    instance_id,
+                    cluster_id,
+                    replica,
+                },
+            replicas,
+            metrics,
+        } = parts;
         Reconciler {
             inner: Arc::new(Inner {
                 store,
@@ -1414,6 +1414,28 @@ impl Reconciler {
         };
         backoff(&self.inner.config, id, failures)
     }
+}
+
+/// What the reconciler is made of, named so that its construction reads as a list of parts.
+pub struct ReconcilerParts {
+    /// Desired and observed state.
+    pub store: Store,
+    /// The lesson definitions specs are built from.
+    pub catalog: Arc<Catalog>,
+    /// Where live lessons are placed and driven.
+    pub fleet: Arc<Fleet>,
+    /// Drained and lost agents, operators' labels: placement's view of the fleet.
+    pub roster: Arc<Roster>,
+    /// Watchers of the public API.
+    pub hub: Arc<Hub>,
+    /// Pool size, deadlines, backoff.
+    pub config: ReconcilerConfig,
+    /// Who this scheduler is to agents and to other replicas.
+    pub identity: Identity,
+    /// The lease TTL and how often the store is searched for work nobody does.
+    pub replicas: ReplicasConfig,
+    /// Where provisioning times are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Who this scheduler is to agents and to other replicas.

@@ -29,7 +29,7 @@ use scheduler_svc::agents::Fleet;
 use scheduler_svc::api::http::{self, ROUTES, Route, Surface};
 use scheduler_svc::api::{Api, Watches};
 use scheduler_svc::catalog::{Catalog, Tier};
-use scheduler_svc::drive::{Hub, Identity, Reconciler, Roster};
+use scheduler_svc::drive::{Hub, Identity, Reconciler, ReconcilerParts, Roster};
 use scheduler_svc::metrics::Metrics;
 use scheduler_svc::settings::Config;
 use scheduler_svc::store::Store;
@@ -82,21 +82,21 @@ static SERVER: LazyLock<Server> = LazyLock::new(|| {
             ))
             .expect("roster"),
     );
-    let reconciler = Reconciler::new(
-        store.clone(),
-        catalog.clone(),
-        fleet.clone(),
+    let reconciler = Reconciler::new(ReconcilerParts {
+        store: store.clone(),
+        catalog: catalog.clone(),
+        fleet: fleet.clone(),
         roster,
-        hub.clone(),
-        config.reconciler.clone(),
-        Identity {
+        hub: hub.clone(),
+        config: config.reconciler.clone(),
+        identity: Identity {
             instance_id: config.instance_id.clone(),
             cluster_id: "fuzz".into(),
             replica: None,
         },
-        config.replicas.clone(),
-        metrics.clone(),
-    );
+        replicas: config.replicas.clone(),
+        metrics: metrics.clone(),
+    });
     let pools = scheduler_svc::drive::Pools::new(
         store.clone(),
         catalog.clone(),
