@@ -130,3 +130,42 @@ pub fn addresses(state: &proto::LiveLessonState) -> Vec<String> {
         .flat_map(|e| e.presentations.iter().map(|p| p.address.clone()))
         .collect()
 }
+
+/// An HTTP answer, body read whole.
+#[derive(Debug)]
+pub struct Page {
+    /// The status.
+    pub status: hyper::StatusCode,
+    /// The body as text (invalid UTF-8 replaced).
+    pub body: String,
+}
+
+/// GET of `url` (plain HTTP/1.1), as a learner's browser would fetch a presentation's file.
+pub async fn get(url: &str) -> anyhow::Result<Page> {
+    use http_body_util::{BodyExt as _, Empty};
+    use hyper::body::Bytes;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let fetch = async {
+        let response = client
+            .get(url.parse().with_context(|| format!("not a URL: {url}"))?)
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .with_context(|| format!("GET {url}: reading the body"))?
+            .to_bytes();
+        Ok::<_, anyhow::Error>(Page {
+            status,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), fetch)
+        .await
+        .map_err(|_| anyhow!("GET {url}: no answer within 30 s"))?
+}

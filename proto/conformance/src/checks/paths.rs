@@ -383,7 +383,7 @@ pub async fn guide_jupyter(suite: &mut Suite) -> Verdict {
             let marker = format!("antidote-conformance guide, stage {stage}");
             let started = std::time::Instant::now();
             loop {
-                let last = match antidote_tests::web::Web::default().get(&url).await {
+                let last = match crate::probe::get(&url).await {
                     Ok(answer)
                         if answer.status == hyper::StatusCode::OK
                             && answer.body.contains(&marker) =>
