@@ -9,7 +9,10 @@
 //!
 //! `--store-compare` instead puts three setups side by side in one run, each with its own null
 //! agent: one scheduler on SQLite, one on PostgreSQL, and three replicas sharing one PostgreSQL
-//! database (clients spread across them); rounds rotate through the three.
+//! database (clients spread across them); rounds rotate through the three (with `--against`,
+//! through the three of each binary). When the server loads `pg_stat_statements`, each
+//! PostgreSQL round also prints its transactions and statements per lifecycle, and the run ends
+//! with each PostgreSQL setup's statements per lifecycle.
 //!
 //! `--against PATH` puts this build's scheduler beside another scheduler binary (say, the
 //! previous commit's, copied aside), both on SQLite with a null agent each, rounds alternating
@@ -77,8 +80,9 @@ struct Args {
     postgres: Option<String>,
     /// Instead of the baseline, compare this build's scheduler with the scheduler binary at
     /// this path (both on SQLite, a null agent each), rounds alternating; prints both and the
-    /// ratio (this build / the other).
-    #[arg(long, value_name = "SCHEDULER_BINARY", conflicts_with_all = ["mtls", "dial_in", "store_compare"])]
+    /// ratio (this build / the other). With `--store-compare`, each of its three setups runs
+    /// with both binaries.
+    #[arg(long, value_name = "SCHEDULER_BINARY", conflicts_with_all = ["mtls", "dial_in"])]
     against: Option<std::path::PathBuf>,
     /// Instead of lifecycles, make this many live lessons READY (at `--concurrency`, left
     /// live) and print the scheduler's resident memory before and after (with `--against`,
@@ -388,15 +392,39 @@ async fn against(args: &Args, other: &std::path::Path) -> anyhow::Result<()> {
     let this = workspace_bin("scheduler-svc");
     let database = |i: usize| dirs[i].path().join("antidote.db").display().to_string();
     let setups = [
-        store_setup(args, "this build", dirs[0].path(), &database(0), 1, &this).await?,
-        store_setup(args, "other", dirs[1].path(), &database(1), 1, other).await?,
+        store_setup(
+            args,
+            "this build".into(),
+            dirs[0].path(),
+            &database(0),
+            1,
+            &this,
+            None,
+        )
+        .await?,
+        store_setup(
+            args,
+            "other".into(),
+            dirs[1].path(),
+            &database(1),
+            1,
+            other,
+            None,
+        )
+        .await?,
     ];
     if let Some(live) = args.live {
         let pids: Vec<Vec<u32>> = setups.iter().map(Setup::pids).collect();
         let schedulers: Vec<_> = setups
             .iter()
             .zip(&pids)
-            .map(|(setup, pids)| (setup.name, pids.as_slice(), setup.clients.as_slice()))
+            .map(|(setup, pids)| {
+                (
+                    setup.name.as_str(),
+                    pids.as_slice(),
+                    setup.clients.as_slice(),
+                )
+            })
             .collect();
         return memory(args, live, &schedulers).await;
     }
@@ -765,6 +793,63 @@ impl Database {
             name,
         })
     }
+
+    /// The server's counts for this database so far: transactions (committed and rolled back,
+    /// `pg_stat_database`) and statements other than BEGIN/COMMIT/ROLLBACK
+    /// (`pg_stat_statements`, when the server loads it; see [`statement_counts`]).
+    fn counters(&self) -> (Option<i64>, Option<i64>) {
+        let transactions = psql_value(
+            &self.server,
+            &format!(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '{}'",
+                self.name
+            ),
+        );
+        let statements = psql_value(
+            &self.server,
+            &format!(
+                "SELECT COALESCE(SUM(calls), 0)::bigint FROM pg_stat_statements s \
+                 JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = '{}' \
+                 AND s.query NOT IN ('BEGIN', 'COMMIT', 'ROLLBACK')",
+                self.name
+            ),
+        );
+        (transactions, statements)
+    }
+
+    /// Forgets what `pg_stat_statements` counted for this database (after the warm-up).
+    fn reset_statements(&self) {
+        let _ = psql_value(
+            &self.server,
+            &format!(
+                "SELECT 1 FROM pg_stat_statements_reset(0, \
+                 (SELECT oid FROM pg_database WHERE datname = '{}'), 0)",
+                self.name
+            ),
+        );
+    }
+
+    /// The statements run on this database since the last reset, most often first: (calls,
+    /// query).
+    fn statements(&self, limit: usize) -> Vec<(i64, String)> {
+        let Some(text) = psql_text(
+            &self.server,
+            &format!(
+                "SELECT calls, regexp_replace(left(query, 110), '\\s+', ' ', 'g') \
+                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+                 WHERE d.datname = '{}' ORDER BY calls DESC LIMIT {limit}",
+                self.name
+            ),
+        ) else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|line| {
+                let (calls, query) = line.split_once('|')?;
+                Some((calls.parse().ok()?, query.to_owned()))
+            })
+            .collect()
+    }
 }
 
 impl Setup {
@@ -786,35 +871,68 @@ impl Drop for Database {
     }
 }
 
-fn psql(server: &str, sql: &str) -> anyhow::Result<()> {
-    let psql = ["/usr/lib/postgresql/15/bin/psql", "psql"]
+/// Debian's `psql` (PostgreSQL 15's, else the one on the PATH).
+fn psql_program() -> &'static str {
+    ["/usr/lib/postgresql/15/bin/psql", "psql"]
         .into_iter()
         .find(|p| !p.starts_with('/') || std::path::Path::new(p).exists())
-        .unwrap_or("psql");
-    let status = std::process::Command::new(psql)
+        .unwrap_or("psql")
+}
+
+fn psql(server: &str, sql: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new(psql_program())
         .args([server, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
         .status()?;
     anyhow::ensure!(status.success(), "psql -c {sql:?}: {status}");
     Ok(())
 }
 
+/// A query's unaligned output (`|` between columns), or `None` when it fails (quietly: the
+/// server may not load `pg_stat_statements`).
+fn psql_text(server: &str, sql: &str) -> Option<String> {
+    let out = std::process::Command::new(psql_program())
+        .args([server, "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// A query's one number.
+fn psql_value(server: &str, sql: &str) -> Option<i64> {
+    psql_text(server, sql)?.parse().ok()
+}
+
+/// Whether the server counts statements (`pg_stat_statements` in `shared_preload_libraries`):
+/// then the extension is created in the maintenance database, where loadgen reads it.
+fn statement_counts(server: &str) -> bool {
+    psql_text(server, "SHOW shared_preload_libraries")
+        .is_some_and(|libraries| libraries.contains("pg_stat_statements"))
+        && psql(server, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements").is_ok()
+}
+
 /// One setup of `--store-compare`: a null agent, its schedulers and their clients.
 struct Setup {
-    name: &'static str,
+    name: String,
     _agent: Process,
     _schedulers: Vec<Scheduler>,
     clients: Vec<Clients>,
+    /// Its PostgreSQL database, if on PostgreSQL.
+    database: Option<Database>,
 }
 
 /// `replicas` schedulers on `database` (an SQLite path or a PostgreSQL URL) sharing one null
 /// agent in `dir`; `args.connections` clients to each, warmed up by one lifecycle each.
 async fn store_setup(
     args: &Args,
-    name: &'static str,
+    name: String,
     dir: &std::path::Path,
     database: &str,
     replicas: usize,
     binary: &std::path::Path,
+    postgres: Option<Database>,
 ) -> anyhow::Result<Setup> {
     let agent = Process::spawn(
         &workspace_bin("test-agent"),
@@ -878,62 +996,159 @@ async fn store_setup(
     let spread = (0..clients.len())
         .map(|i| clients[(i % replicas) * per + (i / replicas) % per].clone())
         .collect();
+    if let Some(database) = &postgres {
+        database.reset_statements();
+    }
     Ok(Setup {
         name,
         _agent: agent,
         _schedulers: schedulers,
         clients: spread,
+        database: postgres,
     })
 }
 
-/// `--store-compare`: SQLite, PostgreSQL, and 3 replicas on PostgreSQL, rounds rotating.
+/// `--store-compare`: SQLite, PostgreSQL, and 3 replicas on PostgreSQL, rounds rotating; with
+/// `--against`, the same three again with the other scheduler binary (which build goes first
+/// alternates by round).
 async fn store_compare(args: &Args) -> anyhow::Result<()> {
     let server = args.postgres.clone().ok_or_else(|| {
         anyhow::anyhow!("--store-compare needs --postgres URL or ANTIDOTE_TEST_POSTGRES")
     })?;
-    let (one, three) = (Database::create(&server)?, Database::create(&server)?);
-    let dirs = [
-        tempfile::tempdir()?,
-        tempfile::tempdir()?,
-        tempfile::tempdir()?,
-    ];
-    let sqlite = dirs[0].path().join("antidote.db").display().to_string();
-    let bin = workspace_bin("scheduler-svc");
-    let setups = [
-        store_setup(args, "SQLite", dirs[0].path(), &sqlite, 1, &bin).await?,
-        store_setup(args, "PostgreSQL", dirs[1].path(), &one.url, 1, &bin).await?,
-        store_setup(args, "PostgreSQL x3", dirs[2].path(), &three.url, 3, &bin).await?,
-    ];
+    let counted = statement_counts(&server);
+    let mut builds = vec![("", workspace_bin("scheduler-svc"))];
+    if let Some(other) = &args.against {
+        anyhow::ensure!(other.exists(), "{} does not exist", other.display());
+        builds.push((" (other)", other.clone()));
+    }
+    let mut dirs = Vec::new();
+    let mut setups = Vec::new();
+    for (suffix, bin) in &builds {
+        let at = dirs.len();
+        for _ in 0..3 {
+            dirs.push(tempfile::tempdir()?);
+        }
+        let sqlite = dirs[at].path().join("antidote.db").display().to_string();
+        let (one, three) = (Database::create(&server)?, Database::create(&server)?);
+        let (one_url, three_url) = (one.url.clone(), three.url.clone());
+        setups.push(
+            store_setup(
+                args,
+                format!("SQLite{suffix}"),
+                dirs[at].path(),
+                &sqlite,
+                1,
+                bin,
+                None,
+            )
+            .await?,
+        );
+        setups.push(
+            store_setup(
+                args,
+                format!("PostgreSQL{suffix}"),
+                dirs[at + 1].path(),
+                &one_url,
+                1,
+                bin,
+                Some(one),
+            )
+            .await?,
+        );
+        setups.push(
+            store_setup(
+                args,
+                format!("PostgreSQL x3{suffix}"),
+                dirs[at + 2].path(),
+                &three_url,
+                3,
+                bin,
+                Some(three),
+            )
+            .await?,
+        );
+    }
     println!(
         "loadgen --store-compare: {} lifecycles per round, concurrency {}, {} rounds, lesson {}, \
-         {} connections per scheduler",
-        args.lifecycles, args.concurrency, args.rounds, args.lesson, args.connections
+         {} connections per scheduler{}",
+        args.lifecycles,
+        args.concurrency,
+        args.rounds,
+        args.lesson,
+        args.connections,
+        args.against.as_ref().map_or(String::new(), |other| format!(
+            ", against {}",
+            other.display()
+        ))
     );
     let mut results: Vec<Vec<Stats>> = setups.iter().map(|_| Vec::new()).collect();
+    // Per PostgreSQL setup and round: transactions and statements per lifecycle.
+    let mut per_lifecycle: Vec<Vec<(f64, f64)>> = setups.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         let mut line = format!("round {round}:");
-        for (setup, results) in setups.iter().zip(&mut results) {
+        let mut order: Vec<usize> = (0..setups.len()).collect();
+        if round % 2 == 0 && builds.len() == 2 {
+            order.rotate_left(3);
+        }
+        for s in order {
+            let setup = &setups[s];
+            let before = setup.database.as_ref().map(Database::counters);
             let measured = run_measured(args, &setup.pids(), |i| {
                 let clients = setup.clients[i % setup.clients.len()].clone();
                 let lesson = args.lesson.clone();
                 async move { lifecycle(&clients, &lesson).await }
             })
             .await?;
+            let mut counts = String::new();
+            if let (Some(database), Some(before)) = (&setup.database, before) {
+                // pg_stat_database hears of a backend's transactions when it goes idle (within
+                // a second).
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let after = database.counters();
+                let per = |b: Option<i64>, a: Option<i64>| {
+                    b.zip(a)
+                        .map(|(b, a)| (a - b) as f64 / args.lifecycles as f64)
+                };
+                let transactions = per(before.0, after.0);
+                let statements = per(before.1, after.1);
+                if let Some(transactions) = transactions {
+                    counts.push_str(&format!(" {transactions:.1} transactions"));
+                }
+                if let Some(statements) = statements {
+                    counts.push_str(&format!(" {statements:.1} statements"));
+                }
+                if !counts.is_empty() {
+                    counts.push_str(" per lifecycle");
+                }
+                per_lifecycle[s].push((
+                    transactions.unwrap_or(f64::NAN),
+                    statements.unwrap_or(f64::NAN),
+                ));
+            }
             line.push_str(&format!(
-                " {} {:.0} lifecycles/s p99 {:.2} ms CPU {} µs/lifecycle |",
+                " {} {:.0} lifecycles/s p99 {:.2} ms CPU {} µs/lifecycle{counts} |",
                 setup.name,
                 measured.per_second,
                 ms(measured.p99),
                 micros(measured.cpu)
             ));
-            results.push(measured);
+            results[s].push(measured);
         }
         let rate = |s: usize| results[s].last().map_or(0.0, |m| m.per_second);
-        println!(
-            "{line} PostgreSQL/SQLite {:.3}, PostgreSQL x3/PostgreSQL {:.3}",
+        let mut ratios = format!(
+            " PostgreSQL/SQLite {:.3}, PostgreSQL x3/PostgreSQL {:.3}",
             rate(1) / rate(0),
             rate(2) / rate(1)
         );
+        if builds.len() == 2 {
+            ratios.push_str(&format!(
+                "; this/other: SQLite {:.3}, PostgreSQL {:.3}, PostgreSQL x3 {:.3}",
+                rate(0) / rate(3),
+                rate(1) / rate(4),
+                rate(2) / rate(5)
+            ));
+        }
+        println!("{line}{ratios}");
     }
     let medians: Vec<(f64, Duration)> = results
         .iter()
@@ -943,21 +1158,72 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
             (median(&rates), median(&p99s))
         })
         .collect();
-    for ((setup, (rate, p99)), r) in setups.iter().zip(&medians).zip(&results) {
+    for (s, ((setup, (rate, p99)), r)) in setups.iter().zip(&medians).zip(&results).enumerate() {
         let cpus: Vec<Duration> = r.iter().filter_map(|m| m.cpu).collect();
+        let rates: Vec<f64> = r.iter().map(|m| m.per_second).collect();
+        let (low, high) = rates
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        let mut counts = String::new();
+        if !per_lifecycle[s].is_empty() {
+            let transactions: Vec<f64> = per_lifecycle[s].iter().map(|c| c.0).collect();
+            let statements: Vec<f64> = per_lifecycle[s].iter().map(|c| c.1).collect();
+            counts = format!(
+                ", {:.1} transactions and {:.1} statements per lifecycle",
+                median(&transactions),
+                median(&statements)
+            );
+        }
         println!(
-            "median: {} {rate:.0} lifecycles/s, request→READY p99 {:.2} ms, schedulers' CPU {} µs/lifecycle",
+            "median: {} {rate:.0} lifecycles/s ({low:.0}–{high:.0}), request→READY p99 {:.2} ms, \
+             schedulers' CPU {} µs/lifecycle{counts}",
             setup.name,
             ms(*p99),
             micros((!cpus.is_empty()).then(|| median(&cpus)))
         );
     }
+    // The rounds' own ratios, medians of them (each round's setups ran minutes apart at most).
+    let ratio = |a: usize, b: usize| {
+        let ratios: Vec<f64> = results[a]
+            .iter()
+            .zip(&results[b])
+            .map(|(a, b)| a.per_second / b.per_second)
+            .collect();
+        median(&ratios)
+    };
     println!(
-        "median ratios: PostgreSQL/SQLite throughput {:.3}, PostgreSQL x3/PostgreSQL {:.3}, \
-         PostgreSQL x3/SQLite {:.3}",
-        medians[1].0 / medians[0].0,
-        medians[2].0 / medians[1].0,
-        medians[2].0 / medians[0].0
+        "median of the rounds' ratios: PostgreSQL/SQLite throughput {:.3}, PostgreSQL x3/PostgreSQL \
+         {:.3}, PostgreSQL x3/SQLite {:.3}",
+        ratio(1, 0),
+        ratio(2, 1),
+        ratio(2, 0)
     );
+    if builds.len() == 2 {
+        println!(
+            "median of the rounds' ratios, the other build: PostgreSQL/SQLite {:.3}, \
+             PostgreSQL x3/PostgreSQL {:.3}; this/other: SQLite {:.3}, PostgreSQL {:.3}, \
+             PostgreSQL x3 {:.3}",
+            ratio(4, 3),
+            ratio(5, 4),
+            ratio(0, 3),
+            ratio(1, 4),
+            ratio(2, 5)
+        );
+    }
+    if counted {
+        let lifecycles = (args.lifecycles * args.rounds) as f64;
+        for setup in &setups {
+            let Some(database) = &setup.database else {
+                continue;
+            };
+            println!(
+                "statements per lifecycle, {} (pg_stat_statements):",
+                setup.name
+            );
+            for (calls, query) in database.statements(12) {
+                println!("  {:>6.2}  {query}", calls as f64 / lifecycles);
+            }
+        }
+    }
     Ok(())
 }
