@@ -71,6 +71,7 @@ READY_FAILURES = 3        # consecutive failed rounds that turn READY into FAILE
 DEFAULT_PAGE, MAX_PAGE = 100, 500
 DEFAULT_HEARTBEAT, MAX_HEARTBEAT = 10.0, 30.0
 WATCH_QUEUE = 1024        # events a watcher may fall behind before it gets a resync
+MAX_LABELS, MAX_LABEL_BYTES = 32, 253  # label bounds of a spec (PROTOCOL.md [S2])
 
 log = logging.getLogger(AGENT_NAME)
 
@@ -119,13 +120,16 @@ def check_spec(spec):
         err("generation", "must be at least 1")
     if not spec.endpoints:
         err("endpoints", "must not be empty")
-    if not spec.lesson_slug:
-        err("lesson_slug", "empty")
     for key in REQUIRED_LABELS:
         if not spec.labels.get(key):
             err(f"labels[{key}]", "missing; the scheduler always sends it")
     if spec.labels.get("antidote.io/live-lesson", spec.live_lesson_id) != spec.live_lesson_id:
         err("labels[antidote.io/live-lesson]", "differs from live_lesson_id")
+    if len(spec.labels) > MAX_LABELS:
+        err("labels", f"{len(spec.labels)} labels, over the {MAX_LABELS} a spec may carry")
+    for key, value in sorted(spec.labels.items()):
+        if max(len(key.encode()), len(value.encode())) > MAX_LABEL_BYTES:
+            err(f"labels[{key}]", f"key or value over {MAX_LABEL_BYTES} bytes")
     names = set()
     for i, ep in enumerate(spec.endpoints):
         f = f"endpoints[{i}]"
@@ -137,6 +141,8 @@ def check_spec(spec):
         names.add(ep.name)
         if not ep.image.slug:
             err(f + ".image.slug", "is empty")
+        if ep.HasField("jupyter_guide"):
+            err(f + ".jupyter_guide", "this agent does not offer guide.jupyter")
         if ep.HasField("configuration"):
             err(f + ".configuration", f"this agent cannot apply configuration "
                 f"`{ep.configuration.file_name}`: it does not offer stage.configuration")
@@ -852,7 +858,9 @@ class Backend(pb_grpc.BackendServicer):
         """A snapshot of the held live lessons, then their changes; heartbeats and resyncs carry
         the revision of the last message sent on this stream (PROTOCOL.md [W1]-[W4])."""
         book = self.book
-        interval = seconds(request.heartbeat_interval) or DEFAULT_HEARTBEAT
+        # 0 or negative asks for the default (PROTOCOL.md [W4]).
+        interval = seconds(request.heartbeat_interval)
+        interval = DEFAULT_HEARTBEAT if interval <= 0 else interval
         interval = min(max(interval, 0.1), MAX_HEARTBEAT)
         w = Watcher(dict(request.label_selector))
         with book.mu:
