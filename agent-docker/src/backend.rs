@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::probe::{self, Expect};
-use antidote_proto::sdk::{self, Backend, Description, Report, Start, StateBook, capabilities};
+use antidote_sdk::probe::{self, Expect};
+use antidote_sdk::{self as sdk, Backend, Description, Reporter, Start, StateBook, capabilities};
 use futures::StreamExt;
 use proto::{Phase, PresentationType};
 use tonic::Status;
@@ -195,7 +195,7 @@ impl Docker {
         &self,
         spec: &proto::LessonSpec,
         start: Start,
-        report: &Report,
+        report: &Reporter,
     ) -> Result<Vec<proto::EndpointState>, String> {
         let docker = &self.docker;
         let settings = &self.settings;
@@ -442,7 +442,7 @@ impl Backend for Docker {
         &self,
         spec: proto::LessonSpec,
         start: Start,
-        report: Report,
+        report: Reporter,
     ) -> Result<Vec<proto::EndpointState>, String> {
         self.take_to_ready(&spec, start, &report).await
     }

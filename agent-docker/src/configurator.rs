@@ -332,7 +332,7 @@ async fn remove(docker: &Docker, name: &str) -> Result<(), EngineError> {
 /// The capabilities agent-docker adds for configuration types: shell always, the others when
 /// the configurator image is there.
 pub fn capabilities(available: bool) -> Vec<&'static str> {
-    use antidote_proto::sdk::capabilities as c;
+    use antidote_sdk::capabilities as c;
     let mut out = vec![c::CONFIGURATION_SHELL];
     if available {
         out.extend([

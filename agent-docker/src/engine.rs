@@ -47,7 +47,7 @@ pub const CAPABILITIES: &[&str] = &[
     "SYS_CHROOT",
 ];
 
-pub use antidote_proto::sdk::output::{OUTPUT_KEPT, PidLine, Run, Tail};
+pub use antidote_sdk::output::{OUTPUT_KEPT, PidLine, Run, Tail};
 
 /// A Docker failure, with the engine's words.
 #[derive(Debug, thiserror::Error)]

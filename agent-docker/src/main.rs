@@ -11,7 +11,7 @@ use std::sync::Arc;
 use agent_docker::backend::Docker;
 use agent_docker::firewall::Firewall;
 use agent_docker::settings::Settings;
-use antidote_proto::sdk::{self, Agent, StateBook};
+use antidote_sdk::{self as sdk, Agent, StateBook};
 use anyhow::Context as _;
 use clap::Parser as _;
 use tokio_util::sync::CancellationToken;

@@ -22,15 +22,15 @@ pub struct Settings {
     /// mTLS towards the scheduler (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
     /// `--tls-require-identity`; `ANTIDOTE_AGENT_TLS_*`), or `--insecure-plaintext` off loopback.
     #[command(flatten)]
-    pub tls: antidote_proto::sdk::tls::TlsArgs,
+    pub tls: antidote_sdk::tls::TlsArgs,
     /// Dial in to the scheduler instead of listening (`--connect https://SCHEDULER:PORT`,
     /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
     #[command(flatten)]
-    pub connect: antidote_proto::sdk::dial::ConnectArgs,
+    pub connect: antidote_sdk::dial::ConnectArgs,
     /// Learners' way in (`--entrypoint-listen ADDR`, its TLS and keys): web terminals and
     /// proxied HTTP presentations, reaching containers at their published ports.
     #[command(flatten)]
-    pub entrypoint: antidote_proto::sdk::entrypoint::EntrypointArgs,
+    pub entrypoint: antidote_sdk::entrypoint::EntrypointArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::output::Run;
-use antidote_proto::sdk::probe;
-use antidote_proto::sdk::{self, Backend, Description, Report, Start, capabilities, labels};
+use antidote_sdk::output::Run;
+use antidote_sdk::probe;
+use antidote_sdk::{self as sdk, Backend, Description, Reporter, Start, capabilities, labels};
 use futures::FutureExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
@@ -208,7 +208,7 @@ impl Kubernetes {
         spec: &proto::LessonSpec,
         name: &str,
         deadline: tokio::time::Instant,
-        report: &Report,
+        report: &Reporter,
     ) -> Result<Pod, String> {
         let pods: Api<Pod> = self.api(spec);
         let unschedulable: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
@@ -267,7 +267,7 @@ impl Kubernetes {
     async fn await_deleted_namespace(
         &self,
         spec: &proto::LessonSpec,
-        report: &Report,
+        report: &Reporter,
     ) -> Result<bool, String> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let name = cluster::namespace(&spec.live_lesson_id);
@@ -524,7 +524,7 @@ impl Kubernetes {
         &self,
         spec: &proto::LessonSpec,
         start: Start,
-        report: &Report,
+        report: &Reporter,
     ) -> Result<Vec<proto::EndpointState>, String> {
         if start == Start::Create {
             report.phase(
@@ -765,7 +765,7 @@ impl Backend for Kubernetes {
         &self,
         spec: proto::LessonSpec,
         start: Start,
-        report: Report,
+        report: Reporter,
     ) -> Result<Vec<proto::EndpointState>, String> {
         let endpoints = self.take_to_ready(&spec, start, &report).await?;
         self.guard.ready(&spec.live_lesson_id, report);

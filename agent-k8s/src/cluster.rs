@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::labels;
+use antidote_sdk::labels;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use proto::{Flavor, PresentationType};

@@ -197,7 +197,7 @@ pub fn job_manifest(
 /// The capabilities agent-k8s adds for configuration types: shell always, the others with a
 /// configurator image.
 pub fn capabilities(settings: &Settings) -> Vec<&'static str> {
-    use antidote_proto::sdk::capabilities as c;
+    use antidote_sdk::capabilities as c;
     let mut out = vec![c::CONFIGURATION_SHELL];
     if settings
         .configurator_image

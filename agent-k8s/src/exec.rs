@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use antidote_proto::sdk::output::{OUTPUT_KEPT, PidLine, Run, Tail};
+use antidote_sdk::output::{OUTPUT_KEPT, PidLine, Run, Tail};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{Api, AttachParams};

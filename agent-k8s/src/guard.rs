@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use antidote_proto::agent::v1::Phase;
-use antidote_proto::sdk::{Report, labels};
+use antidote_sdk::{Reporter, labels};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
@@ -23,7 +23,7 @@ pub struct Guard {
     client: kube::Client,
     /// Per live lesson id: the report of its READY generation, through which FAILED goes out
     /// (dropped by the SDK once a newer generation began).
-    ready: Mutex<HashMap<String, Report>>,
+    ready: Mutex<HashMap<String, Reporter>>,
     /// Set when the watch starts (with the first READY live lesson), so it starts once.
     watching: OnceLock<()>,
 }
@@ -40,7 +40,7 @@ impl Guard {
 
     /// The live lesson `id` is READY at `report`'s generation: its namespace is watched from now
     /// on (the watch starts if it is the first).
-    pub fn ready(self: &Arc<Self>, id: &str, report: Report) {
+    pub fn ready(self: &Arc<Self>, id: &str, report: Reporter) {
         self.lock().insert(id.to_owned(), report);
         if self.watching.set(()).is_ok() {
             tokio::spawn(self.clone().watch());
@@ -128,7 +128,7 @@ impl Guard {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Report>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Reporter>> {
         // Every critical section is one map operation; a poisoned lock is still consistent.
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }

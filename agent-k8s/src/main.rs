@@ -5,7 +5,7 @@
 
 use agent_k8s::backend::Kubernetes;
 use agent_k8s::settings::Settings;
-use antidote_proto::sdk::{self, Agent};
+use antidote_sdk::{self as sdk, Agent};
 use anyhow::Context as _;
 use clap::Parser as _;
 

@@ -1,11 +1,11 @@
 //! Entrypoint tokens, the scheduler's side: the signing key set loaded from `[entrypoint]`, the
 //! public keys agents get at handshake, and the per-presentation URLs learners get
-//! (`antidote_proto::sdk::entrypoint` verifies them on the agents).
+//! (`antidote_net::entrypoint` verifies them on the agents).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use antidote_proto::sdk::entrypoint::{
+use antidote_net::entrypoint::{
     Claims, PLACEHOLDER, Signer, TOKEN_PARAM, Template, presentation_path,
 };
 
@@ -138,7 +138,7 @@ pub fn per_lesson_source(url: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::settings::EntrypointKeyConfig;
-    use antidote_proto::sdk::entrypoint::Keys;
+    use antidote_net::entrypoint::Keys;
 
     #[test]
     fn rotation_keeps_old_keys_verifying() {

@@ -2,7 +2,7 @@
 //! `tonic::Status` lives in one function, [`Error::code`].
 
 use antidote_proto::api::v1::ErrorReason;
-use antidote_proto::sdk::errors;
+use antidote_net::errors;
 use tonic::Code;
 
 use crate::model::{BadId, LiveLessonId, SessionId, Status};

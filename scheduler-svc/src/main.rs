@@ -81,7 +81,7 @@ fn validate(dir: &std::path::Path, tier: Tier) -> ExitCode {
 
 async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let config = Config::load(config.as_deref())?;
-    let telemetry = antidote_proto::sdk::trace::init(
+    let telemetry = antidote_net::trace::init(
         config
             .telemetry
             .service_name
@@ -158,7 +158,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (key `listen`)", config.listen))?;
-    let signal = antidote_proto::sdk::shutdown_signal();
+    let signal = antidote_net::shutdown_signal();
     // Tests and scripts read this line (last) to learn the port when `listen` asks for port 0.
     println!("listening on {}", listener.local_addr()?);
     let shutdown = CancellationToken::new();

@@ -30,7 +30,7 @@
 
 use std::time::Duration;
 
-use antidote_proto::sdk::metrics::{
+use antidote_net::metrics::{
     HistogramFamily, call_buckets, code_name, encode, provisioning_buckets,
 };
 use prometheus_client::encoding::EncodeLabelSet;

@@ -19,12 +19,12 @@ pub const NOT_OURS: &[&str] = &[
     "ANTIDOTE_DOCKER_",
     "ANTIDOTE_K8S_",
     "ANTIDOTE_SERVER",
-    // An agent's `--connect` (antidote_proto::sdk::dial) and its TLS and plaintext flags
-    // (antidote_proto::sdk::tls::TlsArgs); `ANTIDOTE_AGENT_INTAKE__*` is ours.
+    // An agent's `--connect` (antidote_net::dial) and its TLS and plaintext flags
+    // (antidote_net::tls::TlsArgs); `ANTIDOTE_AGENT_INTAKE__*` is ours.
     "ANTIDOTE_AGENT_CONNECT",
     "ANTIDOTE_AGENT_TLS_",
     "ANTIDOTE_AGENT_INSECURE_PLAINTEXT",
-    // An agent's entrypoint flags (antidote_proto::sdk::entrypoint::EntrypointArgs);
+    // An agent's entrypoint flags (antidote_sdk::entrypoint::EntrypointArgs);
     // `ANTIDOTE_ENTRYPOINT__*` is ours.
     "ANTIDOTE_AGENT_ENTRYPOINT_",
     // The test suite's own settings (`ANTIDOTE_TEST_POSTGRES`: tests/postgres/pg.sh's server),
@@ -997,7 +997,7 @@ impl Config {
             );
         }
         for (agent, url) in &self.entrypoint.urls {
-            if let Err(err) = antidote_proto::sdk::entrypoint::Template::parse(url) {
+            if let Err(err) = antidote_net::entrypoint::Template::parse(url) {
                 return invalid(&format!("entrypoint.urls.{agent}"), &err);
             }
         }
@@ -1006,7 +1006,7 @@ impl Config {
         }
         // Entrypoints refuse a token that lives longer than their bound (the SDK's
         // `--entrypoint-max-token-lifetime`, 24h by default): half of it leaves room.
-        if self.entrypoint.token_ttl > antidote_proto::sdk::entrypoint::token::MAX_LIFETIME / 2 {
+        if self.entrypoint.token_ttl > antidote_net::entrypoint::token::MAX_LIFETIME / 2 {
             return invalid(
                 "entrypoint.token_ttl",
                 "must be at most 12h: agents' entrypoints refuse tokens that live longer than \
@@ -1071,7 +1071,7 @@ impl Config {
                 }
                 Some(tls) => {
                     if let Some(name) = &tls.server_name
-                        && let Err(err) = antidote_proto::sdk::tls::Identity::parse(name)
+                        && let Err(err) = antidote_net::tls::Identity::parse(name)
                     {
                         return invalid(&format!("agents[{i}].tls.server_name"), &err.to_string());
                     }

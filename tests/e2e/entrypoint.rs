@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use antidote_proto::api::v1 as api;
-use antidote_proto::sdk::entrypoint::terminal::WITHDRAWN;
-use antidote_proto::sdk::entrypoint::{Claims, Keys, Signer};
+use antidote_sdk::entrypoint::terminal::WITHDRAWN;
+use antidote_sdk::entrypoint::{Claims, Keys, Signer};
 use antidote_tests::{Process, Scheduler, presentation, workspace_bin};
 use futures::{SinkExt as _, StreamExt as _};
 use tempfile::TempDir;

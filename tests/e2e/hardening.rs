@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
-use antidote_proto::sdk::entrypoint::{Claims, Signer};
+use antidote_sdk::entrypoint::{Claims, Signer};
 use antidote_tests::web::Web;
 use antidote_tests::{ADMIN_READ_TOKEN, Scheduler, example_curriculum, presentation};
 use hyper::StatusCode;

@@ -1073,7 +1073,7 @@ fn variables(text: &str) -> BTreeSet<String> {
 fn agent_k8s_manifests_name_only_variables_the_agent_reads() {
     let mut known = BTreeSet::new();
     let mut sources = vec![repo().join("agent-k8s/src/settings.rs")];
-    let mut dirs = vec![repo().join("proto/src/sdk")];
+    let mut dirs = vec![repo().join("proto/sdk/src"), repo().join("proto/net/src")];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();

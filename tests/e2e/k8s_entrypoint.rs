@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_proto::sdk::entrypoint::{Claims, Signer};
+use antidote_sdk::entrypoint::{Claims, Signer};
 use antidote_tests::{Scheduler, presentation};
 use futures::{SinkExt as _, StreamExt as _};
 use tokio_tungstenite::tungstenite::Message;

@@ -186,7 +186,7 @@ pub async fn start_agent_with_env(
         .path()
         .join(format!("agent-{}.log", uuid::Uuid::new_v4()));
     Process::spawn_with_env(
-        std::path::Path::new(env!("CARGO_BIN_EXE_test-agent")),
+        &antidote_tests::workspace_bin("test-agent"),
         &all,
         env,
         log,

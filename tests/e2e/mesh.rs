@@ -29,7 +29,7 @@ use antidote_proto::api::v1 as api;
 /// The fixture CRDs of the meshes (`tests/fixtures/mesh-crds`).
 const MESH_CRDS: &str = "mesh-crds";
 
-/// The agent's mTLS settings in the base (`--tls-*`, proto/src/sdk/tls.rs).
+/// The agent's mTLS settings in the base (`--tls-*`, proto/net/src/tls.rs).
 const TLS_ENV: [&str; 4] = [
     "ANTIDOTE_AGENT_TLS_CERT",
     "ANTIDOTE_AGENT_TLS_KEY",
@@ -51,7 +51,7 @@ fn secret_volumes(docs: &[Value], name: &str) -> Vec<String> {
 const MESHES: [&str; 2] = ["linkerd", "istio"];
 
 /// The environment variable by which the SDK's agents opt in to plaintext on a non-loopback
-/// address (`--insecure-plaintext`, proto/src/sdk/tls.rs).
+/// address (`--insecure-plaintext`, proto/net/src/tls.rs).
 const PLAINTEXT_ENV: &str = "ANTIDOTE_AGENT_INSECURE_PLAINTEXT";
 
 /// The component directories under deploy/k8s of `mesh` (`None`: the base alone).

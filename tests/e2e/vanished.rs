@@ -9,7 +9,7 @@ use std::path::Path;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
-use antidote_proto::sdk::labels;
+use antidote_sdk::labels;
 use antidote_tests::{Process, Scheduler, example_curriculum, fetch, presentation, workspace_bin};
 use api::LiveLessonStatus as S;
 use k8s_openapi::api::core::v1::Namespace;

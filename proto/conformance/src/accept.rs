@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use antidote_proto::sdk::dial::{self, Inbound};
-use antidote_proto::sdk::tls::{self, Identity, ServerTls, TlsFiles};
+use antidote_sdk::dial::{self, Inbound};
+use antidote_sdk::tls::{self, Identity, ServerTls, TlsFiles};
 use tokio::net::TcpListener;
 use tonic::transport::{Channel, Endpoint};
 

@@ -112,7 +112,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use antidote_proto::sdk::tls;
+use antidote_sdk::tls;
 
 use clap::Parser;
 use clap::builder::PossibleValuesParser;

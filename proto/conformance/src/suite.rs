@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_client::BackendClient;
-use antidote_proto::sdk::{capabilities, labels};
+use antidote_sdk::{capabilities, labels};
 use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::watch_event::Event;
 use proto::{Phase, PresentationType};

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_client::BackendClient;
-use antidote_proto::sdk::dial::Inbound;
-use antidote_proto::sdk::labels;
-use antidote_proto::sdk::tls::{ClientStatus, ClientTls, Identity, TlsFiles};
+use antidote_net::dial::Inbound;
+use antidote_proto::labels;
+use antidote_net::tls::{ClientStatus, ClientTls, Identity, TlsFiles};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
@@ -287,7 +287,7 @@ impl Agent {
     {
         // A call made for a request or a reconcile joins its trace; a background call (a
         // handshake, an orphan listing) is a debug span, not a trace of its own every tick.
-        let span = if antidote_proto::sdk::trace::in_trace() {
+        let span = if antidote_net::trace::in_trace() {
             tracing::info_span!("agent.call", agent = %self.name, rpc, code = tracing::field::Empty)
         } else {
             tracing::debug_span!("agent.call", agent = %self.name, rpc, code = tracing::field::Empty)
@@ -295,7 +295,7 @@ impl Agent {
         async {
             let mut request = Request::new(message);
             request.set_timeout(self.call_timeout);
-            antidote_proto::sdk::trace::inject(request.metadata_mut());
+            antidote_net::trace::inject(request.metadata_mut());
             let mut outcome = CallOutcome {
                 agent: self,
                 rpc,

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
-use antidote_proto::sdk::{errors, labels};
+use antidote_net::errors;
+use antidote_proto::labels;
 
 use super::{Desired, Handshake, Plan, PlannedObject, Report};
 use crate::catalog::{

@@ -7,14 +7,14 @@
 //! it, and never under the name of an agent the scheduler dials (`[[agents]]`). An admitted
 //! connection joins the [`Fleet`](super::Fleet): the scheduler then calls the agent over it as
 //! over a dialled one (handshake, Watch, Recover on a new instance). A second connection of the
-//! same name replaces the first (see `antidote_proto::sdk::dial::Inbound`).
+//! same name replaces the first (see `antidote_net::dial::Inbound`).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use antidote_proto::sdk::dial;
-use antidote_proto::sdk::tls::{ServerTls, TlsFiles, peer_identity};
+use antidote_net::dial;
+use antidote_net::tls::{ServerTls, TlsFiles, peer_identity};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use antidote_proto::sdk::dial::Link;
+use antidote_net::dial::Link;
 
 pub use agent::{Agent, Observer, Transport};
 pub use convert::{lost_it, retryable, stage_spec_bytes};
@@ -48,7 +48,7 @@ pub struct Handshake {
     pub build_version: String,
     /// New on every agent start: a change means it restarted.
     pub instance_id: String,
-    /// What it offers (`antidote_proto::sdk::capabilities`).
+    /// What it offers (`antidote_proto::capabilities`).
     pub capabilities: BTreeSet<String>,
     /// The most live lessons it takes; 0 means no limit.
     pub max_live_lessons: u32,

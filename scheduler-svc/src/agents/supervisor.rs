@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::{capabilities, labels};
+use antidote_proto::{capabilities, labels};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -218,7 +218,7 @@ async fn follow(agent: &Agent, ctx: &SupervisorContext, restarted: bool) -> Resu
         .clone()
         .watch({
             let mut request = Request::new(request);
-            antidote_proto::sdk::trace::inject(request.metadata_mut());
+            antidote_net::trace::inject(request.metadata_mut());
             request
         })
         .await

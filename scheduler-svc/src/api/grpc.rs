@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use antidote_proto::api::v1 as api;
 use antidote_proto::api::v1::ErrorReason;
-use antidote_proto::sdk::errors;
+use antidote_net::errors;
 use api::admin_service_server::AdminService;
 use api::curriculum_service_server::CurriculumService;
 use api::live_lesson_service_server::LiveLessonService;

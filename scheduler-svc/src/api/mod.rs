@@ -17,8 +17,8 @@ use antidote_proto::api::v1::admin_service_server::AdminServiceServer;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumServiceServer;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonServiceServer;
 use antidote_proto::api::v1::session_service_server::SessionServiceServer;
-use antidote_proto::sdk::Cuttable;
-use antidote_proto::sdk::errors::RequestTooLarge;
+use antidote_net::Cuttable;
+use antidote_net::errors::RequestTooLarge;
 pub use grpc::{Api, Watches};
 use tokio::net::TcpListener;
 
@@ -96,7 +96,7 @@ where
             let response = answer.await?;
             match tonic::Status::from_header_map(response.headers()) {
                 Some(status) if is_decode_error(&status) => {
-                    Ok(antidote_proto::sdk::errors::status(
+                    Ok(antidote_net::errors::status(
                         tonic::Code::InvalidArgument,
                         ErrorReason::MalformedRequest.as_str_name(),
                         format!("the request message does not decode: {}", status.message()),
@@ -241,10 +241,10 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
     let grace = api.config.shutdown_grace;
     let server = tonic::transport::Server::builder()
         // A span per call, child of the caller's W3C trace context.
-        .trace_fn(antidote_proto::sdk::trace::span)
+        .trace_fn(antidote_net::trace::span)
         // The caller's trace context, current while the call runs: passed on to agents even
         // when spans are not exported.
-        .layer(antidote_proto::sdk::trace::PassContext)
+        .layer(antidote_net::trace::PassContext)
         // Serve the API's streams and the many small calls of many learners on few connections.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         // Bounded: streams per connection, and how long a unary call may run (a Watch's

@@ -364,7 +364,7 @@ pub struct Stage {
     /// The guide file, checked to exist at load time.
     pub guide: PathBuf,
     /// A Jupyter guide's notebook, read at load time (at most
-    /// [`antidote_proto::sdk::spec::MAX_NOTEBOOK`] bytes): it travels to the agent in the spec
+    /// [`antidote_proto::limits::MAX_NOTEBOOK`] bytes): it travels to the agent in the spec
     /// of the lesson's guide endpoint. `None` for a markdown guide.
     pub notebook: Option<String>,
     /// URL of a video for this stage.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use antidote_proto::sdk::spec::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MAX_NOTEBOOK};
+use antidote_proto::limits::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MAX_NOTEBOOK};
 
 use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, StageConfig};
 use super::source::Source;

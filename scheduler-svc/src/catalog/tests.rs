@@ -1233,7 +1233,7 @@ fn stage_directories_and_guides_must_exist() {
 
 #[test]
 fn configuration_files_are_capped_per_file_and_per_stage() {
-    use antidote_proto::sdk::spec::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE};
+    use antidote_proto::limits::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE};
     let lesson = "
         slug: one
         name: One
@@ -1303,7 +1303,7 @@ fn configuration_files_are_capped_per_file_and_per_stage() {
 fn jupyter_guides_are_read_capped_and_get_their_own_endpoint_name() {
     let big = format!(
         "{{\"cells\": [], \"pad\": \"{}\"}}",
-        "x".repeat(antidote_proto::sdk::spec::MAX_NOTEBOOK)
+        "x".repeat(antidote_proto::limits::MAX_NOTEBOOK)
     );
     check(
         &[

@@ -25,7 +25,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use antidote_proto::sdk::errors;
+use antidote_net::errors;
 
 use super::placement::{self, Availability, Candidate, Needs};
 use crate::agents::{self, Observed, Report};

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use antidote_proto::sdk::capabilities;
+use antidote_proto::capabilities;
 
 use crate::agents::{AgentState, Snapshot};
 use crate::catalog::{ConfigurationType, Lesson, PresentationKind};

@@ -49,7 +49,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use antidote_proto::sdk::capabilities;
+use antidote_proto::capabilities;
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -228,7 +228,7 @@ impl Reconciler {
 
     /// Schedules a live lesson for reconciliation. The work joins the current span's trace.
     fn enqueue(&self, id: LiveLessonId) {
-        let context = antidote_proto::sdk::trace::current_context();
+        let context = antidote_net::trace::current_context();
         if context.span().span_context().is_valid() {
             lock(&self.inner.origins).insert(id, context);
         }

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use antidote_proto::sdk::probe::{Expect, until_ready};
+use antidote_sdk::probe::{Expect, until_ready};
 use antidote_tests::{Process, Ratios, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use bollard::Docker;

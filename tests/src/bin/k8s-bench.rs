@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use antidote_proto::api::v1 as api;
-use antidote_proto::sdk::probe::{Expect, until_ready};
+use antidote_sdk::probe::{Expect, until_ready};
 use antidote_tests::{Clients, Process, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use clap::Parser;

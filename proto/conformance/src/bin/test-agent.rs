@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::{self, Agent, Backend, Description, Report, Start, capabilities, labels};
+use antidote_sdk::{self as sdk, Agent, Backend, Description, Reporter, Start, capabilities, labels};
 use clap::Parser;
 use proto::{Phase, PresentationType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -419,7 +419,7 @@ impl Backend for Loopback {
         &self,
         spec: proto::LessonSpec,
         start: Start,
-        report: Report,
+        report: Reporter,
     ) -> Result<Vec<proto::EndpointState>, String> {
         if start == Start::Create && !self.args.null {
             report.phase(Phase::Booting, "booting");

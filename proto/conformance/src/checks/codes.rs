@@ -2,7 +2,7 @@
 //! (`google.rpc.ErrorInfo`) every refusal carries.
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::{capabilities, labels};
+use antidote_sdk::{capabilities, labels};
 use anyhow::{anyhow, ensure};
 use tonic::Code;
 

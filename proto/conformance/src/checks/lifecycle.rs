@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::{capabilities, labels};
+use antidote_sdk::{capabilities, labels};
 use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::Phase;
 use tonic::Code;

@@ -15,7 +15,7 @@ mod watch;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
-use antidote_proto::sdk::capabilities;
+use antidote_sdk::capabilities;
 use anyhow::{bail, ensure};
 use futures::future::LocalBoxFuture;
 use tonic::Code;
@@ -510,11 +510,11 @@ fn typed(status: &tonic::Status, reason: &str) -> anyhow::Result<Refusal> {
         );
     };
     ensure!(
-        info.domain == antidote_proto::sdk::errors::DOMAIN,
+        info.domain == antidote_sdk::errors::DOMAIN,
         "{}: ErrorInfo domain {:?}, expected {:?}",
         describe(status),
         info.domain,
-        antidote_proto::sdk::errors::DOMAIN
+        antidote_sdk::errors::DOMAIN
     );
     ensure!(
         info.reason == reason,

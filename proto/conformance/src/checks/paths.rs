@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::capabilities;
+use antidote_sdk::capabilities;
 use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::{ConfigurationType, Phase, PresentationType};
 use tonic::Code;

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_proto::sdk::labels;
+use antidote_sdk::labels;
 use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::Phase;
 use proto::watch_event::Event;

@@ -32,7 +32,7 @@ use antidote_proto::api::v1::admin_service_server::AdminService;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService;
 use antidote_proto::api::v1::session_service_server::SessionService as _;
-use antidote_proto::sdk::errors;
+use antidote_net::errors;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
@@ -448,7 +448,7 @@ pub async fn serve(
                     // The slow-body guard: the body is due whole within request_timeout of
                     // its headers; a late one is a 408 and the end of the connection.
                     let request = request.map(|body| {
-                        axum::body::Body::new(antidote_proto::sdk::BodyDeadline::new(
+                        axum::body::Body::new(antidote_net::BodyDeadline::new(
                             body,
                             body_within,
                         ))
@@ -457,7 +457,7 @@ pub async fn serve(
                 },
             );
             let connection = builder.serve_connection_with_upgrades(
-                TokioIo::new(antidote_proto::sdk::Cuttable::new(stream, &cut)),
+                TokioIo::new(antidote_net::Cuttable::new(stream, &cut)),
                 service,
             );
             if let Err(err) = watcher.watch(connection).await {
@@ -615,7 +615,7 @@ async fn metrics(State(api): State<Api>) -> Response {
         Ok(counts) => (
             [(
                 header::CONTENT_TYPE,
-                antidote_proto::sdk::metrics::CONTENT_TYPE,
+                antidote_net::metrics::CONTENT_TYPE,
             )],
             api.metrics.render(
                 &counts,
@@ -655,9 +655,9 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
                         headers: HeaderMap,
                         body: Result<Bytes, BytesRejection>| async move {
         let span = tracing::info_span!("http", http.route = route.path, rpc = route.rpc);
-        antidote_proto::sdk::trace::set_parent(&span, &headers);
+        antidote_net::trace::set_parent(&span, &headers);
         // Current while the call runs, so that it is passed on without recorded spans too.
-        let context = antidote_proto::sdk::trace::extract(&headers);
+        let context = antidote_net::trace::extract(&headers);
         async move {
             // Axum's own refusals, in the API's error shape.
             let (params, query, body) = match (params, query, body) {
@@ -665,7 +665,7 @@ fn method_router(route: &'static Route) -> MethodRouter<Api> {
                 (Err(err), _, _) => return rejection(err.status(), err.body_text()),
                 (_, Err(err), _) => return rejection(err.status(), err.body_text()),
                 (_, _, Err(err)) => {
-                    if let Some(timed_out) = antidote_proto::sdk::BodyTimedOut::within(&err) {
+                    if let Some(timed_out) = antidote_net::BodyTimedOut::within(&err) {
                         return body_timed_out(timed_out);
                     }
                     return rejection(err.status(), err.body_text());
@@ -743,7 +743,7 @@ fn rejection(status: StatusCode, message: String) -> Response {
 /// The answer to a body that did not arrive within `limits.request_timeout`: 408,
 /// DEADLINE_EXCEEDED with reason REQUEST_TIMEOUT, and the connection closed (the rest of the
 /// body is never read).
-fn body_timed_out(timed_out: antidote_proto::sdk::BodyTimedOut) -> Response {
+fn body_timed_out(timed_out: antidote_net::BodyTimedOut) -> Response {
     let body = error_body(
         Code::DeadlineExceeded,
         ErrorReason::RequestTimeout.as_str_name(),

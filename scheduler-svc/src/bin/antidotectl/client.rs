@@ -9,7 +9,7 @@ use antidote_proto::api::v1::admin_service_client::AdminServiceClient;
 use antidote_proto::api::v1::curriculum_service_client::CurriculumServiceClient;
 use antidote_proto::api::v1::live_lesson_service_client::LiveLessonServiceClient;
 use antidote_proto::api::v1::session_service_client::SessionServiceClient;
-use antidote_proto::sdk::errors;
+use antidote_net::errors;
 use tonic::transport::{Channel, Endpoint};
 
 /// A failure worth one line on stderr.

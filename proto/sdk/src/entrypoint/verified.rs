@@ -62,7 +62,7 @@ impl Verified {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sdk::entrypoint::{Claims, Signer};
+    use crate::entrypoint::{Claims, Signer};
     use tokio_util::sync::CancellationToken;
 
     #[test]

@@ -252,7 +252,7 @@ pub(super) async fn forward(
                 "the presentation does not answer (yet)",
             );
         }
-        Err(err) if crate::sdk::BodyTimedOut::within(&err).is_some() => {
+        Err(err) if crate::BodyTimedOut::within(&err).is_some() => {
             tracing::debug!(%backend, %peer, "request body too slow; connection closed");
             let mut response = reply(
                 StatusCode::REQUEST_TIMEOUT,

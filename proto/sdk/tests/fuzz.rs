@@ -27,7 +27,7 @@ use antidote_proto::agent::v1::{
     ConfigurationType, Connection, Endpoint, Image, LessonSpec, Phase, Presentation,
     PresentationType, StageConfiguration,
 };
-use antidote_proto::sdk::{capabilities, errors, labels, spec};
+use antidote_sdk::{capabilities, errors, labels, spec};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

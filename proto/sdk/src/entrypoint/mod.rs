@@ -35,10 +35,8 @@
 //! reported states) and calls [`serve`]; [`EntrypointArgs`] are the flags.
 
 pub mod frames;
-pub mod origin;
 pub mod proxy;
 pub mod terminal;
-pub mod token;
 mod verified;
 
 use std::collections::HashMap;
@@ -58,22 +56,19 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::tls::{ServerTls, TlsError};
-pub use origin::{PLACEHOLDER, Template};
-pub use token::{Admitted, Claims, Keys, Signer, TokenError};
+pub use antidote_net::entrypoint::{
+    Admitted, Claims, Keys, PLACEHOLDER, PREFIX, Signer, TOKEN_PARAM, Template, TokenError, origin,
+    presentation_path, token,
+};
 
 /// The body of every response.
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
 /// The body of every request: due whole within [`Settings::request_timeout`] of its headers.
-pub type Inbound = crate::sdk::BodyDeadline<Incoming>;
+pub type Inbound = crate::BodyDeadline<Incoming>;
 
-/// The query parameter carrying a token.
-pub const TOKEN_PARAM: &str = "antidote_token";
 /// The cookie carrying a token after the first request.
 pub const COOKIE: &str = "antidote_entrypoint";
-/// The path every presentation lives under: `/l/{live_lesson}/{endpoint}/{presentation}/`.
-pub const PREFIX: &str = "/l/";
-
 /// A presentation's kind, as the entrypoint serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
@@ -492,7 +487,7 @@ pub async fn serve(
                 move |request: Request<Incoming>| {
                     let (entry, permit) = (entry.clone(), permit.clone());
                     let request =
-                        request.map(|body| crate::sdk::BodyDeadline::new(body, body_within));
+                        request.map(|body| crate::BodyDeadline::new(body, body_within));
                     async move { Ok::<_, Infallible>(handle(entry, peer, permit, request).await) }
                 }
             });
@@ -557,11 +552,6 @@ impl Route {
             self.live_lesson, self.endpoint, self.presentation
         )
     }
-}
-
-/// The path of a presentation (what the scheduler appends to the entrypoint's base URL).
-pub fn presentation_path(live_lesson: &str, endpoint: &str, presentation: &str) -> String {
-    format!("{PREFIX}{live_lesson}/{endpoint}/{presentation}/")
 }
 
 /// A small response of our own.

@@ -8,24 +8,14 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use crate::agent::v1::{
+use antidote_proto::agent::v1::{
     ConfigurationType, Endpoint, EndpointState, LessonSpec, LiveLessonState, Phase,
     PresentationState, PresentationType,
 };
 
+use antidote_proto::limits::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MAX_NOTEBOOK};
+
 use super::{capabilities, errors, labels};
-
-/// The most bytes one configuration file may hold (PROTOCOL.md [S2]): agents write it to a file
-/// (agent-k8s: a ConfigMap key).
-pub const MAX_CONFIGURATION_FILE: usize = 256 * 1024;
-
-/// The most bytes the configuration files of one stage may hold together: one ConfigMap holds
-/// them all on agent-k8s, and Kubernetes caps a ConfigMap at 1 MiB.
-pub const MAX_CONFIGURATION_STAGE: usize = 1024 * 1024;
-
-/// The most bytes a Jupyter guide's notebook may hold (PROTOCOL.md [V7]): agent-k8s keeps it in
-/// a ConfigMap, and a spec must stay well inside a gRPC message.
-pub const MAX_NOTEBOOK: usize = 512 * 1024;
 
 /// Checks `spec` against the protocol's rules and what the agent offers.
 pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
@@ -401,7 +391,7 @@ pub fn is_dns_label(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::v1::{Endpoint, Image, Presentation, StageConfiguration};
+    use antidote_proto::agent::v1::{Endpoint, Image, Presentation, StageConfiguration};
 
     fn spec() -> LessonSpec {
         LessonSpec {
@@ -548,7 +538,7 @@ mod tests {
             ),
             (
                 Box::new(|s| {
-                    s.connections.push(crate::agent::v1::Connection {
+                    s.connections.push(antidote_proto::agent::v1::Connection {
                         a: "web".into(),
                         b: "ghost".into(),
                         subnet: String::new(),
@@ -672,7 +662,7 @@ mod tests {
 
     #[test]
     fn jupyter_guides_need_the_capability_and_a_bounded_notebook() {
-        use crate::agent::v1::JupyterGuide;
+        use antidote_proto::agent::v1::JupyterGuide;
         let guide = |size: usize| {
             move |s: &mut LessonSpec| {
                 s.endpoints[0].jupyter_guide = Some(JupyterGuide {
@@ -723,7 +713,7 @@ mod tests {
             status.message()
         );
         let mut linked = newer.clone();
-        linked.connections.push(crate::agent::v1::Connection {
+        linked.connections.push(antidote_proto::agent::v1::Connection {
             a: "web".into(),
             b: "web".into(),
             subnet: String::new(),

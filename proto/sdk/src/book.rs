@@ -8,13 +8,13 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_core::Stream;
+use tokio_stream::Stream;
 use prost::Message as _;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::agent::v1::{
+use antidote_proto::agent::v1::{
     Deleted, Heartbeat, ListRequest, ListResponse, LiveLessonState, Resync, Snapshot, WatchEvent,
     WatchRequest, watch_event::Event,
 };

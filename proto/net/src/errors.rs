@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
-use crate::agent::v1::ErrorReason;
+use antidote_proto::agent::v1::ErrorReason;
 
 /// The ErrorInfo domain of every Antidote error.
 pub const DOMAIN: &str = "antidote.io";

@@ -8,11 +8,12 @@ use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::agent::v1 as proto;
-use crate::agent::v1::backend_server::Backend as BackendRpc;
+use antidote_proto::agent::v1 as proto;
+use antidote_proto::agent::v1::backend_server::Backend as BackendRpc;
 use proto::{ErrorReason, Phase};
 
 use super::book::{StateBook, WatchStream};
+#[cfg(feature = "entrypoint")]
 use super::entrypoint::{self, Keys, Lessons};
 use super::metrics::AgentMetrics;
 use super::{errors, labels, spec};
@@ -91,7 +92,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         spec: proto::LessonSpec,
         start: Start,
-        report: Report,
+        report: Reporter,
     ) -> Result<Vec<proto::EndpointState>, String>;
 
     /// Removes every object of a live lesson; returns once they are gone. OK when nothing exists.
@@ -143,13 +144,13 @@ pub trait Backend: Send + Sync + 'static {
 /// A driver's handle on its live lesson's reported state. Every change is dropped once a newer
 /// generation has been received, so a stale driver can never overwrite newer news.
 #[derive(Clone)]
-pub struct Report {
+pub struct Reporter {
     book: Arc<StateBook>,
     id: String,
     generation: u64,
 }
 
-impl Report {
+impl Reporter {
     /// Changes the reported state (watchers see it).
     pub fn update(&self, change: impl FnOnce(&mut proto::LiveLessonState)) {
         self.book.update(&self.id, |state| {
@@ -213,6 +214,7 @@ pub struct Agent<B> {
     metrics: Arc<AgentMetrics>,
     /// The entrypoint's base URL (told at handshake) and its key set (the handshake's keys
     /// join it), once [`Agent::serve_entrypoint`] runs one.
+    #[cfg(feature = "entrypoint")]
     entrypoint: std::sync::OnceLock<(String, Arc<Keys>)>,
 }
 
@@ -234,6 +236,7 @@ impl<B: Backend> Agent<B> {
             work: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             metrics: Arc::new(AgentMetrics::default()),
+            #[cfg(feature = "entrypoint")]
             entrypoint: std::sync::OnceLock::new(),
         })
     }
@@ -241,6 +244,7 @@ impl<B: Backend> Agent<B> {
     /// Serves the entrypoint `bound` (see [`entrypoint::EntrypointArgs::bind`]) for this
     /// agent's live lessons until `shutdown`: its URL goes out in the handshake, the scheduler's
     /// keys come in with it, learners' activity lands on the live lessons' states.
+    #[cfg(feature = "entrypoint")]
     pub fn serve_entrypoint(
         self: &Arc<Self>,
         bound: entrypoint::Bound,
@@ -255,6 +259,31 @@ impl<B: Backend> Agent<B> {
             bound.tls,
             shutdown,
         ))
+    }
+
+    /// The entrypoint's URL for a handshake (empty without one). This scheduler instance's
+    /// keys are now exactly the request's: a key it stopped offering stops admitting, one it
+    /// revokes also ends what it admitted (PROTOCOL.md, "Entrypoint").
+    #[cfg(feature = "entrypoint")]
+    fn entrypoint_url(&self, request: &proto::HandshakeRequest) -> String {
+        let Some((url, keys)) = self.entrypoint.get() else {
+            return String::new();
+        };
+        keys.offer_revoking(
+            &request.scheduler_instance_id,
+            request
+                .entrypoint_keys
+                .iter()
+                .map(|k| (k.key_id.as_str(), k.public_key.as_slice())),
+            request.revoked_entrypoint_keys.iter().map(String::as_str),
+        );
+        url.clone()
+    }
+
+    /// Without the entrypoint feature there is no entrypoint to name.
+    #[cfg(not(feature = "entrypoint"))]
+    fn entrypoint_url(&self, _request: &proto::HandshakeRequest) -> String {
+        String::new()
     }
 
     /// The backend.
@@ -322,7 +351,7 @@ impl<B: Backend> Agent<B> {
     /// Returns whether the work goes on in a task (it did not finish on its first step).
     fn drive(self: &Arc<Self>, spec: proto::LessonSpec, start: Start) -> bool {
         let id = spec.live_lesson_id.clone();
-        let report = Report {
+        let report = Reporter {
             book: self.book.clone(),
             id: id.clone(),
             generation: spec.generation,
@@ -607,6 +636,7 @@ impl<B: Backend> Agent<B> {
     }
 }
 
+#[cfg(feature = "entrypoint")]
 #[tonic::async_trait]
 impl<B: Backend> Lessons for Agent<B> {
     async fn resolve(
@@ -717,23 +747,7 @@ impl<B: Backend> BackendRpc for AgentService<B> {
                         live_lessons: agent.work().len() as u32,
                     }),
                     labels: d.labels.clone(),
-                    entrypoint_url: match agent.entrypoint.get() {
-                        Some((url, keys)) => {
-                            // This scheduler instance's keys are now exactly these: a key it
-                            // stopped offering stops admitting, one it revokes also ends what
-                            // it admitted (PROTOCOL.md, "Entrypoint").
-                            keys.offer_revoking(
-                                &request.scheduler_instance_id,
-                                request
-                                    .entrypoint_keys
-                                    .iter()
-                                    .map(|k| (k.key_id.as_str(), k.public_key.as_slice())),
-                                request.revoked_entrypoint_keys.iter().map(String::as_str),
-                            );
-                            url.clone()
-                        }
-                        None => String::new(),
-                    },
+                    entrypoint_url: agent.entrypoint_url(&request),
                 }))
             })
             .await
@@ -868,8 +882,8 @@ fn offered(capabilities: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::v1::{WatchEvent, WatchRequest, watch_event::Event};
-    use crate::sdk::book::tests::next;
+    use antidote_proto::agent::v1::{WatchEvent, WatchRequest, watch_event::Event};
+    use crate::book::tests::next;
 
     /// A backend whose realisation and removal are done at once, or wait for `gate`, or fail
     /// at once, by the lesson's slug.
@@ -888,7 +902,7 @@ mod tests {
             &self,
             spec: proto::LessonSpec,
             _start: Start,
-            _report: Report,
+            _report: Reporter,
         ) -> Result<Vec<proto::EndpointState>, String> {
             match spec.lesson_slug.as_str() {
                 "waits" => self.gate.notified().await,

@@ -65,9 +65,9 @@ pub async fn probe(address: &str, expect: Expect, timeout: Duration) -> Result<(
 
 /// What a presentation type is probed for.
 pub fn expect(kind: i32) -> Expect {
-    match crate::agent::v1::PresentationType::try_from(kind) {
-        Ok(crate::agent::v1::PresentationType::Ssh) => Expect::SshBanner,
-        Ok(crate::agent::v1::PresentationType::Http) => Expect::Http,
+    match antidote_proto::agent::v1::PresentationType::try_from(kind) {
+        Ok(antidote_proto::agent::v1::PresentationType::Ssh) => Expect::SshBanner,
+        Ok(antidote_proto::agent::v1::PresentationType::Http) => Expect::Http,
         _ => Expect::Tcp,
     }
 }

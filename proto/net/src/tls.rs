@@ -27,7 +27,7 @@
 //! - [`TlsArgs`]: the agent flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
 //!   `--tls-require-identity`, `--insecure-plaintext`; `ANTIDOTE_AGENT_TLS_*`), for
 //!   `#[command(flatten)]`. [`TlsArgs::listener`] turns a bound socket into a
-//!   [`super::Listener`] for [`super::run`], and refuses plaintext on an address other than
+//!   [`crate::Listener`] for the SDK's `run`, and refuses plaintext on an address other than
 //!   loopback unless `--insecure-plaintext` says a service mesh does mTLS instead.
 //! - [`describe`]: a handshake error as a sentence ("certificate signed by unknown authority").
 //!
