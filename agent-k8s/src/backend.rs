@@ -768,7 +768,8 @@ impl Backend for Kubernetes {
         report: Reporter,
     ) -> Result<Vec<proto::EndpointState>, String> {
         let endpoints = self.take_to_ready(&spec, start, &report).await?;
-        self.guard.ready(&spec.live_lesson_id, report);
+        let names = spec.endpoints.iter().map(|e| e.name.clone()).collect();
+        self.guard.ready(&spec.live_lesson_id, report, names);
         Ok(endpoints)
     }
 

@@ -12,6 +12,8 @@
 //! - [`exec`], shell configurations inside an endpoint's container through `pods/exec`.
 //! - [`guard`], one watch of the agent's namespaces: a READY live lesson whose namespace is
 //!   deleted behind the agent's back becomes FAILED.
+//! - [`node_gc`], what `agent-k8s-node-gc` removes from a node once no pod uses it: lesson
+//!   bridges and address pools.
 //! - [`settings`], the agent's configuration.
 //!
 //! Every object carries the labels of the spec (instance, live lesson, session, generation,
@@ -24,4 +26,5 @@ pub mod cluster;
 pub mod configurator;
 pub mod exec;
 pub mod guard;
+pub mod node_gc;
 pub mod settings;

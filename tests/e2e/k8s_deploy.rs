@@ -153,7 +153,8 @@ impl Deployment {
     ///   lessons' namespaces are told apart from those of the other tests sharing the cluster;
     /// - with the SQLite base, a PersistentVolume for the scheduler's claim: the test node runs
     ///   no storage provisioner (and so has no default StorageClass). A hostPath directory owned
-    ///   by the image's user stands in for a provisioned disk (fsGroup cannot chown a hostPath).
+    ///   by the image's user stands in for a provisioned disk (fsGroup cannot chown a hostPath);
+    /// - with the node-gc component, a sweep every 2 s.
     fn apply(instance: &str, components: &[&str]) -> Deployment {
         let dir = tempfile::tempdir().unwrap();
         let here = dir.path().canonicalize().unwrap();
@@ -213,6 +214,16 @@ impl Deployment {
             }
         }
         kustomization += "patches:\n  - path: scheduler-config.yaml\n";
+        if components.contains(&"node-gc") {
+            // Sweeps every 2 s rather than 30: the test waits for a removal, not for the pace.
+            let patch = json!([{
+                "op": "replace",
+                "path": "/spec/template/spec/containers/0/args/0",
+                "value": "--interval=2s",
+            }]);
+            std::fs::write(dir.path().join("node-gc-interval.json"), patch.to_string()).unwrap();
+            kustomization += "  - path: node-gc-interval.json\n    target:\n      kind: DaemonSet\n      name: agent-k8s-node-gc\n";
+        }
         std::fs::write(dir.path().join("kustomization.yaml"), kustomization).unwrap();
 
         let rendered_text = query(&["kustomize", &dir.path().display().to_string()]);
@@ -323,41 +334,45 @@ impl Deployment {
 
     /// Deletes everything the overlay made, but for the shared objects (the file's doc).
     fn clean(&self) {
+        // The objects of the shared antidote-system Namespace's setup stay; a component's own
+        // Namespace (node-gc's) goes, and everything in it.
         let shared = [
-            "Namespace",
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
         ];
-        let mut namespaced = Vec::new();
+        let mut namespaced: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut cluster = Vec::new();
         for object in &self.rendered {
             let kind = object["kind"].as_str().unwrap_or_default();
-            if shared.contains(&kind) {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            if shared.contains(&kind) || (kind == "Namespace" && name == NAMESPACE) {
                 continue;
             }
-            let name = format!(
-                "{kind}/{}",
-                object["metadata"]["name"].as_str().unwrap_or_default()
-            );
+            let name = format!("{kind}/{name}");
             match object["metadata"]["namespace"].as_str() {
-                Some(_) => namespaced.push(name),
+                Some(namespace) => namespaced.entry(namespace.into()).or_default().push(name),
                 None => cluster.push(name),
             }
         }
-        namespaced.extend(self.secrets.iter().map(|s| format!("secret/{s}")));
-        let mut args = vec![
-            "-n",
-            NAMESPACE,
-            "delete",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=180s",
-        ];
-        args.extend(namespaced.iter().map(String::as_str));
-        let _ = kubectl(&args);
+        namespaced
+            .entry(NAMESPACE.into())
+            .or_default()
+            .extend(self.secrets.iter().map(|s| format!("secret/{s}")));
+        for (namespace, names) in &namespaced {
+            let mut args = vec![
+                "-n",
+                namespace,
+                "delete",
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=180s",
+            ];
+            args.extend(names.iter().map(String::as_str));
+            let _ = kubectl(&args);
+        }
         let _ = kubectl(&[
             "delete",
             "namespaces",
@@ -481,12 +496,14 @@ async fn page_shows(
     );
 }
 
-/// The base: the scheduler on SQLite (one replica) and agent-k8s, over mutual TLS.
+/// The base: the scheduler on SQLite (one replica) and agent-k8s, over mutual TLS, with the
+/// node-gc component: the lesson's bridges and address pools stay on the node while it runs and
+/// are gone once it is deleted.
 #[tokio::test]
 async fn k8s_deploy_base_runs_a_lesson_a_learner_reaches_through_the_entrypoint() {
     let _one = ONE_AT_A_TIME.lock().await;
     image();
-    let deployment = Deployment::apply("k8s-deploy", &[]);
+    let deployment = Deployment::apply("k8s-deploy", &["node-gc"]);
     make_secrets_as_documented(deployment.path());
     deployment.ready();
 
@@ -524,6 +541,75 @@ async fn k8s_deploy_base_runs_a_lesson_a_learner_reaches_through_the_entrypoint(
     let (status, text) =
         through_the_entrypoint(deployment.service("agent-k8s-entrypoint", 80), bare).await;
     assert_eq!(status, 401, "{text}");
+
+    // The node keeps a bridge and an address pool per link while the lesson runs, through
+    // sweeps of agent-k8s-node-gc; once the lesson is deleted, the sweeper removes them.
+    let links = lesson_links(&lesson.id);
+    assert_eq!(links.len(), 2, "routing-basics has two links: {links:?}");
+    let (ok, text) = kubectl(&[
+        "-n",
+        "antidote-node",
+        "rollout",
+        "status",
+        "daemonset/agent-k8s-node-gc",
+        &format!("--timeout={}s", SLOW.as_secs()),
+    ]);
+    assert!(ok, "{text}\n{}", deployment.diagnostics());
+    tokio::time::sleep(Duration::from_secs(6)).await; // three sweeps
+    for (bridge, pool) in &links {
+        assert!(
+            bridge_exists(bridge),
+            "{bridge} of a running lesson was removed"
+        );
+        assert!(
+            pool.exists(),
+            "{} of a running lesson was removed",
+            pool.display()
+        );
+    }
+    c.delete(&lesson.id, SLOW).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while links
+        .iter()
+        .any(|(bridge, pool)| bridge_exists(bridge) || pool.exists())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the deleted lesson's bridges or pools are still on the node: {links:?}\n{}",
+            query(&["-n", "antidote-node", "logs", "daemonset/agent-k8s-node-gc"])
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A live lesson's links as the node has them: each NetworkAttachmentDefinition's bridge, and
+/// its host-local pool directory (host-local's default data directory, as the test node's
+/// networks leave it).
+fn lesson_links(id: &str) -> Vec<(String, PathBuf)> {
+    let list: Value = serde_json::from_str(&query(&[
+        "-n",
+        &format!("antidote-{id}"),
+        "get",
+        "network-attachment-definitions",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    items
+        .iter()
+        .map(|nad| {
+            let config: Value =
+                serde_json::from_str(nad["spec"]["config"].as_str().unwrap()).unwrap();
+            let bridge = config["bridge"].as_str().unwrap().to_owned();
+            let network = config["name"].as_str().unwrap();
+            (bridge, Path::new("/var/lib/cni/networks").join(network))
+        })
+        .collect()
+}
+
+fn bridge_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
 }
 
 /// A PostgreSQL server of this test's own, on the node's address so that pods reach it, with
@@ -847,7 +933,7 @@ fn deploy_image_has_the_dockerfile_runtime_stage() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert_eq!(binaries.len(), 4, "{build:?}");
+    assert_eq!(binaries.len(), 5, "{build:?}");
 
     let inspect = Command::new("docker")
         .args(["image", "inspect", IMAGE])

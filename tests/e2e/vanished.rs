@@ -1,5 +1,5 @@
 //! Live lessons that disappear behind the scheduler's back: their containers removed with the
-//! Docker API, their namespace deleted on the real Kubernetes node, or a local process
+//! Docker API, their namespace or one of their pods deleted on the real Kubernetes node, or a local process
 //! deprovisioning them through the agent's own port. A learner (and a watcher of the public API)
 //! sees the READY live lesson turn FAILED with a reason saying what went; asking again
 //! provisions it afresh. A live lesson the scheduler deletes itself is never reported FAILED.
@@ -12,7 +12,7 @@ use antidote_proto::api::v1 as api;
 use antidote_sdk::labels;
 use antidote_tests::{Process, Scheduler, example_curriculum, fetch, presentation, workspace_bin};
 use api::LiveLessonStatus as S;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams};
 use tempfile::TempDir;
 
@@ -382,6 +382,35 @@ async fn k8s_a_namespace_deleted_behind_the_schedulers_back_turns_a_ready_lesson
     assert_eq!(read.status(), S::Failed);
 
     // Asked again, the live lesson gets a new namespace once the old one is gone.
+    let again = env.asked_again(&session, &failed).await;
+    let page = fetch(presentation(&again, "web", "page")).await;
+    assert!(page.starts_with("HTTP/1."), "{page}");
+    let seen = env.deleted(&again.id).await;
+    assert!(!seen.contains(&S::Failed), "{seen:?}");
+}
+
+#[tokio::test]
+async fn k8s_a_pod_deleted_behind_the_schedulers_back_turns_a_ready_lesson_failed() {
+    let env = Vanishing::k8s("e2e-vanished-k8s-pod").await;
+    let (session, ready) = env.ready("sandboxed").await;
+    let watcher = env.watcher(&ready.id).await;
+
+    // An operator (or an eviction) deletes one endpoint's pod; nothing recreates a bare pod.
+    let namespace = format!("antidote-{}", ready.id);
+    let pods: Api<Pod> = Api::namespaced(crate::k8s::admin().await, &namespace);
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+
+    let failed = failed_seen_by(watcher, &env).await;
+    assert!(
+        failed
+            .failure_reason
+            .contains(&format!("Pod {namespace}/web")),
+        "the reason names the pod: {}",
+        failed.failure_reason
+    );
+    assert_eq!(env.get(&ready.id).await.status(), S::Failed);
+
+    // Asked again, the live lesson runs again.
     let again = env.asked_again(&session, &failed).await;
     let page = fetch(presentation(&again, "web", "page")).await;
     assert!(page.starts_with("HTTP/1."), "{page}");

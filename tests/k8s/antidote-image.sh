@@ -18,8 +18,9 @@
 #     nsswitch.conf like Debian's, /tmp, and the CA bundle of Debian's ca-certificates (the
 #     Mozilla roots of /usr/share/ca-certificates/mozilla, never this machine's local
 #     additions). No shell and no package manager: nothing in the image runs them.
-#   - the binaries: scheduler-svc, agent-docker, agent-k8s and antidotectl from the cargo target
-#     directory ($CARGO_TARGET_DIR or target/): the release build when all four are there and
+#   - the binaries: scheduler-svc, agent-docker, agent-k8s, agent-k8s-node-gc and antidotectl
+#     from the cargo target directory ($CARGO_TARGET_DIR or target/): the release build when all
+#     five are there and
 #     none is older than its debug build, else the debug build (what `cargo build --workspace
 #     --bins`, and so tests/run, makes; larger and slower, but the same code).
 #     ANTIDOTE_IMAGE_PROFILE=release|debug picks one.
@@ -47,7 +48,7 @@ esac
 # deploy/Dockerfile's runtime stage, one fact a line (tests/e2e/k8s_deploy.rs compares the built
 # image with the Dockerfile, so neither can drift silently).
 TAG=ghcr.io/antidote-labs/scheduler-svc:0.1.0
-BINARIES="scheduler-svc agent-docker agent-k8s antidotectl"
+BINARIES="scheduler-svc agent-docker agent-k8s agent-k8s-node-gc antidotectl"
 BIN_DIR=/usr/local/bin
 CURRICULUM_DIR=/usr/share/antidote/curriculum
 DATA_DIR=/var/lib/antidote
