@@ -505,7 +505,7 @@ impl ServerTls {
     pub fn load(files: TlsFiles, require: Option<Identity>) -> Result<ServerTls, TlsError> {
         let config = Reloading::new(
             files,
-            move |loaded| server_config(loaded, require.clone()),
+            move |loaded| server_config(loaded, &Clients::Certified(require.clone())),
             false,
         )?;
         Ok(ServerTls { config })
@@ -538,56 +538,64 @@ impl ServerTls {
             cert,
             key,
         };
-        let config = Reloading::new(files, web_config, false)?;
+        let config = Reloading::new(
+            files,
+            |loaded| server_config(loaded, &Clients::Anyone),
+            false,
+        )?;
         Ok(ServerTls { config })
     }
 }
 
-fn web_config(loaded: Loaded) -> Result<rustls::ServerConfig, TlsError> {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+/// Who a server lets in.
+#[derive(Debug, Clone)]
+enum Clients {
+    /// Browsers (the entrypoint): no client certificate asked, ALPN `http/1.1`.
+    Anyone,
+    /// Peers with a certificate chained to the CA file, carrying the identity when one is
+    /// given (the agent protocol: ALPN `h2`).
+    Certified(Option<Identity>),
+}
+
+/// The server configuration of `loaded`, letting in `clients`.
+fn server_config(loaded: Loaded, clients: &Clients) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = provider();
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|err| TlsError::Config(err.to_string()))?
-        .with_no_client_auth()
+        .map_err(|err| TlsError::Config(err.to_string()))?;
+    let (builder, alpn) = match clients {
+        Clients::Anyone => (builder.with_no_client_auth(), b"http/1.1".as_slice()),
+        Clients::Certified(require) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(loaded.roots), provider)
+                    .build()
+                    .map_err(|err| TlsError::Config(format!("client CA: {err}")))?;
+            let verifier: Arc<dyn ClientCertVerifier> = match require {
+                Some(want) => Arc::new(RequireIdentity {
+                    inner: verifier,
+                    want: want.clone(),
+                }),
+                None => verifier,
+            };
+            (
+                builder.with_client_cert_verifier(verifier),
+                b"h2".as_slice(),
+            )
+        }
+    };
+    let mut config = builder
         .with_single_cert(loaded.chain, loaded.key)
-        .map_err(|err| {
-            TlsError::Config(format!(
-                "certificate and key do not go together: {}",
-                describe(&err)
-            ))
-        })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        .map_err(mismatched)?;
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(config)
 }
 
-fn server_config(
-    loaded: Loaded,
-    require: Option<Identity>,
-) -> Result<rustls::ServerConfig, TlsError> {
-    let provider = provider();
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
-            .build()
-            .map_err(|err| TlsError::Config(format!("client CA: {err}")))?;
-    let verifier: Arc<dyn ClientCertVerifier> = match require {
-        Some(want) => Arc::new(RequireIdentity {
-            inner: verifier,
-            want,
-        }),
-        None => verifier,
-    };
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|err| TlsError::Config(err.to_string()))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(loaded.chain, loaded.key)
-        .map_err(|err| {
-            TlsError::Config(format!(
-                "certificate and key do not go together: {}",
-                describe(&err)
-            ))
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
+/// A certificate whose key is not the one given.
+fn mismatched(err: rustls::Error) -> TlsError {
+    TlsError::Config(format!(
+        "certificate and key do not go together: {}",
+        describe(&err)
+    ))
 }
 
 /// The web PKI client verifier, then the required identity.
@@ -831,12 +839,7 @@ fn client_config(loaded: Loaded, want: Identity) -> Result<rustls::ClientConfig,
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(loaded.chain, loaded.key)
-        .map_err(|err| {
-            TlsError::Config(format!(
-                "certificate and key do not go together: {}",
-                describe(&err)
-            ))
-        })?;
+        .map_err(mismatched)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }
