@@ -132,27 +132,15 @@ impl Intake {
         shutdown: CancellationToken,
     ) {
         let intake = Arc::new(self);
-        loop {
-            let accepted = tokio::select! {
-                () = shutdown.cancelled() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors, typically: wait a little rather than spin.
-                    tracing::warn!(error = %err, "agent intake: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
+        antidote_net::accept::each(&listener, &shutdown, |tcp, peer| {
             let (intake, fleet) = (intake.clone(), fleet.clone());
             tracker.spawn(async move {
                 if let Err(reason) = intake.admit(tcp, &fleet).await {
                     tracing::warn!(%peer, %reason, "agent intake: connection refused");
                 }
             });
-        }
+        })
+        .await;
     }
 
     /// The handshake, the name, the admission; an admitted connection joins the fleet.

@@ -12,13 +12,13 @@ mod pools;
 
 use std::time::Duration;
 
+use antidote_net::Cuttable;
+use antidote_net::errors::RequestTooLarge;
 use antidote_proto::api::v1::ErrorReason;
 use antidote_proto::api::v1::admin_service_server::AdminServiceServer;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumServiceServer;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonServiceServer;
 use antidote_proto::api::v1::session_service_server::SessionServiceServer;
-use antidote_net::Cuttable;
-use antidote_net::errors::RequestTooLarge;
 pub use grpc::{Api, Watches};
 use tokio::net::TcpListener;
 
@@ -95,15 +95,13 @@ where
         Box::pin(async move {
             let response = answer.await?;
             match tonic::Status::from_header_map(response.headers()) {
-                Some(status) if is_decode_error(&status) => {
-                    Ok(antidote_net::errors::status(
-                        tonic::Code::InvalidArgument,
-                        ErrorReason::MalformedRequest.as_str_name(),
-                        format!("the request message does not decode: {}", status.message()),
-                        [],
-                    )
-                    .into_http())
-                }
+                Some(status) if is_decode_error(&status) => Ok(antidote_net::errors::status(
+                    tonic::Code::InvalidArgument,
+                    ErrorReason::MalformedRequest.as_str_name(),
+                    format!("the request message does not decode: {}", status.message()),
+                    [],
+                )
+                .into_http()),
                 _ => Ok(response),
             }
         })
@@ -183,44 +181,27 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
         (reflection().build_v1()?, reflection().build_v1alpha()?);
 
     tracing::info!(address = %listener.local_addr()?, ?services, "serving antidote.api.v1");
-    // Every small API message must leave at once: without TCP_NODELAY, Nagle's algorithm and
-    // delayed ACKs hold streamed updates back by ~40 ms. (`Server::tcp_nodelay` only applies to
-    // listeners tonic binds itself.)
-    // Each client address holds at most `limits.connections_per_address` connections; more
+    // Each client network holds at most `limits.connections_per_address` connections; more
     // are closed at once (and never reach the server).
     let quota = limits::Quota::new(api.config.limits.connections_per_address);
     // Cancelled once the shutdown grace is over: connections still open (health and API
     // Watch streams, reflection streams) are cut, so shutdown is bounded.
     let cut = tokio_util::sync::CancellationToken::new();
     let cut_connections = cut.clone();
-    // Our accept loop: a connection is handed to the server only once its client has sent the
-    // HTTP/2 preface and its first SETTINGS within `limits.header_read_timeout` (tonic and h2
-    // would wait for them forever, however slowly they drip); the wait runs in a task of its
-    // own, so silent and slow clients never hold accepting up.
+    // A connection is handed to the server only once its client has sent the HTTP/2 preface
+    // and its first SETTINGS within `limits.header_read_timeout` (tonic and h2 would wait for
+    // them forever, however slowly they drip); the wait runs in a task of its own, so silent
+    // and slow clients never hold accepting up.
     let (admitted, incoming) = tokio::sync::mpsc::channel(64);
     let opening = api.config.limits.header_read_timeout;
     let accepting = api.shutdown.clone();
     tokio::spawn(async move {
-        loop {
-            let stream = tokio::select! {
-                () = accepting.cancelled() => break,
-                () = admitted.closed() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(err) => {
-                        // Out of descriptors, say: pause instead of spinning.
-                        tracing::warn!(error = %err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            if let Err(err) = stream.set_nodelay(true) {
-                tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-            }
-            let Some(mut limited) = limits::Limited::admit(stream, &quota) else {
-                tracing::debug!("connection refused: its address holds its share");
-                continue;
+        // Accepting also ends when the server stops taking connections.
+        let closed = admitted.clone();
+        let accept = antidote_net::accept::each(&listener, &accepting, move |stream, peer| {
+            let Some(mut limited) = limits::Limited::admit(stream, peer, &quota) else {
+                tracing::debug!(%peer, "connection refused: its address holds its share");
+                return;
             };
             let (admitted, cut) = (admitted.clone(), cut_connections.clone());
             tokio::spawn(async move {
@@ -230,10 +211,15 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
                         .await;
                 } else {
                     tracing::debug!(
+                        %peer,
                         "connection closed: no HTTP/2 preface and SETTINGS within limits.header_read_timeout"
                     );
                 }
             });
+        });
+        tokio::select! {
+            () = accept => {}
+            () = closed.closed() => {}
         }
     });
     let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);

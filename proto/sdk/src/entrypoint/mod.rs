@@ -55,6 +55,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use antidote_net::accept::{self, Quota};
+
 use super::tls::{ServerTls, TlsError};
 pub use antidote_net::entrypoint::{
     Admitted, Claims, Keys, PLACEHOLDER, PREFIX, Signer, TOKEN_PARAM, Template, TokenError, origin,
@@ -182,20 +184,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// `limits.connections_per_address`.
 pub const PER_CLIENT: usize = 256;
 
-/// What a client address counts as, as the scheduler's API counts it: an IPv4 address itself
-/// (an IPv4-mapped IPv6 one as that IPv4 address), an IPv6 address its /64 (one subscriber's
-/// allocation; any address in it is the same client).
-pub fn network(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(
-                u128::from(v6) & !u128::from(u64::MAX),
-            )),
-        },
-    }
-}
+/// What a client address counts as, as the scheduler's API counts it (`antidote_net`'s).
+pub use antidote_net::accept::network;
 
 /// An address block, `10.0.0.0/8` or a single address (`--entrypoint-trusted-proxy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,56 +279,35 @@ fn forwarded_https(headers: &http::HeaderMap) -> bool {
             })
 }
 
-/// Connections per client network ([`network`]).
-#[derive(Debug, Default)]
+/// Connections per client network ([`network`]): the quota every listener of ours keeps.
+#[derive(Debug)]
 struct Clients {
     /// Open connections by network.
-    held: Mutex<HashMap<IpAddr, usize>>,
+    quota: Quota<IpAddr>,
 }
 
 /// One connection's place; given back when the last clone (the connection, its upgrades) drops.
-/// A trusted proxy's connection holds none (`ip` unset): its requests take their clients'.
+/// A trusted proxy's connection holds none (`place` unset): its requests take their clients'.
 pub struct Permit {
-    clients: Arc<Clients>,
-    ip: Option<IpAddr>,
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let Some(ip) = self.ip else {
-            return;
-        };
-        let mut held = self.clients.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&ip);
-            }
-        }
-    }
+    place: Option<accept::Permit<IpAddr>>,
 }
 
 impl Clients {
-    fn admit(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<Arc<Permit>> {
-        let ip = network(ip);
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let n = held.entry(ip).or_default();
-        if *n >= max {
-            return None;
+    /// At most `max` connections per client network.
+    fn new(max: usize) -> Clients {
+        Clients {
+            quota: Quota::new(u32::try_from(max).unwrap_or(u32::MAX)),
         }
-        *n += 1;
-        Some(Arc::new(Permit {
-            clients: self.clone(),
-            ip: Some(ip),
-        }))
+    }
+
+    fn admit(&self, ip: IpAddr) -> Option<Arc<Permit>> {
+        let place = self.quota.take(network(ip))?;
+        Some(Arc::new(Permit { place: Some(place) }))
     }
 
     /// A place for a trusted proxy's connection: uncounted.
-    fn proxy(self: &Arc<Self>) -> Arc<Permit> {
-        Arc::new(Permit {
-            clients: self.clone(),
-            ip: None,
-        })
+    fn proxy(&self) -> Arc<Permit> {
+        Arc::new(Permit { place: None })
     }
 }
 
@@ -389,7 +358,7 @@ impl Entrypoint {
         Arc::new(Entrypoint {
             lessons,
             keys,
-            clients: Arc::default(),
+            clients: Arc::new(Clients::new(settings.per_client)),
             activity: Arc::default(),
             verified: verified::Verified::default(),
             backends: proxy::Backends::default(),
@@ -430,19 +399,7 @@ pub async fn serve(
             }
         }
     });
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                tracing::warn!(error = %err, "entrypoint accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+    accept::each(&listener, &shutdown, |stream, peer| {
         let trusted = entry
             .settings
             .trusted_proxies
@@ -451,13 +408,12 @@ pub async fn serve(
         let permit = if trusted {
             Some(entry.clients.proxy())
         } else {
-            entry.clients.admit(peer.ip(), entry.settings.per_client)
+            entry.clients.admit(peer.ip())
         };
         let Some(permit) = permit else {
             tracing::warn!(peer = %peer, "entrypoint: client at its connection cap; refused");
-            continue;
+            return;
         };
-        let _ = stream.set_nodelay(true);
         let (entry, tls, shutdown) = (entry.clone(), tls.clone(), shutdown.clone());
         tokio::spawn(async move {
             let (header_read_timeout, body_within) = (
@@ -510,7 +466,8 @@ pub async fn serve(
             }
             drop(permit);
         });
-    }
+    })
+    .await;
     let _ = flusher.await;
 }
 
@@ -734,10 +691,10 @@ async fn handle(
 ) -> Response<Body> {
     // Through a trusted proxy: the client its X-Forwarded-For names (else the proxy itself)
     // is the peer, and this request (with its upgrade) takes one of the client's places.
-    let via_trusted_proxy = permit.ip.is_none();
+    let via_trusted_proxy = permit.place.is_none();
     let (peer, permit) = if via_trusted_proxy {
         let client = forwarded_client(request.headers()).unwrap_or(peer.ip());
-        match entry.clients.admit(client, entry.settings.per_client) {
+        match entry.clients.admit(client) {
             Some(permit) => (SocketAddr::new(client, peer.port()), permit),
             None => {
                 tracing::warn!(client = %client, proxy = %peer, "entrypoint: client at its connection cap; refused");
@@ -1196,30 +1153,31 @@ mod tests {
 
     #[test]
     fn connection_caps() {
-        let clients = Arc::new(Clients::default());
+        let clients = Clients::new(2);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        let a = clients.admit(ip, 2).unwrap();
-        let b = clients.admit(ip, 2).unwrap();
-        assert!(clients.admit(ip, 2).is_none());
-        assert!(clients.admit("10.0.0.2".parse().unwrap(), 2).is_some());
+        let a = clients.admit(ip).unwrap();
+        let b = clients.admit(ip).unwrap();
+        assert!(clients.admit(ip).is_none());
+        assert!(clients.admit("10.0.0.2".parse().unwrap()).is_some());
         let upgraded = a.clone();
         drop(a);
-        assert!(clients.admit(ip, 2).is_none(), "an upgrade holds its place");
+        assert!(clients.admit(ip).is_none(), "an upgrade holds its place");
         drop(upgraded);
-        assert!(clients.admit(ip, 2).is_some());
+        assert!(clients.admit(ip).is_some());
         drop(b);
 
         // An IPv6 client is its /64, as the API counts it; an IPv4-mapped one its IPv4.
         let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
-        let c = clients.admit(v6("2001:db8:1:2::1"), 2).unwrap();
-        let d = clients.admit(v6("2001:db8:1:2:ffff::9"), 2).unwrap();
-        assert!(clients.admit(v6("2001:db8:1:2::77"), 2).is_none());
-        assert!(clients.admit(v6("2001:db8:1:3::1"), 2).is_some());
+        let c = clients.admit(v6("2001:db8:1:2::1")).unwrap();
+        let d = clients.admit(v6("2001:db8:1:2:ffff::9")).unwrap();
+        assert!(clients.admit(v6("2001:db8:1:2::77")).is_none());
+        assert!(clients.admit(v6("2001:db8:1:3::1")).is_some());
         assert_eq!(network(v6("::ffff:10.0.0.1")), ip);
         // A trusted proxy's connection holds no place.
         let proxied = clients.proxy();
         drop((c, d, proxied));
-        assert!(clients.held.lock().unwrap().is_empty());
+        assert_eq!(clients.quota.held(&network(ip)), 0);
+        assert_eq!(clients.quota.held(&network(v6("2001:db8:1:2::1"))), 0);
     }
 
     #[derive(clap::Parser)]

@@ -26,13 +26,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use antidote_net::errors;
 use antidote_proto::api::v1 as api;
 use antidote_proto::api::v1::ErrorReason;
 use antidote_proto::api::v1::admin_service_server::AdminService;
 use antidote_proto::api::v1::curriculum_service_server::CurriculumService as _;
 use antidote_proto::api::v1::live_lesson_service_server::LiveLessonService;
 use antidote_proto::api::v1::session_service_server::SessionService as _;
-use antidote_net::errors;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
@@ -409,25 +409,10 @@ pub async fn serve(
         .max_concurrent_streams(limits.streams_per_connection)
         .keep_alive_interval(Duration::from_secs(30));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of descriptors, say: pause instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-        }
-        let Some(mut stream) = super::limits::Limited::admit(stream, &quota) else {
+    antidote_net::accept::each(&listener, &shutdown, |stream, peer| {
+        let Some(mut stream) = super::limits::Limited::admit(stream, peer, &quota) else {
             tracing::debug!(%peer, "connection refused: its address holds its share");
-            continue;
+            return;
         };
         let (app, builder, cut) = (app.clone(), builder.clone(), cut.clone());
         // Counted by the graceful shutdown from now on, so a connection whose first byte
@@ -464,7 +449,8 @@ pub async fn serve(
                 tracing::debug!(error = %err, %peer, "HTTP connection ended");
             }
         });
-    }
+    })
+    .await;
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
@@ -613,10 +599,7 @@ async fn guarded_metrics(
 async fn metrics(State(api): State<Api>) -> Response {
     match api.store.counts().await {
         Ok(counts) => (
-            [(
-                header::CONTENT_TYPE,
-                antidote_net::metrics::CONTENT_TYPE,
-            )],
+            [(header::CONTENT_TYPE, antidote_net::metrics::CONTENT_TYPE)],
             api.metrics.render(
                 &counts,
                 api.fleet
