@@ -26,7 +26,7 @@ use crate::settings::Settings;
 pub const HOST_CONFINED: &str = "HostConfined";
 
 /// The capabilities agent-docker offers.
-pub const CAPABILITIES: &[&str] = &[
+pub const PROTOCOL_CAPABILITIES: &[&str] = &[
     capabilities::PRESENTATION_SSH,
     capabilities::PRESENTATION_HTTP,
     capabilities::STAGE_CONFIGURATION,
@@ -427,7 +427,7 @@ fn unavailable(err: EngineError) -> Status {
 #[tonic::async_trait]
 impl Backend for Docker {
     fn describe(&self) -> Description {
-        let mut offered = CAPABILITIES.to_vec();
+        let mut offered = PROTOCOL_CAPABILITIES.to_vec();
         offered.extend(configurator::capabilities(self.configurator));
         if self.jupyter {
             offered.push(capabilities::GUIDE_JUPYTER);

@@ -32,7 +32,7 @@ pub const LABEL_MANAGED: &str = "antidote.io/managed-by";
 /// container's network namespace), and of the runtime's usual set what SSH servers, shells and
 /// services on low ports need (switching users, owning files, chroot, audit records, binding
 /// ports below 1024). MKNOD, SETFCAP and SETPCAP are left out.
-pub const CAPABILITIES: &[&str] = &[
+pub const LINUX_CAPABILITIES: &[&str] = &[
     "NET_ADMIN",
     "NET_RAW",
     "AUDIT_WRITE",
@@ -252,7 +252,7 @@ pub async fn create(
                     // Privileged means every capability: dropping some would be a lie.
                     cap_drop: (!privileged).then(|| vec!["ALL".to_owned()]),
                     cap_add: (!privileged)
-                        .then(|| CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
+                        .then(|| LINUX_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
                     // No setuid binary (su, sudo) raises a process's privileges. The opt-in
                     // privileged endpoints are the operator's call and keep them.
                     security_opt: (!privileged).then(|| vec!["no-new-privileges:true".to_owned()]),

@@ -34,7 +34,7 @@ use crate::guard::Guard;
 use crate::settings::Settings;
 
 /// The capabilities agent-k8s offers.
-pub const CAPABILITIES: &[&str] = &[
+pub const PROTOCOL_CAPABILITIES: &[&str] = &[
     capabilities::PRESENTATION_SSH,
     capabilities::PRESENTATION_HTTP,
     capabilities::STAGE_CONFIGURATION,
@@ -750,7 +750,7 @@ fn unavailable(what: &str, err: kube::Error) -> Status {
 #[tonic::async_trait]
 impl Backend for Kubernetes {
     fn describe(&self) -> Description {
-        let mut offered = CAPABILITIES.to_vec();
+        let mut offered = PROTOCOL_CAPABILITIES.to_vec();
         offered.extend(configurator::capabilities(&self.settings));
         if self.settings.jupyter_image.is_some() {
             offered.push(capabilities::GUIDE_JUPYTER);

@@ -37,7 +37,7 @@ pub const LABEL_CONFIG_STAGE: &str = "antidote.io/config-stage";
 /// lesson's own networking (they act only on the pod's network namespace), and of the runtime's
 /// usual set what SSH servers, shells and services on low ports need. MKNOD, SETFCAP and
 /// SETPCAP are left out. (agent-docker gives its containers the same set.)
-pub const CAPABILITIES: &[&str] = &[
+pub const LINUX_CAPABILITIES: &[&str] = &[
     "NET_ADMIN",
     "NET_RAW",
     "AUDIT_WRITE",
@@ -58,7 +58,7 @@ pub const METADATA_RANGE: &str = "169.254.0.0/16";
 
 /// A lesson container's security context: privileged only for a trusted image on an agent
 /// whose operator opted in; otherwise no privilege escalation, every capability dropped but
-/// [`CAPABILITIES`], the runtime's default seccomp profile.
+/// [`LINUX_CAPABILITIES`], the runtime's default seccomp profile.
 pub fn security_context(privileged: bool) -> Value {
     if privileged {
         // The API server refuses allowPrivilegeEscalation: false beside privileged: true.
@@ -66,7 +66,7 @@ pub fn security_context(privileged: bool) -> Value {
     } else {
         json!({
             "allowPrivilegeEscalation": false,
-            "capabilities": { "drop": ["ALL"], "add": CAPABILITIES },
+            "capabilities": { "drop": ["ALL"], "add": LINUX_CAPABILITIES },
             "seccompProfile": { "type": "RuntimeDefault" },
         })
     }
@@ -683,7 +683,7 @@ mod tests {
             .split(',')
             .map(|c| c.trim().trim_matches('\''))
             .collect();
-        let mut ours = CAPABILITIES.to_vec();
+        let mut ours = LINUX_CAPABILITIES.to_vec();
         allowed.sort_unstable();
         ours.sort_unstable();
         assert_eq!(allowed, ours);

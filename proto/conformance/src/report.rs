@@ -23,15 +23,15 @@ pub fn pass(detail: impl Into<String>) -> Verdict {
     Ok(Outcome::Pass(detail.into()))
 }
 
-/// The report of a run, printed as it grows.
+/// The tally of a run: each check's outcome, printed as it comes.
 #[derive(Default)]
-pub struct Report {
+pub struct Tally {
     /// Each check run so far with its outcome, in run order; later checks look up their needs
     /// here.
     lines: Vec<(&'static str, Outcome)>,
 }
 
-impl Report {
+impl Tally {
     /// Prints `check`'s line and keeps its outcome.
     pub fn record(&mut self, check: &Check, outcome: Outcome) {
         let (tag, detail) = match &outcome {

@@ -37,7 +37,7 @@ use prost::Message as _;
 const SLOW: Duration = Duration::from_secs(1);
 
 /// Every capability an agent may offer.
-const CAPABILITIES: [&str; 11] = [
+const PROTOCOL_CAPABILITIES: [&str; 11] = [
     capabilities::PRESENTATION_SSH,
     capabilities::PRESENTATION_HTTP,
     capabilities::STAGE_CONFIGURATION,
@@ -400,7 +400,7 @@ fn valid_spec() -> impl Strategy<Value = (LessonSpec, Vec<String>)> {
             "[a-z0-9-]{1,12}",
         ),
         (
-            proptest::collection::vec(select(&CAPABILITIES[..]), 0..4),
+            proptest::collection::vec(select(&PROTOCOL_CAPABILITIES[..]), 0..4),
             any::<bool>(),
         ),
     )
@@ -567,8 +567,11 @@ fn spec_mutation() -> impl Strategy<Value = SpecMutation> {
         (i(), any::<bool>(), any_text()).prop_map(|(c, a, v)| SpecMutation::ConnectionEnd(c, a, v)),
         (any_text(), any_text()).prop_map(|(a, b)| SpecMutation::AddConnection(a, b)),
         i().prop_map(SpecMutation::Withdraw),
-        prop_oneof![select(&CAPABILITIES[..]).prop_map(String::from), any_text()]
-            .prop_map(SpecMutation::Offer),
+        prop_oneof![
+            select(&PROTOCOL_CAPABILITIES[..]).prop_map(String::from),
+            any_text()
+        ]
+        .prop_map(SpecMutation::Offer),
     ]
 }
 

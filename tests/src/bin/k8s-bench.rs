@@ -45,8 +45,8 @@ const INSTANCE: &str = "k8s-bench";
 const ENDPOINTS: [&str; 3] = ["alpha", "bravo", "charlie"];
 const PATIENCE: Duration = Duration::from_secs(300);
 /// The capabilities agent-k8s gives a lesson container after dropping all
-/// (agent-k8s/src/cluster.rs, `CAPABILITIES`).
-const CAPABILITIES: [&str; 12] = [
+/// (agent-k8s/src/cluster.rs, `LINUX_CAPABILITIES`).
+const LINUX_CAPABILITIES: [&str; 12] = [
     "NET_ADMIN",
     "NET_RAW",
     "AUDIT_WRITE",
@@ -557,7 +557,7 @@ fn pod(namespace: &str, index: usize, hosts: &Value) -> Value {
                 "ports": [{ "name": "ssh-22", "containerPort": 22, "protocol": "TCP" }],
                 "securityContext": {
                     "allowPrivilegeEscalation": false,
-                    "capabilities": { "drop": ["ALL"], "add": CAPABILITIES },
+                    "capabilities": { "drop": ["ALL"], "add": LINUX_CAPABILITIES },
                     "seccompProfile": { "type": "RuntimeDefault" },
                 },
                 "resources": {

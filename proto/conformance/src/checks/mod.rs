@@ -21,7 +21,7 @@ use futures::future::LocalBoxFuture;
 use tonic::Code;
 use tonic_types::{ErrorDetail, StatusExt as _};
 
-use crate::report::{Outcome, Report, Verdict, describe};
+use crate::report::{Outcome, Tally, Verdict, describe};
 use crate::suite::Suite;
 
 /// A check's body: it works on the suite's shared state and says what it found.
@@ -386,8 +386,8 @@ pub fn print_list(checks: &[&Check]) {
 
 /// Runs `checks` in order, printing each line as it ends; a check whose needs are not met is
 /// skipped, saying which.
-pub async fn run(suite: &mut Suite, checks: &[&Check]) -> Report {
-    let mut report = Report::default();
+pub async fn run(suite: &mut Suite, checks: &[&Check]) -> Tally {
+    let mut report = Tally::default();
     for check in checks {
         let missing = missing(check, suite, &report);
         let outcome = if missing.is_empty() {
@@ -405,7 +405,7 @@ pub async fn run(suite: &mut Suite, checks: &[&Check]) -> Report {
 
 /// What `check` needs that is not there: checks that did not pass or, when they all did,
 /// capabilities the agent does not offer (the capabilities are only known after `handshake`).
-fn missing(check: &Check, suite: &Suite, report: &Report) -> Vec<String> {
+fn missing(check: &Check, suite: &Suite, report: &Tally) -> Vec<String> {
     let checks: Vec<String> = check
         .needs
         .iter()
