@@ -796,9 +796,12 @@ impl<B: Backend> BackendRpc for AgentService<B> {
             .metrics
             .clone()
             .rpc("Deprovision", async move {
-                agent
-                    .deprovision(&request.into_inner().live_lesson_id)
-                    .await?;
+                let id = request.into_inner().live_lesson_id;
+                // An id that is not a UUID names nothing held, and never reaches the backend's
+                // names or paths (PROTOCOL.md [G4]).
+                if spec::is_uuid(&id) {
+                    agent.deprovision(&id).await?;
+                }
                 Ok(Response::new(proto::DeprovisionResponse { gone: true }))
             })
             .await

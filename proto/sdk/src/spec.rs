@@ -15,6 +15,13 @@ use antidote_proto::agent::v1::{
 
 use antidote_proto::limits::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MAX_NOTEBOOK};
 
+/// The most labels a spec may carry (PROTOCOL.md [S2]; the scheduler sends 6 or 7): every
+/// state, and so every Watch event, carries them all.
+pub const MAX_LABELS: usize = 32;
+
+/// The most bytes of one label's key, and of its value (PROTOCOL.md [S2]).
+pub const MAX_LABEL_BYTES: usize = 253;
+
 use super::{capabilities, errors, labels};
 
 /// Checks `spec` against the protocol's rules and what the agent offers.
@@ -43,6 +50,27 @@ pub fn check(spec: &LessonSpec, offered: &[String]) -> Result<(), Status> {
                 spec.labels[labels::LIVE_LESSON],
                 spec.live_lesson_id
             ),
+        );
+    }
+    if spec.labels.len() > MAX_LABELS {
+        return bad(
+            "spec.labels".into(),
+            format!(
+                "{} labels, over the {MAX_LABELS} a spec may carry",
+                spec.labels.len()
+            ),
+        );
+    }
+    if let Some(key) = spec
+        .labels
+        .iter()
+        .filter(|(k, v)| k.len() > MAX_LABEL_BYTES || v.len() > MAX_LABEL_BYTES)
+        .map(|(k, _)| k)
+        .min()
+    {
+        return bad(
+            format!("spec.labels[{key}]"),
+            format!("its key or value is over {MAX_LABEL_BYTES} bytes"),
         );
     }
     if spec.endpoints.is_empty() {
@@ -473,6 +501,51 @@ mod tests {
                 status.message().to_owned()
             }
         }
+    }
+
+    #[test]
+    fn labels_are_bounded_in_number_and_size() {
+        let offered = all();
+        let long = "x".repeat(MAX_LABEL_BYTES + 1);
+        assert_eq!(
+            check_with(
+                |s| {
+                    s.labels.insert("k".into(), long.clone());
+                },
+                &offered
+            ),
+            format!("spec.labels[k]: its key or value is over {MAX_LABEL_BYTES} bytes")
+        );
+        assert_eq!(
+            check_with(
+                |s| {
+                    s.labels.insert(long.clone(), "v".into());
+                },
+                &offered
+            ),
+            format!("spec.labels[{long}]: its key or value is over {MAX_LABEL_BYTES} bytes")
+        );
+        let at_bound = "x".repeat(MAX_LABEL_BYTES);
+        assert_eq!(
+            check_with(
+                |s| {
+                    s.labels.insert(at_bound.clone(), at_bound.clone());
+                },
+                &offered
+            ),
+            "ok"
+        );
+        assert_eq!(
+            check_with(
+                |s| {
+                    for n in s.labels.len()..=MAX_LABELS {
+                        s.labels.insert(format!("extra/{n}"), "v".into());
+                    }
+                },
+                &offered
+            ),
+            format!("spec.labels: 33 labels, over the {MAX_LABELS} a spec may carry")
+        );
     }
 
     #[test]
