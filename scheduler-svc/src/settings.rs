@@ -168,9 +168,9 @@ impl Default for Config {
     }
 }
 
-/// Warm pools (DESIGN.md §3): per lesson and stage, how many members to keep READY. Written to
-/// the store at start (`source` `config`); a pool an operator set (AdminService.SetPool) keeps
-/// the operator's values.
+/// Warm pools: per lesson and stage, how many members to keep READY. Written to the store at
+/// start (`source` `config`); a pool an operator set (AdminService.SetPool) keeps the
+/// operator's values.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolsConfig {
@@ -605,8 +605,8 @@ impl Default for ReconcilerConfig {
     }
 }
 
-/// Work shared by replicas (DESIGN.md §3, replicas). Leases are only taken on PostgreSQL; the
-/// resync runs on both backends.
+/// Work shared by replicas. Leases are only taken on PostgreSQL; the resync runs on both
+/// backends.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReplicasConfig {
