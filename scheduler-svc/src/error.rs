@@ -306,7 +306,7 @@ impl From<Error> for tonic::Status {
     }
 }
 
-/// Whether an agent call that failed with this code may succeed if tried again (DESIGN.md §4).
+/// Whether an agent call that failed with this code may succeed if tried again.
 /// CANCELLED is included because the scheduler never cancels its own calls: tonic reports a
 /// connection that closed under a call (an agent restarting) as CANCELLED.
 pub fn is_retryable(code: Code) -> bool {

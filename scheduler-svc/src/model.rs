@@ -131,7 +131,7 @@ pub fn expiry(persistent: bool, last_active: Millis, ttl: Duration) -> Option<Mi
     (!persistent).then(|| last_active.plus(ttl))
 }
 
-/// The lifecycle of a live lesson (DESIGN.md §2).
+/// The lifecycle of a live lesson.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     /// Recorded; no worker has driven an agent yet.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Private Docker engine for Antidote's tests (DESIGN.md §6).
+# Private Docker engine for Antidote's tests.
 #
 #   dockerd.sh start   reuse an engine that answers (DOCKER_HOST, then the default socket, then
 #                      our private one), else install docker.io if needed and start a private

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the example curriculum's images locally, FROM scratch, no registry (DESIGN.md §6).
+# Build the example curriculum's images locally, FROM scratch, no registry.
 #
 #   DOCKER_HOST=unix://... tests/docker/images.sh [IMAGES_DIR]
 #

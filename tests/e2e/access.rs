@@ -1,4 +1,4 @@
-//! Who may do what (DESIGN.md §7): learners act only within their own session, whatever ids
+//! Who may do what: learners act only within their own session, whatever ids
 //! they know; the admin API lives on its own listener and needs a bearer token with the right
 //! scope; every admin call and refusal is audited without the token.
 

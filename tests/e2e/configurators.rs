@@ -1,4 +1,4 @@
-//! Python, ansible and napalm configurations (issue 18), on real engines, with the lessons of
+//! Python, ansible and napalm configurations, on real engines, with the lessons of
 //! `fixtures/configurator-curriculum/` whose endpoints run a real SSH server (`antidote/sshd`:
 //! Debian's dropbear, logging every login) and the configurator image (`antidote/configurator`),
 //! both built by `tests/docker/configurator.sh` (tests/run calls it).

@@ -1,4 +1,4 @@
-//! The fault matrix (DESIGN.md §3, issue 17): real faults under load, and what each promises.
+//! The fault matrix: real faults under load, and what each promises.
 //!
 //! - PostgreSQL crashes (kill -9 of the postmaster) and stops for a while under two replicas
 //!   taking requests: every acknowledged request is kept and settles READY, calls during the
@@ -1089,7 +1089,7 @@ async fn a_provision_cut_off_mid_call_is_retried_not_failed() {
     assert_eq!(times, 1, "created {times} times\n{}", all_logs());
 }
 
-/// No worker starvation behind a slow agent (issue 17): every call to agent `slow` takes 10 s
+/// No worker starvation behind a slow agent: every call to agent `slow` takes 10 s
 /// (toxiproxy latency on the way there) and twelve live lessons are placed on it, three times the
 /// four workers. With `calls_per_agent = 2` it holds two workers; a live lesson requested after
 /// them for agent `fast` is READY while no slow one is: its worker was free. (Had the slow calls

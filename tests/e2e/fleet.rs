@@ -1,4 +1,4 @@
-//! A fleet of agents (DESIGN.md §3, placement): labels reported in handshakes and added by the
+//! A fleet of agents: labels reported in handshakes and added by the
 //! operators' configuration, requests and lessons that require or prefer labels, the decision
 //! and its reason recorded for operators, FAILED_PRECONDITION at once when no agent could ever
 //! take a lesson; an agent killed with `kill -9` is lost after its grace period and its live

@@ -1,4 +1,4 @@
-//! Operators' single sign-on (DESIGN.md §7): the admin API also takes an OIDC JWT, verified
+//! Operators' single sign-on: the admin API also takes an OIDC JWT, verified
 //! against the JWKS file of `admin.oidc` (key by `kid`, issuer, audience, expiry, then the scope
 //! claim), and picks up a rotated key set without a restart. The keys are made here with
 //! Debian's `openssl` (RSA and Ed25519), which also signs the tokens, so this checks the

@@ -1,4 +1,4 @@
-//! Active-active replicas on one PostgreSQL database (DESIGN.md §3, replicas): a Watch on one
+//! Active-active replicas on one PostgreSQL database: a Watch on one
 //! replica follows a live lesson another replica drives, and killing replicas (kill -9) in the
 //! middle of 200 live lessons loses none, creates none twice and leaves no orphan; the reaper's
 //! duties run on one replica per tick, and another takes them over when it dies.

@@ -1,4 +1,4 @@
-//! Waiting for READY holds no reconcile worker (DESIGN.md §3; ARCHITECTURE.md, `reconcile`):
+//! Waiting for READY holds no reconcile worker (ARCHITECTURE.md, `reconcile`):
 //! with two workers and six live lessons whose endpoints take ten minutes to be ready, a lesson
 //! requested afterwards still goes READY, while every slow one is still on its way. Were a
 //! worker held for each wait, the two workers would sit on two slow lessons and nothing else

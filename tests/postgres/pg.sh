@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Private PostgreSQL 15 server for Antidote's tests (DESIGN.md §6, §8).
+# Private PostgreSQL 15 server for Antidote's tests.
 #
 #   pg.sh start   install Debian's postgresql-15 if missing (apt-get), create a cluster in the
 #                 state dir (initdb, trust auth, as the `postgres` user when run as root) and

@@ -1,4 +1,4 @@
-//! Who may call (DESIGN.md §7). Learners hold a session token: a secret answered once by
+//! Who may call. Learners hold a session token: a secret answered once by
 //! CreateSession, kept only as its SHA-256, sent as `authorization: Bearer TOKEN` (or the
 //! `antidote_session` cookie on the JSON API). Operators call the admin API, on its own
 //! listener, with static bearer tokens configured by their SHA-256 and scopes, or with OIDC JWTs

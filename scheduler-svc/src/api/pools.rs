@@ -1,4 +1,4 @@
-//! AdminService's warm-pool calls, ListPools and SetPool (DESIGN.md §3, [`crate::drive::pools`]):
+//! AdminService's warm-pool calls, ListPools and SetPool ([`crate::drive::pools`]):
 //! the gRPC service in [`super::grpc`] hands them here; the JSON routes reach them through it.
 
 use antidote_proto::api::v1 as api;

@@ -1,4 +1,4 @@
-//! Warm pools (DESIGN.md §3): popular lessons kept READY at a stage, handed to a learner the
+//! Warm pools: popular lessons kept READY at a stage, handed to a learner the
 //! moment they ask.
 //!
 //! A pool is (lesson, stage) with a target: its base size, or the largest size among its daily

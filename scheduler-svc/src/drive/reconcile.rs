@@ -1,4 +1,4 @@
-//! The reconciler (DESIGN.md §3): drives agents toward the desired state the store records.
+//! The reconciler: drives agents toward the desired state the store records.
 //!
 //! Requests only write desired state and call [`Reconciler::changed`]. A bounded pool of
 //! workers takes live-lesson ids from a de-duplicating work queue ([`WorkQueue`]); one id is

@@ -1,5 +1,5 @@
-//! This process as one of several scheduler replicas sharing a PostgreSQL database (DESIGN.md
-//! §3, replicas): its id as a lease holder, the leases it holds, and what it learnt of leases
+//! This process as one of several scheduler replicas sharing a PostgreSQL database:
+//! its id as a lease holder, the leases it holds, and what it learnt of leases
 //! others hold. The reconciler takes a live lesson's lease before working on it and gives it
 //! back when the work is done; the reaper takes the `reaper` lease before each duty; a task
 //! renews everything this replica holds every third of the TTL. On SQLite there is no

@@ -1,4 +1,4 @@
-//! Leases of scheduler replicas sharing one PostgreSQL database (DESIGN.md §3, replicas): a row
+//! Leases of scheduler replicas sharing one PostgreSQL database: a row
 //! per leased name (a live lesson's id for its reconcile work, or a duty such as `reaper`) with
 //! its holder (a replica id) and when it expires. A lease is taken by one statement that
 //! inserts it or takes it over when it is expired or already ours, renewed in one statement for

@@ -1,4 +1,4 @@
-//! Warm pools (DESIGN.md §3): the `pools` table (a target per lesson and stage, from the
+//! Warm pools: the `pools` table (a target per lesson and stage, from the
 //! configuration or an operator) and pool members, live lessons created in a session of their
 //! own (a *pool session*: no token, persistent so never reaped by TTL, `source_net` 'pool') and
 //! claimed by a learner's session at most once.

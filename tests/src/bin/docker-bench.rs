@@ -41,8 +41,8 @@ struct Args {
     /// Rounds (baseline and scheduler alternate within each).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// The baseline skips the lesson's configuration script (the baseline before 2026-12-06,
-    /// which did less Docker work than the lesson needs).
+    /// The baseline skips the lesson's configuration script, doing less Docker work than the
+    /// lesson needs.
     #[arg(long)]
     baseline_without_configuration: bool,
 }

@@ -198,7 +198,7 @@ impl Reconciler {
         }
     }
 
-    /// Moves the live lessons of every lost agent elsewhere (DESIGN.md §3, placement): those
+    /// Moves the live lessons of every lost agent elsewhere: those
     /// not FAILED start over as PENDING in a new generation and are placed again (READY ones at
     /// their stage), FAILED ones lose their placement so a retry goes elsewhere. Level-driven:
     /// each look moves whatever a lost agent still holds, so a crash mid-way is redone.
