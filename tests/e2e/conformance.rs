@@ -70,16 +70,50 @@ async fn whole_suite(agent: &Restartable, extra: &[&str], skipped: &[&str]) -> S
     report
 }
 
-/// What every agent here skips: forcing a resync is not done from outside, and these runs offer
-/// no python, ansible or napalm configurations (agent-docker runs them without its configurator
-/// image; tests/e2e/configurators.rs runs the suite's configuration and Jupyter guide checks
-/// against agent-docker and agent-k8s with their configurator, Jupyter and SSH endpoint images).
-const ALWAYS_SKIPPED: [&str; 4] = [
-    "watch-resync",
+/// What every agent here skips: these runs offer no python, ansible or napalm configurations
+/// (agent-docker runs them without its configurator image; tests/e2e/configurators.rs runs the
+/// suite's configuration and Jupyter guide checks against agent-docker and agent-k8s with their
+/// configurator, Jupyter and SSH endpoint images). Every run forces a resync (`--force-resync`).
+const ALWAYS_SKIPPED: [&str; 3] = [
     "configuration-python",
     "configuration-ansible",
     "configuration-napalm",
 ];
+
+/// The entrypoint checks that run with `--entrypoint` alone (`entrypoint-terminal` needs an
+/// image with a real SSH server too): an agent without an entrypoint skips them all.
+const ENTRYPOINT_CHECKS: [&str; 6] = [
+    "entrypoint-tokens",
+    "entrypoint-keys",
+    "entrypoint-cookie",
+    "entrypoint-proxy",
+    "entrypoint-activity",
+    "entrypoint-connection-cap",
+];
+
+/// A port free now, for the entrypoint, whose URL the agent must be told before it listens.
+fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
+/// The SDK's entrypoint flags for plaintext on loopback at `port`, reporting activity every
+/// 500 ms, and the suite's `--entrypoint` for it.
+fn entrypoint_flags(port: u16) -> (Vec<String>, String) {
+    let url = format!("http://127.0.0.1:{port}");
+    let agent = [
+        "--entrypoint-listen",
+        &format!("127.0.0.1:{port}"),
+        "--entrypoint-url",
+        &url,
+        "--entrypoint-insecure-plaintext",
+        "--entrypoint-activity-interval",
+        "500ms",
+    ]
+    .map(String::from)
+    .to_vec();
+    (agent, url)
+}
 
 /// The names of the checks a report has a line for, in report order.
 fn reported_checks(report: &str) -> Vec<&str> {
@@ -116,32 +150,37 @@ fn repo() -> PathBuf {
 async fn the_test_agent_conforms() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
+    let (entrypoint, url) = entrypoint_flags(free_port());
+    let mut args = vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--state-dir".into(),
+        state.display().to_string(),
+        "--max-live-lessons".into(),
+        "3".into(),
+        "--probe-timeout".into(),
+        "5s".into(),
+    ];
+    args.extend(entrypoint);
     let agent = Restartable::spawn(
         &workspace_bin("test-agent"),
-        &[
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--state-dir".into(),
-            state.display().to_string(),
-            "--max-live-lessons".into(),
-            "3".into(),
-            "--probe-timeout".into(),
-            "5s".into(),
-        ],
+        &args,
         &[],
         dir.path(),
         "test-agent",
     )
     .await
     .expect("test-agent starts");
-    // It runs no Jupyter guides.
+    // It runs no Jupyter guides, and its SSH presentations answer a banner only: no terminal.
     let mut skipped = ALWAYS_SKIPPED.to_vec();
-    skipped.push("guide-jupyter");
-    let report = whole_suite(&agent, &[], &skipped).await;
+    skipped.extend(["guide-jupyter", "entrypoint-terminal"]);
+    let report = whole_suite(&agent, &["--force-resync", "--entrypoint", &url], &skipped).await;
     for adopted in [
         "PASS  restart-adopt",
         "PASS  capacity-refusal",
         "PASS  failed-probe",
+        "PASS  watch-resync",
+        "PASS  entrypoint-tokens",
     ] {
         assert!(report.contains(adopted), "{report}");
     }
@@ -231,29 +270,51 @@ async fn agent_docker_conforms() {
         "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
     );
     let dir = tempfile::tempdir().unwrap();
+    let (entrypoint, url) = entrypoint_flags(free_port());
+    let mut args = vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--trusted-privileged".into(),
+        "false".into(),
+        "--probe-timeout".into(),
+        "30s".into(),
+        "--max-live-lessons".into(),
+        "3".into(),
+        // Shell only: no configurator image, so python, ansible and napalm are not offered
+        // (tests/e2e/configurators.rs runs them with the configurator and sshd images).
+        "--configurator-image".into(),
+        String::new(),
+    ];
+    args.extend(entrypoint);
     let agent = Restartable::spawn(
         &workspace_bin("agent-docker"),
-        &[
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--trusted-privileged".into(),
-            "false".into(),
-            "--probe-timeout".into(),
-            "30s".into(),
-            "--max-live-lessons".into(),
-            "3".into(),
-            // Shell only: no configurator image, so python, ansible and napalm are not offered
-            // (tests/e2e/configurators.rs runs them with the configurator and sshd images).
-            "--configurator-image".into(),
-            String::new(),
-        ],
+        &args,
         &[],
         dir.path(),
         "agent-docker",
     )
     .await
     .expect("agent-docker starts");
-    let report = whole_suite(&agent, &["--image", "busybox"], &ALWAYS_SKIPPED).await;
+    // The web terminal logs in to `sshd` (dropbear) as the entrypoint curriculum's image does.
+    let report = whole_suite(
+        &agent,
+        &[
+            "--image",
+            "busybox",
+            "--force-resync",
+            "--entrypoint",
+            &url,
+            "--terminal-image",
+            "sshd",
+            "--ssh-user",
+            "antidote",
+            "--ssh-password",
+            "antidotepassword",
+        ],
+        &ALWAYS_SKIPPED,
+    )
+    .await;
+    assert!(report.contains("PASS  entrypoint-terminal"), "{report}");
     assert!(report.contains("(container, network)"), "{report}");
     assert!(report.contains("PASS  restart-adopt"), "{report}");
 }
@@ -286,32 +347,29 @@ async fn the_python_agent_conforms_and_runs_a_lesson_through_the_scheduler() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("python-state");
     let agent = python_agent(dir.path(), &state).await;
-    // It runs no configuration (no `stage.configuration`): nothing to fail there either.
+    // It runs no configuration (no `stage.configuration`): nothing to fail there either; and it
+    // serves no entrypoint.
     let mut skipped = ALWAYS_SKIPPED.to_vec();
     skipped.extend([
         "configuration-shell",
         "failed-config",
         "watch-pages",
         "guide-jupyter",
+        "entrypoint-terminal",
     ]);
-    let report = whole_suite(&agent, &[], &skipped).await;
+    skipped.extend(ENTRYPOINT_CHECKS);
+    let report = whole_suite(&agent, &["--force-resync"], &skipped).await;
+    assert!(report.contains("PASS  watch-resync"), "{report}");
     assert!(report.contains("PASS  restart-adopt"), "{report}");
 
-    let config = format!(
-        r#"instance_id = "python-e2e"
-curriculum = "{curriculum}"
-tier = "prod"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-[[agents]]
-name = "python"
-address = "{agent}"
-"#,
-        curriculum = repo().join("tests/fixtures/local-curriculum").display(),
-        agent = agent.url(),
-    );
+    let config = SchedulerConfig::new(
+        "python-e2e",
+        &repo().join("tests/fixtures/local-curriculum"),
+    )
+    .with_tier("prod")
+    .with_retries(ms(500), ms(100), secs(1))
+    .with_agent(Agent::new("python", agent.url()))
+    .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config)
         .await
         .expect("scheduler starts");

@@ -637,6 +637,13 @@ async fn the_conformance_suite_passes_over_dial_in() {
             "configuration-ansible",
             "configuration-napalm",
             "guide-jupyter",
+            "entrypoint-tokens",
+            "entrypoint-keys",
+            "entrypoint-cookie",
+            "entrypoint-proxy",
+            "entrypoint-activity",
+            "entrypoint-connection-cap",
+            "entrypoint-terminal",
         ],
         "{report}"
     );

@@ -718,6 +718,24 @@ async fn agent_k8s_conforms() {
         "3".into(),
     ];
     args.extend(LOCAL_IMAGES.iter().map(|a| a.to_string()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let entrypoint = format!("http://127.0.0.1:{port}");
+    args.extend(
+        [
+            "--entrypoint-listen",
+            &format!("127.0.0.1:{port}"),
+            "--entrypoint-url",
+            &entrypoint,
+            "--entrypoint-insecure-plaintext",
+            "--entrypoint-activity-interval",
+            "500ms",
+        ]
+        .map(String::from),
+    );
     let agent = Restartable::spawn(
         &workspace_bin("agent-k8s"),
         &args,
@@ -731,6 +749,7 @@ async fn agent_k8s_conforms() {
     let output = tokio::process::Command::new(workspace_bin("antidote-conformance"))
         .args(["--agent", &agent.url(), "--instance", &instance])
         .args(["--restart-cmd", &restart])
+        .args(["--force-resync", "--entrypoint", &entrypoint])
         .output()
         .await
         .expect("antidote-conformance runs");
@@ -762,6 +781,9 @@ async fn agent_k8s_conforms() {
         "capacity-refusal",
         "failed-probe",
         "failed-config",
+        "watch-resync",
+        "entrypoint-tokens",
+        "entrypoint-activity",
     ] {
         assert!(report.contains(&format!("PASS  {ran}:")), "{report}");
     }

@@ -583,6 +583,13 @@ async fn conformance_passes_over_mtls() {
             "configuration-ansible",
             "configuration-napalm",
             "guide-jupyter",
+            "entrypoint-tokens",
+            "entrypoint-keys",
+            "entrypoint-cookie",
+            "entrypoint-proxy",
+            "entrypoint-activity",
+            "entrypoint-connection-cap",
+            "entrypoint-terminal",
         ],
         "{report}"
     );

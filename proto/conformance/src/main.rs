@@ -4,8 +4,9 @@
 //! antidote-conformance --agent http://127.0.0.1:7071 [--restart-cmd CMD] [--image busybox]
 //!     [--http-port 8080] [--ssh-port 22] [--bad-image ghost] [--failing-config SCRIPT]
 //!     [--silent-port 9] [--napalm-image SLUG [--napalm-driver eos]] [--ready-timeout 180s]
-//!     [--config-user USER --config-password PASSWORD] [--instance ID]
-//!     [--check NAME]...
+//!     [--config-user USER --config-password PASSWORD] [--capacity-fill 32] [--force-resync]
+//!     [--entrypoint URL [--terminal-image SLUG --ssh-user USER --ssh-password PASSWORD]
+//!      [--entrypoint-max-per-client 256]] [--instance ID] [--check NAME]...
 //! antidote-conformance --list [--check NAME]...
 //! ```
 //!
@@ -24,7 +25,7 @@
 //! | `no-common-major` | `handshake` | a Handshake with no common major is FAILED_PRECONDITION, reason NO_COMMON_MAJOR with both lists |
 //! | `bad-spec-codes` | `handshake` | each spec rule broken (id, upper-case id, generation, endpoints, a label, port, presentation type, configuration, connections, no spec) is INVALID_ARGUMENT, reason INVALID_SPEC, `field` its path; List shows nothing afterwards |
 //! | `error-details` | `handshake` | refusals without state (handshake, Get, Recover, Provision, Plan) carry one ErrorInfo of domain antidote.io with the documented reason and metadata |
-//! | `request-too-large` | `handshake` | a 5 MiB request is served, or refused RESOURCE_EXHAUSTED with REQUEST_TOO_LARGE and `limit` |
+//! | `request-too-large` | `handshake` | a request of exactly 4 MiB (unknown fields padding a Get) is served; one of 4 MiB and a byte, and one of 8 MiB, are served or refused RESOURCE_EXHAUSTED with REQUEST_TOO_LARGE and a `limit` from 4194304 to below the request's size |
 //! | `get-unknown` | `handshake` | Get of an unknown id is NOT_FOUND, LIVE_LESSON_NOT_FOUND naming the id |
 //! | `deprovision-unknown` | `handshake` | Deprovision of an unknown id is OK |
 //! | `recover-unknown` | `handshake`, `recover` offered | Recover of an unknown id is NOT_FOUND, LIVE_LESSON_NOT_FOUND naming the id |
@@ -47,7 +48,7 @@
 //! | `deprovision` | `provision-ready` | every live lesson the suite provisioned is removed (waiting out TERMINATING), Get is NOT_FOUND, a second Deprovision is OK, List is empty |
 //! | `watch-deletions` | `watch-snapshot`, `deprovision`, `watch` offered | Watch shows each removed live lesson TERMINATING, then one `deleted` event, revisions rising |
 //! | `watch-selector` | `list-pages`, `deprovision`, `watch` offered | a Watch selecting one live lesson (opened by `list-pages`) shows only that one's events, its deletion included |
-//! | `watch-resync` | `handshake`, `watch` offered | always SKIP: forcing a resync needs thousands of changes while a watcher stalls; the SDK's StateBook tests cover it |
+//! | `watch-resync` | `handshake`, `watch` offered, `--force-resync` given | a watcher on a connection with a 16 KiB HTTP/2 window stops reading while 10,000 generations of one live lesson are pushed (the suite's other stream reading on): it gets a resync at its last revision, then a snapshot, and its view reaches the newest generation READY; more than 8,392 messages without a resync fail ([W7]) |
 //! | `concurrent-provision` | `handshake` | five identical Provisions of a new live lesson at once all answer OK; it becomes READY and List shows it once |
 //! | `concurrent-deprovision` | `concurrent-provision` | five identical Deprovisions at once all answer OK; Get is NOT_FOUND; Watch tells one deletion |
 //! | `ready-delay` | `handshake` | with a 3 s ready delay, READY comes no sooner than 3 s after Provision, and again after a stage change |
@@ -59,7 +60,14 @@
 //! | `failed-image` | `handshake` | a live lesson of `--bad-image` is accepted, then FAILED with a reason naming the slug |
 //! | `failed-config` | `handshake`, `stage.configuration` offered | a live lesson whose configuration is `--failing-config` is FAILED with a reason naming the file |
 //! | `failed-probe` | `handshake`, `--silent-port` given | a live lesson with a presentation on `--silent-port` is FAILED with a reason naming the presentation |
-//! | `capacity-refusal` | `handshake` | filled to `max_live_lessons` (SKIP when 0, or more than 8 places free), one more is RESOURCE_EXHAUSTED, CAPACITY_EXHAUSTED; a held one is not refused; the handshake counts them; a removal frees a place; List shows nothing of them once removed |
+//! | `capacity-refusal` | `handshake` | filled to `max_live_lessons` (SKIP when 0, or more places free than `--capacity-fill`, 32 by default), one more is RESOURCE_EXHAUSTED, CAPACITY_EXHAUSTED; a held one is not refused; the handshake counts them; a removal frees a place; List shows nothing of them once removed |
+//! | `entrypoint-tokens` | `handshake`, `presentation.http` offered, `--entrypoint` given | through the entrypoint a READY HTTP presentation answers as at its address with the suite's token (query or `Authorization: Bearer` in any spelling); none, malformed, expired or too long-lived: 401; another live lesson, endpoint or presentation: 403; a live lesson not held: 401, then 404 with its token ([H6]) |
+//! | `entrypoint-keys` | `entrypoint-tokens` | a retired key and a revoked key get 401; another instance's key 403 (401 with a token naming ours); the suite's own key still admits ([H2]-[H4]) |
+//! | `entrypoint-cookie` | `entrypoint-tokens` | a query-parameter admission sets `antidote_entrypoint` (the token, host-only, Path the prefix, HttpOnly, Max-Age within the token's life, SameSite of the entrypoint's kind); it admits without Sec-Fetch-Site or with same-origin/none, 403 cross-site and same-site ([H7]) |
+//! | `entrypoint-proxy` | `entrypoint-tokens` | a path and query reach the presentation as at its address (token left out), the prefix without its slash redirects to it, one origin's answers carry the sandbox policy ([H5], [H8]) |
+//! | `entrypoint-activity` | `entrypoint-tokens` | reads of a page script (Sec-Fetch-Mode cors, no-cors, same-origin, websocket) leave last_active alone; a navigation moves it within 15 s ([H12]) |
+//! | `entrypoint-connection-cap` | `entrypoint-tokens` | `--entrypoint-max-per-client` connections are answered, one more is closed unanswered, closing one frees its place ([H11]) |
+//! | `entrypoint-terminal` | `handshake`, `presentation.ssh` offered, `--entrypoint` and `--terminal-image` given | a web terminal runs a JSON and a binary input frame, tells `exit 7` and closes; another site's Origin is 403; revoking the key of an open terminal closes it with 1008 ([H9], [H4], [H5]) |
 //! | `restart-recover` | `handshake`, `--restart-cmd` given | a READY live lesson, then the restart: a new instance id; the old stream ends; a new one does not show it; List shows it BOOTING and Get is NOT_FOUND, or List does not and Recover is NOT_FOUND; Recover (Provision without `recover`) takes it on |
 //! | `restart-adopt` | `restart-recover` | what outlived the restart becomes READY on the same addresses, no sooner than its ready delay after Recover (SKIP when nothing outlived it) |
 //!
@@ -195,6 +203,33 @@ struct Args {
     /// waits for a handshake with a new instance id. Without it the restart checks are skipped.
     #[arg(long)]
     restart_cmd: Option<String>,
+    /// The most live lessons `capacity-refusal` creates to fill the agent: it runs when the
+    /// free places (max_live_lessons minus live_lessons) are at most this, and is skipped,
+    /// naming both numbers, when more are free or the agent sets no limit.
+    #[arg(long, default_value_t = 32)]
+    capacity_fill: u32,
+    /// Run `watch-resync`: stall one Watch stream (a 16 KiB HTTP/2 window, nothing read) while
+    /// 10,000 generations of one live lesson are pushed, so the agent must drop and resync it.
+    #[arg(long)]
+    force_resync: bool,
+    /// The agent's entrypoint as the suite reaches it (plain http://, with `{live_lesson}` where
+    /// the agent has an origin per live lesson): the `entrypoint-*` checks run, with tokens the
+    /// suite signs (its key goes in its Handshake).
+    #[arg(long, value_name = "URL")]
+    entrypoint: Option<String>,
+    /// An image slug whose SSH presentation on --ssh-port admits --ssh-user to a POSIX shell
+    /// (`entrypoint-terminal`).
+    #[arg(long, requires = "entrypoint")]
+    terminal_image: Option<String>,
+    /// The user --terminal-image admits over SSH (the spec's `image.ssh_user`).
+    #[arg(long, default_value = "")]
+    ssh_user: String,
+    /// Its password (`image.ssh_password`). Sent to the agent in specs only.
+    #[arg(long, default_value = "")]
+    ssh_password: String,
+    /// The entrypoint's connection cap per client address (`entrypoint-connection-cap` fills it).
+    #[arg(long, default_value_t = 256)]
+    entrypoint_max_per_client: u32,
     /// mTLS: the CA certificates (PEM) that sign the agent's certificate. With --tls-cert and
     /// --tls-key, the suite connects as a scheduler would over mTLS (an `https://` --agent).
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
@@ -241,7 +276,7 @@ async fn main() -> ExitCode {
             }
         };
         println!("antidote-conformance: checking the agent that dialled in to {addr}");
-        return check(channel, args, &selection).await;
+        return check(channel, None, args, &selection).await;
     }
     // clap requires --agent unless --list or --accept-agent is given, and both have returned
     // above.
@@ -258,7 +293,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let channel = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+    // The watcher `watch-resync` stalls has a connection of its own, whose small windows let
+    // the agent send it only a few events before flow control stops them.
+    let stalled_endpoint = endpoint
+        .clone()
+        .initial_stream_window_size(checks::STALLED_WINDOW)
+        .initial_connection_window_size(checks::STALLED_WINDOW);
+    let (channel, stalled) = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
             let files = tls::TlsFiles {
                 cert: cert.clone(),
@@ -266,7 +307,7 @@ async fn main() -> ExitCode {
                 ca: ca.clone(),
             };
             match mtls_channel(&agent, endpoint, files, args.tls_server_name.as_deref()).await {
-                Ok(channel) => channel,
+                Ok((channel, client)) => (channel, client.channel(stalled_endpoint)),
                 Err(err) => {
                     eprintln!("antidote-conformance: cannot reach the agent at {agent}: {err}");
                     return ExitCode::from(2);
@@ -274,7 +315,7 @@ async fn main() -> ExitCode {
             }
         }
         _ => match endpoint.connect().await {
-            Ok(channel) => channel,
+            Ok(channel) => (channel, stalled_endpoint.connect_lazy()),
             Err(err) => {
                 eprintln!("antidote-conformance: cannot reach the agent at {agent}: {err}");
                 return ExitCode::from(2);
@@ -282,12 +323,13 @@ async fn main() -> ExitCode {
         },
     };
     println!("antidote-conformance: checking the agent at {agent}");
-    check(channel, args, &selection).await
+    check(channel, Some(stalled), args, &selection).await
 }
 
 /// Runs the selected checks over `channel` and prints the report.
 async fn check(
     channel: tonic::transport::Channel,
+    stalled: Option<tonic::transport::Channel>,
     args: Args,
     selection: &[&checks::Check],
 ) -> ExitCode {
@@ -304,8 +346,16 @@ async fn check(
         napalm_image: args.napalm_image,
         napalm_driver: args.napalm_driver,
         restart_cmd: args.restart_cmd,
+        capacity_fill: args.capacity_fill,
+        force_resync: args.force_resync,
+        entrypoint: args.entrypoint,
+        terminal_image: args.terminal_image,
+        ssh_user: args.ssh_user,
+        ssh_password: args.ssh_password,
+        entrypoint_max_per_client: args.entrypoint_max_per_client,
     };
     let mut suite = Suite::new(channel, settings, args.instance);
+    suite.stalled_channel = stalled;
     let report = checks::run(&mut suite, selection).await;
     suite.clean_up().await;
     println!("{}", report.summary());
@@ -317,13 +367,14 @@ async fn check(
 }
 
 /// A channel to the agent over mTLS, proven by one health check: a refused handshake is an
-/// error naming why (the agent's certificate, or the agent refusing ours).
+/// error naming why (the agent's certificate, or the agent refusing ours). The client TLS comes
+/// back too, for the suite's second connection.
 async fn mtls_channel(
     agent: &str,
     endpoint: tonic::transport::Endpoint,
     files: tls::TlsFiles,
     server_name: Option<&str>,
-) -> Result<tonic::transport::Channel, String> {
+) -> Result<(tonic::transport::Channel, std::sync::Arc<tls::ClientTls>), String> {
     let host = endpoint.uri().host().unwrap_or_default().to_owned();
     let identity = tls::Identity::parse(server_name.unwrap_or(host.trim_matches(['[', ']'])))
         .map_err(|err| err.to_string())?;
@@ -337,7 +388,7 @@ async fn mtls_channel(
         .check(tonic_health::pb::HealthCheckRequest::default())
         .await;
     match check {
-        Ok(_) => Ok(channel),
+        Ok(_) => Ok((channel, client)),
         Err(status) => Err(client
             .status()
             .failure

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_client::BackendClient;
+use antidote_sdk::entrypoint::Signer;
 use antidote_sdk::{capabilities, labels};
 use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::watch_event::Event;
@@ -43,6 +44,20 @@ pub struct Settings {
     pub napalm_driver: String,
     /// A shell command that restarts the agent on the same address (the restart checks).
     pub restart_cmd: Option<String>,
+    /// The most live lessons `capacity-refusal` creates to fill the agent.
+    pub capacity_fill: u32,
+    /// Whether `watch-resync` runs (it pushes thousands of generations).
+    pub force_resync: bool,
+    /// The agent's entrypoint as the suite reaches it (the `entrypoint-*` checks).
+    pub entrypoint: Option<String>,
+    /// An image slug whose SSH presentation admits `ssh_user` (`entrypoint-terminal`).
+    pub terminal_image: Option<String>,
+    /// The user `terminal_image` admits.
+    pub ssh_user: String,
+    /// Its password. Sent to the agent in specs only.
+    pub ssh_password: String,
+    /// The entrypoint's connection cap per client address.
+    pub entrypoint_max_per_client: u32,
 }
 
 impl Settings {
@@ -60,6 +75,9 @@ impl Settings {
             "--restart-cmd" => self.restart_cmd.is_some(),
             "--napalm-image" => self.napalm_image.is_some(),
             "--silent-port" => self.silent_port != 0,
+            "--force-resync" => self.force_resync,
+            "--entrypoint" => self.entrypoint.is_some(),
+            "--terminal-image" => self.terminal_image.is_some(),
             _ => false,
         }
     }
@@ -135,6 +153,16 @@ pub struct Suite {
     /// What `restart-recover` found left after the restart, for `restart-adopt`: `None` until
     /// it ran, `Some(None)` when nothing outlived the agent's process.
     pub restarted: Option<Option<Restarted>>,
+    /// The suite's entrypoint key: every Handshake offers it, every token is signed with it
+    /// (the suite is the scheduler for the entrypoint checks).
+    pub signer: Signer,
+    /// The handshake's `entrypoint_url`, learnt by `handshake`.
+    pub entrypoint_url: String,
+    /// The live lesson the entrypoint checks reach, made by `entrypoint-tokens`.
+    pub entry: Option<crate::checks::entrypoint::Entry>,
+    /// A connection of its own with small HTTP/2 windows, for the watcher `watch-resync`
+    /// stalls (none over a dialled-in connection: it then uses `channel`).
+    pub stalled_channel: Option<Channel>,
 }
 
 impl Suite {
@@ -155,6 +183,10 @@ impl Suite {
             removed: BTreeSet::new(),
             concurrent: None,
             restarted: None,
+            signer: Signer::generate(&format!("conformance-{}", &new_id()[..8])),
+            entrypoint_url: String::new(),
+            entry: None,
+            stalled_channel: None,
         }
     }
 
@@ -175,8 +207,11 @@ impl Suite {
             ]
             .map(String::from)
             .to_vec(),
-            // The suite signs no entrypoint tokens.
-            entrypoint_keys: Vec::new(),
+            // The suite signs the entrypoint checks' tokens itself.
+            entrypoint_keys: vec![proto::EntrypointKey {
+                key_id: self.signer.key_id().to_owned(),
+                public_key: self.signer.public_key().to_vec(),
+            }],
             revoked_entrypoint_keys: Vec::new(),
         }
     }

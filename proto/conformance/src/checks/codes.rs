@@ -8,7 +8,7 @@ use tonic::Code;
 
 use super::{expect_refusal, typed};
 use crate::report::{Outcome, Verdict, describe, pass};
-use crate::suite::{Suite, new_id};
+use crate::suite::{EXTRA_LABEL, Suite, new_id};
 
 /// A way to break a valid spec: what it is, the `field` the refusal must name, and the break.
 type Breaker = (&'static str, &'static str, fn(&mut proto::LessonSpec));
@@ -67,6 +67,32 @@ const BAD_SPECS: &[Breaker] = &[
         "spec.connections[0].b",
         |s| s.connections[0].b = "ghost".into(),
     ),
+    (
+        "two endpoints of one name (the second is named)",
+        "spec.endpoints[1].name",
+        |s| {
+            s.endpoints[1].name = s.endpoints[0].name.clone();
+            s.connections.clear();
+        },
+    ),
+    (
+        "an endpoint without an image",
+        "spec.endpoints[0].image.slug",
+        |s| s.endpoints[0].image = None,
+    ),
+    (
+        "a label value of 254 bytes",
+        "spec.labels[conformance.antidote.io/run]",
+        |s| {
+            s.labels.insert(EXTRA_LABEL.into(), "x".repeat(254));
+        },
+    ),
+    ("33 labels", "spec.labels", |s| {
+        for n in s.labels.len()..33 {
+            s.labels
+                .insert(format!("conformance.antidote.io/l{n}"), "x".into());
+        }
+    }),
 ];
 
 /// `bad-spec-codes`: each broken spec, and no spec at all, is INVALID_ARGUMENT with reason
@@ -91,6 +117,19 @@ pub async fn bad_spec_codes(suite: &mut Suite) -> Verdict {
         cases.push((
             "a port out of range".into(),
             "spec.endpoints[0].presentations[0].port".into(),
+            spec,
+        ));
+    }
+    // A Jupyter guide on an agent that does not offer `guide.jupyter`.
+    if !suite.offers(capabilities::GUIDE_JUPYTER) {
+        let mut spec = valid();
+        spec.endpoints[1].jupyter_guide = Some(proto::JupyterGuide {
+            notebook: b"{}".to_vec(),
+        });
+        spec.endpoints[1].configuration = None;
+        cases.push((
+            "a Jupyter guide without guide.jupyter".into(),
+            "spec.endpoints[1].jupyter_guide".into(),
             spec,
         ));
     }
@@ -264,6 +303,19 @@ pub async fn error_details(suite: &mut Suite) -> Verdict {
             expect_refusal(result, Code::InvalidArgument, "INVALID_SPEC")
                 .and_then(|r| r.expect("field", "spec")),
         );
+        let result = suite
+            .client
+            .recover(proto::RecoverRequest {
+                live_lesson_id: new_id(),
+                handle: unknown.clone().into_bytes(),
+                spec: Some(suite.spec(&unknown, 1, 0)),
+            })
+            .await;
+        note(
+            "Recover whose id is not its spec's",
+            expect_refusal(result, Code::InvalidArgument, "INVALID_SPEC")
+                .and_then(|r| r.expect("field", "spec.live_lesson_id")),
+        );
     }
 
     if suite.offers(capabilities::PLAN) {
@@ -310,68 +362,154 @@ pub async fn error_details(suite: &mut Suite) -> Verdict {
     ))
 }
 
-/// `request-too-large`: Get with a 5 MiB id is either served (NOT_FOUND: the agent accepts
-/// larger messages than it must) or refused with RESOURCE_EXHAUSTED, REQUEST_TOO_LARGE and the
-/// limit (PROTOCOL.md [E4]).
-pub async fn request_too_large(suite: &mut Suite) -> Verdict {
-    let huge = "a".repeat(5 << 20);
-    let result = suite
-        .client
-        .get(proto::GetRequest {
-            live_lesson_id: huge,
-        })
-        .await;
-    match result {
-        Err(status) if status.code() == Code::NotFound => {
-            typed(&status, "LIVE_LESSON_NOT_FOUND")?;
-            pass("served (NOT_FOUND): the agent accepts 5 MiB requests")
+/// The protocol's request limit (PROTOCOL.md [E4]): every request up to it is served.
+const REQUEST_LIMIT: usize = 4 << 20;
+
+/// A GetRequest padded with a field the agent does not know, to any encoded size: agents skip
+/// unknown fields, so it is served like a Get of `live_lesson_id`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PaddedGet {
+    /// The live lesson asked for.
+    #[prost(string, tag = "1")]
+    live_lesson_id: String,
+    /// Bytes in a field no agent knows.
+    #[prost(bytes = "vec", tag = "1000")]
+    padding: Vec<u8>,
+}
+
+impl PaddedGet {
+    /// A Get of `id` whose encoded message is exactly `size` bytes.
+    fn of_size(id: &str, size: usize) -> PaddedGet {
+        let mut get = PaddedGet {
+            live_lesson_id: id.to_owned(),
+            padding: Vec::new(),
+        };
+        // The padding's key and length prefix grow with it: settle on the length that fits.
+        let mut padding = size - prost::Message::encoded_len(&get) - 6;
+        while {
+            get.padding = vec![0; padding];
+            prost::Message::encoded_len(&get) != size
+        } {
+            padding = padding + size - prost::Message::encoded_len(&get);
         }
-        Err(status) if status.code() == Code::ResourceExhausted => {
-            let refusal = typed(&status, "REQUEST_TOO_LARGE")?;
-            refusal.has("limit")?;
-            pass(format!(
-                "RESOURCE_EXHAUSTED, REQUEST_TOO_LARGE, limit {}",
-                refusal.metadata["limit"]
-            ))
-        }
-        other => Ok(Outcome::Fail(format!(
-            "expected NOT_FOUND or RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE), got {}",
-            match other {
-                Ok(_) => "OK".to_owned(),
-                Err(status) => describe(&status),
-            }
-        ))),
+        get
     }
 }
 
-/// `get-unknown`: Get of an id the agent never saw is NOT_FOUND, LIVE_LESSON_NOT_FOUND.
-pub async fn get_unknown(suite: &mut Suite) -> Verdict {
-    let unknown = new_id();
-    let result = suite
-        .client
-        .get(proto::GetRequest {
-            live_lesson_id: unknown.clone(),
-        })
-        .await;
-    let refusal = expect_refusal(result, Code::NotFound, "LIVE_LESSON_NOT_FOUND")?;
-    refusal.expect("live_lesson_id", &unknown)?;
-    pass(refusal.message)
+/// `request-too-large`: a Get padded to exactly 4 MiB (4,194,304 bytes encoded, without the
+/// 5-byte frame prefix) is served: NOT_FOUND naming the id. Padded to 4 MiB and a byte, and
+/// to 8 MiB, it is served or refused RESOURCE_EXHAUSTED, REQUEST_TOO_LARGE, with `limit`
+/// from 4194304 to below the request's size (PROTOCOL.md [E4]): the agent raised its gRPC
+/// library's own limit, whose refusal carries no ErrorInfo.
+pub async fn request_too_large(suite: &mut Suite) -> Verdict {
+    let mut grpc = tonic::client::Grpc::new(suite.channel.clone());
+    let mut said = Vec::new();
+    for size in [REQUEST_LIMIT, REQUEST_LIMIT + 1, 2 * REQUEST_LIMIT] {
+        let id = new_id();
+        grpc.ready()
+            .await
+            .map_err(|err| anyhow!("the connection is not ready: {err}"))?;
+        let result = grpc
+            .unary(
+                tonic::Request::new(PaddedGet::of_size(&id, size)),
+                tonic::codegen::http::uri::PathAndQuery::from_static(
+                    "/antidote.agent.v1.Backend/Get",
+                ),
+                tonic_prost::ProstCodec::<PaddedGet, proto::GetResponse>::default(),
+            )
+            .await;
+        match result {
+            Err(status) if status.code() == Code::NotFound => {
+                typed(&status, "LIVE_LESSON_NOT_FOUND")?.expect("live_lesson_id", &id)?;
+                said.push(format!("{size} bytes served"));
+            }
+            Err(status) if status.code() == Code::ResourceExhausted && size > REQUEST_LIMIT => {
+                let refusal = typed(&status, "REQUEST_TOO_LARGE")?;
+                let limit: usize = refusal
+                    .metadata
+                    .get("limit")
+                    .and_then(|l| l.parse().ok())
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "ErrorInfo metadata `limit` is not a number of bytes: {:?}",
+                            refusal.metadata
+                        )
+                    })?;
+                ensure!(
+                    (REQUEST_LIMIT..size).contains(&limit),
+                    "a {size}-byte request refused with limit {limit}: the limit must be at least {REQUEST_LIMIT} and below the size refused"
+                );
+                said.push(format!("{size} bytes REQUEST_TOO_LARGE (limit {limit})"));
+            }
+            other => {
+                return Ok(Outcome::Fail(format!(
+                    "a Get of {size} bytes: expected {}, got {}",
+                    if size > REQUEST_LIMIT {
+                        "NOT_FOUND or RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE)"
+                    } else {
+                        "NOT_FOUND: every request up to 4 MiB is served"
+                    },
+                    match other {
+                        Ok(_) => "OK".to_owned(),
+                        Err(status) => describe(&status),
+                    }
+                )));
+            }
+        }
+    }
+    pass(said.join(", "))
 }
 
-/// `deprovision-unknown`: Deprovision of an id the agent never saw is OK.
+/// Ids that are not UUIDs, which name nothing an agent holds and must never reach a path or a
+/// backend's names (PROTOCOL.md [G4]).
+const NOT_UUIDS: &[&str] = &["../../etc", "Not-A-UUID", "a b"];
+
+/// `get-unknown`: Get of an id the agent never saw, and of ids that are not UUIDs, is
+/// NOT_FOUND, LIVE_LESSON_NOT_FOUND naming the id.
+pub async fn get_unknown(suite: &mut Suite) -> Verdict {
+    let unknown = new_id();
+    let mut message = String::new();
+    for id in std::iter::once(unknown.as_str()).chain(NOT_UUIDS.iter().copied()) {
+        let result = suite
+            .client
+            .get(proto::GetRequest {
+                live_lesson_id: id.to_owned(),
+            })
+            .await;
+        let refusal = expect_refusal(result, Code::NotFound, "LIVE_LESSON_NOT_FOUND")
+            .map_err(|err| anyhow!("Get of `{id}`: {err:#}"))?;
+        refusal.expect("live_lesson_id", id)?;
+        if message.is_empty() {
+            message = refusal.message;
+        }
+    }
+    pass(format!(
+        "{message} (and for {} ids that are not UUIDs)",
+        NOT_UUIDS.len()
+    ))
+}
+
+/// `deprovision-unknown`: Deprovision of an id the agent never saw, and of ids that are not
+/// UUIDs, is OK with `gone = true`.
 pub async fn deprovision_unknown(suite: &mut Suite) -> Verdict {
-    let gone = suite
-        .client
-        .deprovision(proto::DeprovisionRequest {
-            live_lesson_id: new_id(),
-            handle: Default::default(),
-        })
-        .await
-        .map_err(|s| anyhow!("{}", describe(&s)))?
-        .into_inner()
-        .gone;
-    ensure!(gone, "gone = false for an id the agent never held");
-    pass("gone = true")
+    let unknown = new_id();
+    for id in std::iter::once(unknown.as_str()).chain(NOT_UUIDS.iter().copied()) {
+        let gone = suite
+            .client
+            .deprovision(proto::DeprovisionRequest {
+                live_lesson_id: id.to_owned(),
+                handle: Default::default(),
+            })
+            .await
+            .map_err(|s| anyhow!("Deprovision of `{id}`: {}", describe(&s)))?
+            .into_inner()
+            .gone;
+        ensure!(gone, "gone = false for `{id}`, which the agent never held");
+    }
+    pass(format!(
+        "gone = true, also for {} ids that are not UUIDs",
+        NOT_UUIDS.len()
+    ))
 }
 
 /// `recover-unknown`: Recover of an id the agent never saw is NOT_FOUND, LIVE_LESSON_NOT_FOUND.

@@ -60,6 +60,7 @@ pub async fn handshake(suite: &mut Suite) -> Verdict {
     ensure!(first.capacity.is_some(), "capacity is missing");
     suite.instance_id = first.instance_id.clone();
     suite.capabilities = first.capabilities.clone();
+    suite.entrypoint_url = first.entrypoint_url.clone();
     pass(format!(
         "{} {}, major 1, capabilities [{}]",
         first.agent_name,

@@ -2,15 +2,20 @@
 //! the runner that skips a check whose needs are not met. The bodies live in one module per
 //! topic: `handshake` (health and handshake), `codes` (refusals: bad specs, unknown ids, typed
 //! error details), `lifecycle` (a live lesson from Provision to Deprovision), `watch` (the Watch
-//! stream), `paths` (ready delay, configuration types, the FAILED paths, retries, capacity) and
-//! `restart` (Recover and adoption after the agent restarts).
+//! stream), `resync` (a stalled watcher forced to resync), `paths` (ready delay, configuration
+//! types, the FAILED paths, retries, capacity), `entrypoint` (learners' way in, with tokens the
+//! suite signs) and `restart` (Recover and adoption after the agent restarts).
 
 mod codes;
+pub mod entrypoint;
 mod handshake;
 mod lifecycle;
 mod paths;
 mod restart;
+mod resync;
 mod watch;
+
+pub use resync::STALLED_WINDOW;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -71,6 +76,9 @@ const WATCH: Need = Need::Capability(capabilities::WATCH);
 const RECOVER: Need = Need::Capability(capabilities::RECOVER);
 const PLAN: Need = Need::Capability(capabilities::PLAN);
 const CONFIGURATION: Need = Need::Capability(capabilities::STAGE_CONFIGURATION);
+const HTTP: Need = Need::Capability(capabilities::PRESENTATION_HTTP);
+const ENTRYPOINT: Need = Need::Flag("--entrypoint");
+const ENTRYPOINT_TOKENS: Need = Need::Check("entrypoint-tokens");
 
 /// Every check, in run order.
 pub const CHECKS: &[Check] = &[
@@ -106,7 +114,7 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "request-too-large",
-        what: "a request over 4 MiB is served or refused with REQUEST_TOO_LARGE",
+        what: "a 4 MiB request is served; larger ones are served or refused with REQUEST_TOO_LARGE",
         needs: &[HANDSHAKE],
         run: |suite| Box::pin(codes::request_too_large(suite)),
     },
@@ -248,9 +256,9 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "watch-resync",
-        what: "Watch resync",
-        needs: &[HANDSHAKE, WATCH],
-        run: |suite| Box::pin(watch::resync(suite)),
+        what: "a watcher that stalls while thousands of changes happen gets a resync and a snapshot",
+        needs: &[HANDSHAKE, WATCH, Need::Flag("--force-resync")],
+        run: |suite| Box::pin(resync::resync(suite)),
     },
     Check {
         name: "concurrent-provision",
@@ -327,6 +335,53 @@ pub const CHECKS: &[Check] = &[
         what: "a new live lesson beyond capacity is RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED)",
         needs: &[HANDSHAKE],
         run: |suite| Box::pin(paths::capacity_refusal(suite)),
+    },
+    Check {
+        name: "entrypoint-tokens",
+        what: "the entrypoint admits exactly the suite's tokens for a presentation (401, 403, 404)",
+        needs: &[HANDSHAKE, HTTP, ENTRYPOINT],
+        run: |suite| Box::pin(entrypoint::tokens(suite)),
+    },
+    Check {
+        name: "entrypoint-keys",
+        what: "retired and revoked keys get 401, another instance's key 403",
+        needs: &[ENTRYPOINT_TOKENS],
+        run: |suite| Box::pin(entrypoint::keys(suite)),
+    },
+    Check {
+        name: "entrypoint-cookie",
+        what: "a query-parameter admission sets the cookie, which admits only same-origin requests",
+        needs: &[ENTRYPOINT_TOKENS],
+        run: |suite| Box::pin(entrypoint::cookie(suite)),
+    },
+    Check {
+        name: "entrypoint-proxy",
+        what: "path and query reach the presentation, the bare prefix redirects, pages are sandboxed",
+        needs: &[ENTRYPOINT_TOKENS],
+        run: |suite| Box::pin(entrypoint::proxy(suite)),
+    },
+    Check {
+        name: "entrypoint-activity",
+        what: "a navigation moves last_active, a page script's reads do not",
+        needs: &[ENTRYPOINT_TOKENS],
+        run: |suite| Box::pin(entrypoint::activity(suite)),
+    },
+    Check {
+        name: "entrypoint-connection-cap",
+        what: "one connection past the per-client cap is closed unanswered",
+        needs: &[ENTRYPOINT_TOKENS],
+        run: |suite| Box::pin(entrypoint::connection_cap(suite)),
+    },
+    Check {
+        name: "entrypoint-terminal",
+        what: "a web terminal runs what is typed, tells the exit status, and closes on revocation",
+        needs: &[
+            HANDSHAKE,
+            Need::Capability(capabilities::PRESENTATION_SSH),
+            ENTRYPOINT,
+            Need::Flag("--terminal-image"),
+        ],
+        run: |suite| Box::pin(entrypoint::terminal(suite)),
     },
     Check {
         name: "restart-recover",

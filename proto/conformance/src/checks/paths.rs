@@ -252,22 +252,22 @@ async fn configured(
     pass(format!("{file} applied; READY"))
 }
 
-/// `configuration-shell`: a live lesson with a shell configuration becomes READY.
+/// `configuration-shell`: a live lesson with a shell configuration of about 200 KiB becomes
+/// READY.
 pub async fn configuration_shell(suite: &mut Suite) -> Verdict {
     if !claimed_types(suite).contains(&ConfigurationType::Shell) {
         return Ok(Outcome::Skip(format!(
             "the agent lists its configuration types without `{CONFIGURATION_SHELL}`"
         )));
     }
-    configured(
-        suite,
-        shell(
-            "conformance.sh",
-            "echo antidote-conformance shell configuration\n",
-        ),
-        None,
-    )
-    .await
+    // Past Linux's 128 KiB limit on one argument: the agent must not run it as `sh -c`
+    // (PROTOCOL.md [V5]).
+    let script = format!(
+        "{}echo antidote-conformance shell configuration\n",
+        "# padding past the 128 KiB one argument may hold, within the 256 KiB of a file\n"
+            .repeat(2600)
+    );
+    configured(suite, shell("conformance.sh", &script), None).await
 }
 
 /// `configuration-python`: a live lesson with a python configuration becomes READY.
@@ -464,6 +464,12 @@ fn failed_naming(state: &proto::LiveLessonState, what: &str) -> Verdict {
         "the FAILED reason does not name `{what}`: {:?}",
         state.reason
     );
+    // Every Watch event carries the reason (PROTOCOL.md [R10]).
+    ensure!(
+        state.reason.len() <= 4096,
+        "the FAILED reason is {} bytes, over the 4 KiB a reason may hold",
+        state.reason.len()
+    );
     pass(format!("FAILED: {}", state.reason))
 }
 
@@ -514,9 +520,6 @@ pub async fn failed_probe(suite: &mut Suite) -> Verdict {
     failed_naming(&state, "silent")
 }
 
-/// The most places `capacity-refusal` fills.
-const MOST_TO_FILL: u32 = 8;
-
 /// `capacity-refusal`: the agent filled to `max_live_lessons` refuses one more live lesson with
 /// RESOURCE_EXHAUSTED, CAPACITY_EXHAUSTED (`max_live_lessons` in the metadata), yet accepts a
 /// held one again; the handshake counts the held ones; a removal frees a place (PROTOCOL.md
@@ -530,9 +533,11 @@ pub async fn capacity_refusal(suite: &mut Suite) -> Verdict {
         ));
     }
     let free = max.saturating_sub(capacity.live_lessons);
-    if free > MOST_TO_FILL {
+    let most = suite.settings.capacity_fill;
+    if free > most {
         return Ok(Outcome::Skip(format!(
-            "{free} of {max} places are free: more than the {MOST_TO_FILL} this check fills"
+            "{free} of {max} places are free: more than the {most} this check fills \
+             (--capacity-fill {most}; raise it, or run the agent with a lower limit)"
         )));
     }
     let mut filled = Vec::new();

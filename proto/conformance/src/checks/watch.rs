@@ -11,7 +11,7 @@ use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::Phase;
 use proto::watch_event::Event;
 
-use crate::report::{Outcome, Verdict, describe, pass, summary};
+use crate::report::{Verdict, describe, pass, summary};
 use crate::suite::{Selected, Suite, new_id};
 
 /// `watch-snapshot`: a Watch on our fresh instance starts with an empty snapshot. The stream is
@@ -270,14 +270,5 @@ pub async fn reconnect(suite: &mut Suite) -> Verdict {
         "{} live lessons in one snapshot at revision {snapshot_revision} (the first stream had \
          told {told})",
         items.len()
-    ))
-}
-
-/// `watch-resync`: not decided from outside.
-pub async fn resync(_suite: &mut Suite) -> Verdict {
-    Ok(Outcome::Skip(
-        "not forced from outside (it needs thousands of changes while a watcher stalls); \
-         the SDK's StateBook tests cover it"
-            .to_owned(),
     ))
 }
