@@ -1057,6 +1057,14 @@ fn a_run_takes_its_waiters_news_only_for_the_same_wait() {
         None,
         Found::Stale,
     );
+    // A wait for something else of the same generation.
+    check_found(
+        &booting,
+        Until::Settled,
+        (1, Until::Gone),
+        None,
+        Found::Stale,
+    );
 }
 
 // --- delete: removal, also during boot ---
