@@ -7,6 +7,7 @@
 //! The flags page runs the workspace's binaries: build them first
 //! (`cargo build --workspace --bins`; `tests/run` does).
 
+mod architecture;
 mod config;
 mod flags;
 mod metrics;
