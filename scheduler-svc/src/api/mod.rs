@@ -120,7 +120,75 @@ pub enum Services {
 /// Serves the learners' or the operators' gRPC services (with grpc.health.v1 and reflection v1
 /// and v1alpha) on `listener` until the API's shutdown token is cancelled.
 pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> anyhow::Result<()> {
-    let (health, health_service) = tonic_health::server::health_reporter();
+    tracing::info!(address = %listener.local_addr()?, ?services, "serving antidote.api.v1");
+    // Each client network holds at most `limits.connections_per_address` connections; more
+    // are closed at once (and never reach the server).
+    let quota = limits::Quota::new(api.config.limits.connections_per_address);
+    // Cancelled once the shutdown grace is over: connections still open (health and API
+    // Watch streams, reflection streams) are cut, so shutdown is bounded.
+    let cut = tokio_util::sync::CancellationToken::new();
+    let cut_connections = cut.clone();
+    // A connection is handed to the server only once its client has sent the HTTP/2 preface
+    // and its first SETTINGS within `limits.header_read_timeout` (tonic and h2 would wait for
+    // them forever, however slowly they drip); the wait runs in a task of its own, so silent
+    // and slow clients never hold accepting up.
+    let (admitted, incoming) = tokio::sync::mpsc::channel(64);
+    let opening = api.config.limits.header_read_timeout;
+    let accepting = api.shutdown.clone();
+    tokio::spawn(async move {
+        // Accepting also ends when the server stops taking connections.
+        let closed = admitted.clone();
+        let accept = antidote_net::accept::each(&listener, &accepting, move |stream, peer| {
+            let Some(mut limited) = limits::Limited::admit(stream, peer, &quota) else {
+                tracing::debug!(%peer, "connection refused: its address holds its share");
+                return;
+            };
+            let (admitted, cut) = (admitted.clone(), cut_connections.clone());
+            tokio::spawn(async move {
+                if limited.opens_within(opening).await {
+                    let _ = admitted
+                        .send(Ok::<_, std::io::Error>(Cuttable::new(limited, &cut)))
+                        .await;
+                } else {
+                    tracing::debug!(
+                        %peer,
+                        "connection closed: no HTTP/2 preface and SETTINGS within limits.header_read_timeout"
+                    );
+                }
+            });
+        });
+        tokio::select! {
+            () = accept => {}
+            () = closed.closed() => {}
+        }
+    });
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
+    let shutdown = api.shutdown.clone();
+    let grace = api.config.shutdown_grace;
+    let mut server = tonic::transport::Server::builder()
+        // A span per call, child of the caller's W3C trace context.
+        .trace_fn(antidote_net::trace::span)
+        // The caller's trace context, current while the call runs: passed on to agents even
+        // when spans are not exported.
+        .layer(antidote_net::trace::PassContext)
+        // Serve the API's streams and the many small calls of many learners on few connections.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        // Bounded: streams per connection, and how long a unary call may run (a Watch's
+        // response starts at once, so its stream is not cut by this).
+        .max_concurrent_streams(Some(api.config.limits.streams_per_connection))
+        .timeout(api.config.limits.request_timeout)
+        // Oversized requests are RESOURCE_EXHAUSTED with reason REQUEST_TOO_LARGE (tonic says
+        // OUT_OF_RANGE).
+        .layer(RequestTooLarge {
+            reason: ErrorReason::RequestTooLarge.as_str_name(),
+        })
+        // A request that does not decode is the caller's fault: INVALID_ARGUMENT with reason
+        // MALFORMED_REQUEST, as the JSON API's 400 (tonic says INTERNAL, which would let any
+        // client raise "internal error" alerts at will).
+        .layer(MalformedRequest);
+    // Health and reflection (v1 and v1alpha), as every gRPC server of ours.
+    let (server, health) =
+        antidote_net::grpc::standard_services(&mut server, &[antidote_proto::FILE_DESCRIPTOR_SET])?;
     let names: &[&str] = match services {
         Services::Learners => &SERVICES[..3],
         Services::Admin => &SERVICES[3..4],
@@ -172,84 +240,6 @@ pub async fn serve_grpc(api: Api, services: Services, listener: TcpListener) -> 
             }
         });
     }
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(antidote_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let (reflection, reflection_v1alpha) =
-        (reflection().build_v1()?, reflection().build_v1alpha()?);
-
-    tracing::info!(address = %listener.local_addr()?, ?services, "serving antidote.api.v1");
-    // Each client network holds at most `limits.connections_per_address` connections; more
-    // are closed at once (and never reach the server).
-    let quota = limits::Quota::new(api.config.limits.connections_per_address);
-    // Cancelled once the shutdown grace is over: connections still open (health and API
-    // Watch streams, reflection streams) are cut, so shutdown is bounded.
-    let cut = tokio_util::sync::CancellationToken::new();
-    let cut_connections = cut.clone();
-    // A connection is handed to the server only once its client has sent the HTTP/2 preface
-    // and its first SETTINGS within `limits.header_read_timeout` (tonic and h2 would wait for
-    // them forever, however slowly they drip); the wait runs in a task of its own, so silent
-    // and slow clients never hold accepting up.
-    let (admitted, incoming) = tokio::sync::mpsc::channel(64);
-    let opening = api.config.limits.header_read_timeout;
-    let accepting = api.shutdown.clone();
-    tokio::spawn(async move {
-        // Accepting also ends when the server stops taking connections.
-        let closed = admitted.clone();
-        let accept = antidote_net::accept::each(&listener, &accepting, move |stream, peer| {
-            let Some(mut limited) = limits::Limited::admit(stream, peer, &quota) else {
-                tracing::debug!(%peer, "connection refused: its address holds its share");
-                return;
-            };
-            let (admitted, cut) = (admitted.clone(), cut_connections.clone());
-            tokio::spawn(async move {
-                if limited.opens_within(opening).await {
-                    let _ = admitted
-                        .send(Ok::<_, std::io::Error>(Cuttable::new(limited, &cut)))
-                        .await;
-                } else {
-                    tracing::debug!(
-                        %peer,
-                        "connection closed: no HTTP/2 preface and SETTINGS within limits.header_read_timeout"
-                    );
-                }
-            });
-        });
-        tokio::select! {
-            () = accept => {}
-            () = closed.closed() => {}
-        }
-    });
-    let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
-    let shutdown = api.shutdown.clone();
-    let grace = api.config.shutdown_grace;
-    let server = tonic::transport::Server::builder()
-        // A span per call, child of the caller's W3C trace context.
-        .trace_fn(antidote_net::trace::span)
-        // The caller's trace context, current while the call runs: passed on to agents even
-        // when spans are not exported.
-        .layer(antidote_net::trace::PassContext)
-        // Serve the API's streams and the many small calls of many learners on few connections.
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        // Bounded: streams per connection, and how long a unary call may run (a Watch's
-        // response starts at once, so its stream is not cut by this).
-        .max_concurrent_streams(Some(api.config.limits.streams_per_connection))
-        .timeout(api.config.limits.request_timeout)
-        // Oversized requests are RESOURCE_EXHAUSTED with reason REQUEST_TOO_LARGE (tonic says
-        // OUT_OF_RANGE).
-        .layer(RequestTooLarge {
-            reason: ErrorReason::RequestTooLarge.as_str_name(),
-        })
-        // A request that does not decode is the caller's fault: INVALID_ARGUMENT with reason
-        // MALFORMED_REQUEST, as the JSON API's 400 (tonic says INTERNAL, which would let any
-        // client raise "internal error" alerts at will).
-        .layer(MalformedRequest)
-        .add_service(health_service)
-        // Both reflection versions: grpcio-reflection and older grpcurl know only v1alpha.
-        .add_service(reflection)
-        .add_service(reflection_v1alpha);
     let router = match services {
         Services::Learners => server
             .add_service(
