@@ -6,6 +6,9 @@
 //! test prints.
 #![forbid(unsafe_code)]
 
+pub mod command;
+pub mod config;
+pub mod journal;
 pub mod otlp;
 pub mod pki;
 pub mod web;
@@ -184,6 +187,11 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until its stderr contains `needle` (see [`until_text`]).
+    pub async fn until_logged(&self, needle: &str, limit: Duration) -> anyhow::Result<()> {
+        until_text(|| self.log_text(), needle, limit).await
+    }
+
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -196,6 +204,64 @@ impl Process {
             .get(name)
             .with_context(|| format!("the process printed no `{name} listening on ADDR`"))?;
         Ok(format!("http://{addr}"))
+    }
+}
+
+/// Waits until `text()` (a log, read again every 100 ms: a file has no event to wait on)
+/// contains `needle`; after `limit` (a guard against hangs, not a timing assertion) fails with
+/// what it last read.
+pub async fn until_text(
+    text: impl Fn() -> String,
+    needle: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let found = tokio::time::timeout(limit, async {
+        while !text().contains(needle) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    if found.is_err() {
+        bail!("`{needle}` never showed within {limit:?}:\n{}", text());
+    }
+    Ok(())
+}
+
+/// The logs of processes, each under a `--- NAME log ---` header, for failure messages.
+pub fn logs<'a>(processes: impl IntoIterator<Item = (String, &'a Process)>) -> String {
+    processes
+        .into_iter()
+        .map(|(name, process)| format!("--- {name} log ---\n{}\n", process.log_text()))
+        .collect()
+}
+
+/// The URL of one of the suite's servers: the one `var` names (`tests/run` starts each and sets
+/// its variable), or the one `script start` (a path below `tests/`) starts and prints as the
+/// last line `VAR=URL` when `var` is unset.
+pub fn server_url(var: &str, script: &str) -> String {
+    if let Ok(url) = std::env::var(var)
+        && !url.is_empty()
+    {
+        return url;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let output = std::process::Command::new(&script)
+        .arg("start")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let prefix = format!("{var}=");
+    match stdout
+        .lines()
+        .last()
+        .and_then(|line| line.strip_prefix(prefix.as_str()))
+    {
+        Some(url) if output.status.success() => url.to_owned(),
+        _ => panic!(
+            "{var} is unset and {} start failed: {stdout}",
+            script.display()
+        ),
     }
 }
 
@@ -511,6 +577,30 @@ impl Clients {
                 .insert(lesson.id.clone(), token);
         }
         Ok(lesson)
+    }
+
+    /// A live lesson as its learner sees it (GetLiveLesson with its session's token).
+    pub async fn get(&self, id: &str) -> Result<api::LiveLesson, tonic::Status> {
+        let request = with_token(
+            api::GetLiveLessonRequest { id: id.into() },
+            self.tokens.of_lesson(id),
+        );
+        Ok(self
+            .lessons
+            .clone()
+            .get_live_lesson(request)
+            .await?
+            .into_inner())
+    }
+
+    /// The agents, as ListAgents shows them to operators.
+    pub async fn agents(&self) -> Result<Vec<api::Agent>, tonic::Status> {
+        let mut admin = self.admin.clone();
+        Ok(admin
+            .list_agents(api::ListAgentsRequest {})
+            .await?
+            .into_inner()
+            .agents)
     }
 
     /// Follows a live lesson until `until` holds for its state, returning every status seen on
