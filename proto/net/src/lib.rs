@@ -14,7 +14,7 @@
 //! - [`errors`]: typed gRPC errors (`google.rpc.ErrorInfo` with a reason), the one mapping.
 //! - [`trace`] and [`b3`]: logging, OTLP span export, W3C (and B3) trace context across hops.
 //! - [`metrics`]: the OpenMetrics encoding and the `/metrics` server.
-//! - [`entrypoint`] (feature `entrypoint`): the entrypoint's URLs and tokens, which the
+//! - `entrypoint` (feature `entrypoint`): the entrypoint's URLs and tokens, which the
 //!   scheduler signs and agents verify.
 //!
 //! Both the scheduler and the agent SDK (`antidote-sdk`) build on this crate, so no copy of any

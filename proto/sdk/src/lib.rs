@@ -23,14 +23,14 @@
 //! Modules: `agent` (the trait and the runtime), [`book`] (the state book behind
 //! Get/List/Watch), [`spec`] (generic spec checks and states), [`probe`] (readiness probes),
 //! [`output`] (what a configuration printed, kept short), [`metrics`] (the agent's Prometheus
-//! metrics), `server` (serving and [`run`]), [`entrypoint`] (feature `entrypoint`: learners'
+//! metrics), `server` (serving and [`run`]), `entrypoint` (feature `entrypoint`: learners'
 //! way in, proxied HTTP presentations, web terminals, scheduler-signed tokens).
 //!
 //! Re-exported so that an agent depends on this crate alone: the protocol's names
 //! ([`labels`], [`capabilities`], from `antidote-proto`), and from `antidote-net` [`errors`]
 //! (typed errors), [`tls`] (mTLS, the `--tls-*` flags), [`trace`] and [`b3`] (logging, OTLP,
 //! trace context), [`Listener`], [`Cuttable`], [`BodyDeadline`], [`shutdown_signal`], and
-//! [`dial`] (feature `dial-in`: the agent dials the scheduler, which calls over the connection).
+//! `dial` (feature `dial-in`: the agent dials the scheduler, which calls over the connection).
 //!
 //! Features: none by default, so an agent that only implements [`Backend`] builds without
 //! SSH, WebSocket or JWT code. `entrypoint` adds the entrypoint (russh, tokio-tungstenite,
