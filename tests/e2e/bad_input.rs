@@ -74,8 +74,9 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     let env = Env::start(
         &[],
         Knobs {
-            sessions_per_ip: 2,
-            lessons_per_session: 1,
+            config: Env::config()
+                .with_sessions_per_ip(2)
+                .with_lessons_per_session(1),
             ..Knobs::default()
         },
     )

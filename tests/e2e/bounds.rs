@@ -6,6 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use antidote_tests::config::secs;
 use antidote_tests::web::Web;
 use futures::StreamExt as _;
 use hyper::StatusCode;
@@ -41,9 +42,12 @@ async fn slowloris_and_a_flood_of_watches_leave_a_learner_unharmed() {
     let env = Env::start(
         &[],
         Knobs {
-            sessions_per_ip: 0,
-            limits_extra: "connections_per_address = 8\nwatches_per_session = 4\n\
-                           watches_per_address = 6\nheader_read_timeout = \"3s\"",
+            config: Env::config().with_limits(|l| {
+                l.connections_per_address = Some(8);
+                l.watches_per_session = Some(4);
+                l.watches_per_address = Some(6);
+                l.header_read_timeout = Some(secs(3));
+            }),
             ..Knobs::default()
         },
     )
@@ -151,7 +155,7 @@ async fn silent_connections_are_closed_on_every_listener() {
     let env = Env::start(
         &[],
         Knobs {
-            limits_extra: "header_read_timeout = \"2s\"",
+            config: Env::config().with_limits(|l| l.header_read_timeout = Some(secs(2))),
             ..Knobs::default()
         },
     )
@@ -243,8 +247,9 @@ async fn a_second_session_from_the_same_ipv6_64_is_refused() {
     let env = Env::start(
         &[],
         Knobs {
-            sessions_per_ip: 1,
-            extra_config: "[http]\nlisten = \"[::]:0\"\n".into(),
+            config: Env::config()
+                .with_sessions_per_ip(1)
+                .with_http_listen("[::]:0"),
             ..Knobs::default()
         },
     )
@@ -302,10 +307,11 @@ async fn ten_thousand_idle_watch_streams_leave_a_learner_unharmed() {
     let env = Env::start(
         &["--null"],
         Knobs {
-            sessions_per_ip: 0,
-            lessons_per_session: 1,
-            limits_extra: "connections_per_address = 8\nwatches_per_session = 4\n\
-                           watches_per_address = 8",
+            config: Env::config().with_lessons_per_session(1).with_limits(|l| {
+                l.connections_per_address = Some(8);
+                l.watches_per_session = Some(4);
+                l.watches_per_address = Some(8);
+            }),
             ..Knobs::default()
         },
     )

@@ -16,6 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, secs};
 use antidote_tests::{Process, Scheduler, workspace_bin};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
@@ -120,39 +121,14 @@ impl PageEnv {
         };
         let key = dir.path().join("k1.pem");
         std::fs::write(&key, KEY).unwrap();
-        let agents = match &agent {
-            Some(agent) => format!(
-                "[[agents]]\nname = \"docker\"\naddress = \"{}\"\n",
-                agent.url()
-            ),
-            None => String::new(),
-        };
-        let config = format!(
-            r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "local"
-[ttl]
-live_lesson = "30m"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "3m"
-[http]
-listen = "127.0.0.1:{page_port}"
-[entrypoint]
-keys = [{{ id = "k1", file = "{key}" }}]
-token_ttl = "{TOKEN_TTL_SECS}s"
-{agents}"#,
-            curriculum = curriculum().display(),
-            key = key.display(),
-        );
+        let mut config = SchedulerConfig::on_real_backend(instance, &curriculum(), secs(180))
+            .with_lesson_ttl(secs(30 * 60))
+            .with_http_listen(&format!("127.0.0.1:{page_port}"))
+            .with_entrypoint_keys(&[("k1", &key)], secs(TOKEN_TTL_SECS));
+        if let Some(agent) = &agent {
+            config = config.with_agent(Agent::new("docker", agent.url()));
+        }
+        let config = config.to_toml();
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");

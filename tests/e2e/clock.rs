@@ -6,7 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Scheduler, example_curriculum, with_token};
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
+use antidote_tests::{Scheduler, example_curriculum};
 
 use crate::{PATIENCE, start_agent};
 
@@ -27,22 +28,12 @@ async fn clock_steps_forward_and_back_expire_nothing_early_or_late() {
     let agent = start_agent(&dir, &[], &journal, None).await;
     let offset = dir.path().join("faketime");
     std::fs::write(&offset, "+0\n").unwrap();
-    let config = format!(
-        r#"instance_id = "e2e-clock"
-curriculum = "{curriculum}"
-tier = "local"
-[ttl]
-live_lesson = "20s"
-session = "24h"
-[reaper]
-interval = "200ms"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = example_curriculum().display(),
-        agent = agent.url(),
-    );
+    let mut config = SchedulerConfig::new("e2e-clock", &example_curriculum())
+        .with_lesson_ttl(secs(20))
+        .with_session_ttl(secs(24 * 3600))
+        .with_agent(Agent::new("loopback", agent.url()));
+    config.reaper.interval = Some(ms(200));
+    let config = config.to_toml();
     let env = [
         ("LD_PRELOAD", LIBFAKETIME.to_owned()),
         ("FAKETIME_TIMESTAMP_FILE", offset.display().to_string()),
@@ -85,17 +76,9 @@ address = "{agent}"
     .await
     .unwrap_or_else(|err| panic!("{err:#}\n{}", logs()));
     let now = c
-        .lessons
-        .clone()
-        .get_live_lesson(with_token(
-            api::GetLiveLessonRequest {
-                id: younger.id.clone(),
-            },
-            c.tokens.of_lesson(&younger.id),
-        ))
+        .get(&younger.id)
         .await
-        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs()))
-        .into_inner();
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs()));
     assert_eq!(
         now.status(),
         api::LiveLessonStatus::Ready,

@@ -19,152 +19,39 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Process, Scheduler, with_token, workspace_bin};
+use antidote_tests::config::SchedulerConfig;
+use antidote_tests::{Process, with_token, workspace_bin};
 use api::LiveLessonStatus as S;
-use tempfile::TempDir;
 
 use crate::PATIENCE;
+use crate::docker::{DockerEnv, container, docker, docker_host};
+use crate::k8s::K8sEnv;
 
 fn curriculum() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/configurator-curriculum")
 }
 
-fn docker_host() -> String {
-    std::env::var("DOCKER_HOST").expect(
-        "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
-    )
+/// How long a configured lesson may take to settle on a busy machine (a guard against hangs).
+const SETTLE: Duration = Duration::from_secs(240);
+
+/// The scheduler configuration of these tests on a real backend, without its agent.
+fn scheduler_config(instance: &str) -> SchedulerConfig {
+    SchedulerConfig::on_real_backend(instance, &curriculum(), SETTLE)
+        .with_tier("prod")
+        .with_lessons_per_session(10)
 }
 
-/// The docker CLI, for checks from outside the agent: (success, stdout and stderr).
-fn docker(args: &[&str]) -> (bool, String) {
-    let output = std::process::Command::new("docker")
-        .args(args)
-        .env("DOCKER_HOST", docker_host())
-        .output()
-        .expect("the docker CLI runs");
-    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&output.stderr));
-    (output.status.success(), text)
-}
-
-/// The container name agent-docker gives an endpoint.
-fn container(live_lesson: &str, endpoint: &str) -> String {
-    let hex: String = live_lesson
-        .chars()
-        .filter(char::is_ascii_hexdigit)
-        .take(12)
-        .collect();
-    format!("antidote-{hex}-{endpoint}")
-}
-
-/// A scheduler and agent-docker on the configurator curriculum.
-struct DockerEnv {
-    _dir: TempDir,
-    agent: Process,
-    scheduler: Scheduler,
-    instance: String,
-}
-
-impl DockerEnv {
-    async fn start(instance: &str, agent_extra: &[&str]) -> DockerEnv {
-        docker_host();
-        for image in ["antidote/sshd:latest", "antidote/configurator:latest"] {
-            let (present, out) = docker(&["image", "inspect", "-f", "{{.Id}}", image]);
-            assert!(
-                present,
-                "{image} is missing: run tests/docker/configurator.sh\n{out}"
-            );
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = vec![
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--probe-timeout".into(),
-            "30s".into(),
-        ];
-        args.extend(agent_extra.iter().map(|a| a.to_string()));
-        let agent = Process::spawn(
-            &workspace_bin("agent-docker"),
-            &args,
-            dir.path().join("agent-docker.log"),
-        )
-        .await
-        .expect("agent-docker starts");
-        let config = format!(
-            r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "prod"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 10
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "4m"
-[[agents]]
-name = "docker"
-address = "{agent}"
-"#,
-            curriculum = curriculum().display(),
-            agent = agent.url(),
+/// agent-docker (with `agent_extra`) and a scheduler on the configurator curriculum, once the
+/// images its lessons need are there.
+async fn docker_env(instance: &str, agent_extra: &[&str]) -> DockerEnv {
+    for image in ["antidote/sshd:latest", "antidote/configurator:latest"] {
+        let (present, out) = docker(&["image", "inspect", "-f", "{{.Id}}", image]);
+        assert!(
+            present,
+            "{image} is missing: run tests/docker/configurator.sh\n{out}"
         );
-        let scheduler = Scheduler::start(dir.path(), &config)
-            .await
-            .expect("scheduler starts");
-        DockerEnv {
-            _dir: dir,
-            agent,
-            scheduler,
-            instance: instance.to_owned(),
-        }
     }
-
-    fn logs(&self) -> String {
-        format!(
-            "--- scheduler ---\n{}\n--- agent-docker ---\n{}",
-            self.scheduler.process.log_text(),
-            self.agent.log_text()
-        )
-    }
-
-    async fn settle(&self, id: &str) -> api::LiveLesson {
-        let (_, lesson) = self
-            .scheduler
-            .clients
-            .follow(id, Duration::from_secs(240), |l| {
-                matches!(l.status(), S::Ready | S::Failed)
-            })
-            .await
-            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
-        lesson
-    }
-
-    /// Deletes the live lessons and checks that nothing labelled with this instance is left
-    /// (the configurator containers included).
-    async fn delete_all(&self, ids: &[&str]) {
-        let c = &self.scheduler.clients;
-        for id in ids {
-            c.lessons
-                .clone()
-                .delete_live_lesson(with_token(
-                    api::DeleteLiveLessonRequest { id: id.to_string() },
-                    c.tokens.of_lesson(id),
-                ))
-                .await
-                .unwrap();
-        }
-        for id in ids {
-            c.gone(id, PATIENCE).await.unwrap();
-        }
-        let filter = format!("label=antidote.io/instance={}", self.instance);
-        let (_, left) = docker(&["ps", "-aq", "--filter", &filter]);
-        assert!(left.trim().is_empty(), "containers remain: {left}");
-    }
+    DockerEnv::with_config(scheduler_config(instance), agent_extra).await
 }
 
 /// Whether a configurator container of this instance exists now.
@@ -184,13 +71,13 @@ fn configurators(instance: &str) -> String {
 
 #[tokio::test]
 async fn docker_python_ansible_and_napalm_configure_endpoints_over_ssh() {
-    let env = DockerEnv::start("e2e-configurators", &[]).await;
+    let env = docker_env("e2e-configurators", &[]).await;
     let c = &env.scheduler.clients;
     let session = c.session().await.unwrap();
     let both = c.request(&session, "python-ansible", 0).await.unwrap();
     let napalm = c.request(&session, "napalm-login", 0).await.unwrap();
 
-    let both = env.settle(&both.id).await;
+    let both = env.settle_within(&both.id, SETTLE).await;
     assert_eq!(
         both.status(),
         S::Ready,
@@ -265,7 +152,7 @@ async fn docker_python_ansible_and_napalm_configure_endpoints_over_ssh() {
 
     // NAPALM: the junos driver logs in to port 22 with the config credentials; the endpoint is
     // no Junos device, so the driver fails and says why.
-    let napalm = env.settle(&napalm.id).await;
+    let napalm = env.settle_within(&napalm.id, SETTLE).await;
     assert_eq!(napalm.status(), S::Failed, "{}", env.logs());
     let reason = &napalm.failure_reason;
     assert!(
@@ -322,11 +209,11 @@ async fn docker_jupyter_guide_serves_the_current_stages_notebook() {
         present,
         "antidote/jupyter:latest is missing: run tests/docker/configurator.sh jupyter\n{out}"
     );
-    let env = DockerEnv::start("e2e-jupyter-guide", &[]).await;
+    let env = docker_env("e2e-jupyter-guide", &[]).await;
     let c = &env.scheduler.clients;
     let session = c.session().await.unwrap();
     let live = c.request(&session, "jupyter-guide", 0).await.unwrap();
-    let live = env.settle(&live.id).await;
+    let live = env.settle_within(&live.id, SETTLE).await;
     assert_eq!(
         live.status(),
         S::Ready,
@@ -383,7 +270,7 @@ async fn docker_jupyter_guide_serves_the_current_stages_notebook() {
 
 #[tokio::test]
 async fn docker_python_that_fails_or_hangs_is_failed_with_the_reason() {
-    let env = DockerEnv::start(
+    let env = docker_env(
         "e2e-configurators-fail",
         &["--config-timeout", "3s", "--config-tries", "3"],
     )
@@ -393,7 +280,7 @@ async fn docker_python_that_fails_or_hangs_is_failed_with_the_reason() {
     let fails = c.request(&session, "python-fails", 0).await.unwrap();
     let hangs = c.request(&session, "python-hangs", 0).await.unwrap();
 
-    let fails = env.settle(&fails.id).await;
+    let fails = env.settle_within(&fails.id, SETTLE).await;
     assert_eq!(fails.status(), S::Failed, "{}", env.logs());
     let reason = &fails.failure_reason;
     assert!(
@@ -404,7 +291,7 @@ async fn docker_python_that_fails_or_hangs_is_failed_with_the_reason() {
         "{reason}"
     );
 
-    let hangs = env.settle(&hangs.id).await;
+    let hangs = env.settle_within(&hangs.id, SETTLE).await;
     assert_eq!(hangs.status(), S::Failed, "{}", env.logs());
     let reason = &hangs.failure_reason;
     assert!(
@@ -476,86 +363,9 @@ async fn docker_agent_claims_configuration_types_by_its_configurator_image() {
 
 /// A scheduler on the configurator curriculum and agent-k8s (as its ServiceAccount, with `extra`
 /// flags and the node's local images), on the real test node.
-struct K8sEnv {
-    _dir: TempDir,
-    client: kube::Client,
-    agent: Process,
-    scheduler: Scheduler,
-    _leftovers: crate::k8s::Leftovers,
-}
-
-impl K8sEnv {
-    async fn start(instance: &str, extra: &[&str]) -> K8sEnv {
-        let dir = tempfile::tempdir().unwrap();
-        let client = crate::k8s::admin().await;
-        let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
-        let (agent, _, _) = crate::k8s::agent_k8s(dir.path(), &kubeconfig, extra).await;
-        let config = crate::k8s::scheduler_config(instance, &curriculum(), &agent.url());
-        let scheduler = Scheduler::start(dir.path(), &config)
-            .await
-            .expect("scheduler starts");
-        K8sEnv {
-            _dir: dir,
-            client,
-            agent,
-            scheduler,
-            _leftovers: crate::k8s::Leftovers(instance.into()),
-        }
-    }
-
-    fn logs(&self) -> String {
-        format!(
-            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
-            self.scheduler.process.log_text(),
-            self.agent.log_text(),
-        )
-    }
-
-    fn namespaced<K>(&self, id: &str) -> kube::Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        <K as kube::Resource>::DynamicType: Default,
-    {
-        kube::Api::namespaced(self.client.clone(), &format!("antidote-{id}"))
-    }
-
-    /// What `script` prints inside endpoint `pod` of live lesson `id`.
-    async fn exec(&self, id: &str, pod: &str, script: &str) -> String {
-        crate::k8s::exec(&self.namespaced(id), pod, script)
-            .await
-            .output
-    }
-
-    /// The endpoint's container log (dropbear logs every login to stderr).
-    async fn log_of(&self, id: &str, pod: &str) -> String {
-        self.namespaced::<k8s_openapi::api::core::v1::Pod>(id)
-            .logs(pod, &Default::default())
-            .await
-            .unwrap_or_default()
-    }
-
-    /// Follows a live lesson of generation `generation` until READY or FAILED.
-    async fn settle(&self, id: &str, generation: u64) -> api::LiveLesson {
-        let (_, lesson) = self
-            .scheduler
-            .clients
-            .follow(id, Duration::from_secs(240), |l| {
-                l.generation == generation && matches!(l.status(), S::Ready | S::Failed)
-            })
-            .await
-            .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
-        lesson
-    }
-
-    async fn delete_all(&self, ids: &[&str]) {
-        for id in ids {
-            self.scheduler
-                .clients
-                .delete(id, PATIENCE)
-                .await
-                .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
-        }
-    }
+async fn k8s_env(instance: &str, extra: &[&str]) -> K8sEnv {
+    let config = crate::k8s::scheduler_config(instance, &curriculum());
+    K8sEnv::with_config(tempfile::tempdir().unwrap(), config, extra).await
 }
 
 #[tokio::test]
@@ -563,7 +373,7 @@ async fn k8s_python_ansible_and_napalm_configure_endpoints_over_ssh() {
     use k8s_openapi::api::batch::v1::Job;
     use kube::api::Api;
 
-    let env = K8sEnv::start(
+    let env = k8s_env(
         "k8s-configurators",
         &[
             "--configurator-image",
@@ -577,7 +387,7 @@ async fn k8s_python_ansible_and_napalm_configure_endpoints_over_ssh() {
     let session = c.session().await.unwrap();
     let both = c.request(&session, "python-ansible", 0).await.unwrap();
     let napalm = c.request(&session, "napalm-login", 0).await.unwrap();
-    let both = env.settle(&both.id, 1).await;
+    let both = env.settle(&both.id, 1, SETTLE).await;
     assert_eq!(
         both.status(),
         S::Ready,
@@ -590,12 +400,14 @@ async fn k8s_python_ansible_and_napalm_configure_endpoints_over_ssh() {
     assert_eq!(
         env.exec(&both.id, "pybox", "cat /tmp/python-stage")
             .await
+            .output
             .trim(),
         "configured-by-python"
     );
     assert_eq!(
         env.exec(&both.id, "ansiblebox", "cat /tmp/ansible-stage")
             .await
+            .output
             .trim(),
         "configured-by-ansible"
     );
@@ -623,7 +435,7 @@ async fn k8s_python_ansible_and_napalm_configure_endpoints_over_ssh() {
         ))
         .await
         .unwrap();
-    let staged = env.settle(&both.id, 2).await;
+    let staged = env.settle(&both.id, 2, SETTLE).await;
     assert_eq!(
         staged.status(),
         S::Ready,
@@ -644,12 +456,12 @@ async fn k8s_python_ansible_and_napalm_configure_endpoints_over_ssh() {
         ),
     ] {
         let text = env.exec(&both.id, endpoint, &format!("cat {file}")).await;
-        assert_eq!(text.trim(), mark, "{endpoint}");
+        assert_eq!(text.output.trim(), mark, "{endpoint}");
     }
 
     // NAPALM: the junos driver logs in to the endpoint's port 22 with the config credentials;
     // the endpoint is no Junos device, so the driver fails and says why.
-    let napalm = env.settle(&napalm.id, 1).await;
+    let napalm = env.settle(&napalm.id, 1, SETTLE).await;
     assert_eq!(napalm.status(), S::Failed, "{}", env.logs());
     let reason = &napalm.failure_reason;
     assert!(
@@ -675,7 +487,7 @@ async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
     // reach the reason through its pod's termination message
     // (`terminationMessagePolicy: FallbackToLogsOnError`); the hanging one is ended by the
     // pod's and the Job's deadlines.
-    let env = K8sEnv::start(
+    let env = k8s_env(
         "k8s-configurators-fail",
         &[
             "--configurator-image",
@@ -692,7 +504,7 @@ async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
     let fails = c.request(&session, "python-fails", 0).await.unwrap();
     let hangs = c.request(&session, "python-hangs", 0).await.unwrap();
 
-    let fails = env.settle(&fails.id, 1).await;
+    let fails = env.settle(&fails.id, 1, SETTLE).await;
     assert_eq!(fails.status(), S::Failed, "{}", env.logs());
     let reason = &fails.failure_reason;
     for words in [
@@ -704,7 +516,7 @@ async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
         assert!(reason.contains(words), "{words:?} in {reason}");
     }
 
-    let hangs = env.settle(&hangs.id, 1).await;
+    let hangs = env.settle(&hangs.id, 1, SETTLE).await;
     assert_eq!(hangs.status(), S::Failed, "{}", env.logs());
     let reason = &hangs.failure_reason;
     for words in [
@@ -721,7 +533,7 @@ async fn k8s_python_that_fails_or_hangs_is_failed_with_the_reason() {
 
 #[tokio::test]
 async fn k8s_jupyter_guide_serves_the_current_stages_notebook() {
-    let env = K8sEnv::start(
+    let env = k8s_env(
         "k8s-jupyter-guide",
         &["--jupyter-image", "antidote/jupyter:latest"],
     )
@@ -729,7 +541,7 @@ async fn k8s_jupyter_guide_serves_the_current_stages_notebook() {
     let c = &env.scheduler.clients;
     let session = c.session().await.unwrap();
     let live = c.request(&session, "jupyter-guide", 0).await.unwrap();
-    let live = env.settle(&live.id, 1).await;
+    let live = env.settle(&live.id, 1, SETTLE).await;
     assert_eq!(
         live.status(),
         S::Ready,
@@ -754,7 +566,7 @@ async fn k8s_jupyter_guide_serves_the_current_stages_notebook() {
         ))
         .await
         .unwrap();
-    let staged = env.settle(&live.id, 2).await;
+    let staged = env.settle(&live.id, 2, SETTLE).await;
     assert_eq!(
         staged.status(),
         S::Ready,
@@ -877,7 +689,7 @@ async fn conformance_configurator_checks(url: &str, agent_log: impl Fn() -> Stri
 
 #[tokio::test]
 async fn agent_docker_passes_the_conformance_configurator_and_jupyter_checks() {
-    let env = DockerEnv::start("e2e-configurators-conformance", &[]).await;
+    let env = docker_env("e2e-configurators-conformance", &[]).await;
     conformance_configurator_checks(&env.agent.url(), || env.agent.log_text()).await;
 }
 
@@ -885,7 +697,7 @@ async fn agent_docker_passes_the_conformance_configurator_and_jupyter_checks() {
 /// images: every configuration type it claims and `guide.jupyter` pass there too.
 #[tokio::test]
 async fn agent_k8s_passes_the_conformance_configurator_and_jupyter_checks() {
-    let env = K8sEnv::start(
+    let env = k8s_env(
         "k8s-configurators-conformance",
         &[
             "--configurator-image",

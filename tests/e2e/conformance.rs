@@ -12,6 +12,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
 use antidote_tests::{Process, Restartable, Scheduler, fetch, presentation, workspace_bin};
 
 /// Runs `antidote-conformance` with `args`.

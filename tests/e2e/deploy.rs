@@ -1127,13 +1127,9 @@ pub(super) async fn wait_agent(
     let started = Instant::now();
     loop {
         let agent = clients
-            .admin
-            .clone()
-            .list_agents(api::ListAgentsRequest {})
+            .agents()
             .await
             .expect("ListAgents")
-            .into_inner()
-            .agents
             .into_iter()
             .find(|a| a.name == name)
             .unwrap_or_else(|| panic!("ListAgents has no agent {name}"));
@@ -1143,19 +1139,6 @@ pub(super) async fn wait_agent(
         if started.elapsed() > PATIENCE {
             panic!("agent {name} never got there: {agent:#?}\n{}", logs());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits until `process` has logged `needle`.
-async fn wait_log(process: &Process, needle: &str) {
-    let started = Instant::now();
-    while !process.log_text().contains(needle) {
-        assert!(
-            started.elapsed() < PATIENCE,
-            "never logged `{needle}`:\n{}",
-            process.log_text()
-        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -1350,11 +1333,8 @@ async fn deploy_k8s_base_serves_mtls_to_the_scheduler_alone() {
     )
     .await;
     assert_ne!(impostor.state(), api::AgentState::Ready, "{impostor:?}");
-    wait_log(
-        &agent,
-        &format!("certificate is not valid for {}", identity_name(&identity)),
-    )
-    .await;
+    let not_valid = format!("certificate is not valid for {}", identity_name(&identity));
+    agent.until_logged(&not_valid, PATIENCE).await.unwrap();
 
     let plaintext = antidote_proto::agent::v1::backend_client::BackendClient::connect(format!(
         "http://127.0.0.1:{port}"
@@ -1364,7 +1344,10 @@ async fn deploy_k8s_base_serves_mtls_to_the_scheduler_alone() {
     .handshake(antidote_proto::agent::v1::HandshakeRequest::default())
     .await;
     assert!(plaintext.is_err(), "{plaintext:?}");
-    wait_log(&agent, "the peer does not speak TLS (plaintext?)").await;
+    agent
+        .until_logged("the peer does not speak TLS (plaintext?)", PATIENCE)
+        .await
+        .unwrap();
 
     // A TLS client that trusts the agent but has no certificate of its own.
     let host = service.split(':').next().unwrap();
@@ -1390,7 +1373,10 @@ async fn deploy_k8s_base_serves_mtls_to_the_scheduler_alone() {
     .await
     .expect("openssl s_client finishes")
     .expect("openssl runs (tests/run installs it)");
-    wait_log(&agent, "no client certificate presented").await;
+    agent
+        .until_logged("no client certificate presented", PATIENCE)
+        .await
+        .unwrap();
     println!("{}", String::from_utf8_lossy(&no_cert.stdout));
 
     let status = scheduler.terminate().await.expect("the scheduler stops");

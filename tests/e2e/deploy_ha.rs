@@ -9,6 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use antidote_tests::config::{Agent, SchedulerConfig};
 use antidote_tests::example_curriculum;
 use serde_json::Value;
 use tonic_health::pb::HealthCheckRequest;
@@ -189,11 +190,9 @@ async fn the_api_is_not_ready_while_its_database_is_gone() {
     let database = TestDatabase::create();
     let dir = tempfile::tempdir().expect("temp dir");
     let agent = start_agent(&dir, &[], &dir.path().join("journal"), None).await;
-    let config = format!(
-        "instance_id = \"e2e-ha\"\ncurriculum = \"{}\"\ntier = \"local\"\n[[agents]]\nname = \"loopback\"\naddress = \"{}\"\n",
-        example_curriculum().display(),
-        agent.url()
-    );
+    let config = SchedulerConfig::new("e2e-ha", &example_curriculum())
+        .with_agent(Agent::new("loopback", agent.url()))
+        .to_toml();
     let scheduler = start_on(dir.path(), &database.url, &config).await;
     let channel = scheduler.clients.channel.clone();
     const API: &str = "antidote.api.v1.LiveLessonService";

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, Intake, SchedulerConfig, ms, secs};
+use antidote_tests::journal::{adopted, created};
 use antidote_tests::pki::{Ca, Validity};
 use antidote_tests::{Process, Restartable, Scheduler, example_curriculum, fetch, presentation};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -61,47 +63,33 @@ impl Pki {
         (cert, key, leaf.sha256())
     }
 
-    /// The scheduler's `[agent_intake]` table on `port` (0: a port that stays free while the scheduler
-    /// restarts, [`antidote_tests::port_to_keep`]).
-    fn intake_config(&self, port: u16, allow: &[&str], agents: &[&str]) -> String {
+    /// The scheduler's `[agent_intake]` on `port` (0: a port that stays free while the
+    /// scheduler restarts, [`antidote_tests::port_to_keep`]).
+    fn intake_config(&self, port: u16, allow: &[&str], agents: &[&str]) -> Intake {
         let port = if port == 0 {
             antidote_tests::port_to_keep()
         } else {
             port
         };
-        let list = |names: &[&str]| {
-            names
-                .iter()
-                .map(|n| format!("\"{n}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        format!(
-            "[agent_intake]\nlisten = \"127.0.0.1:{port}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-             client_ca = \"{}\"\nallow = [{}]\nagents = [{}]\n",
-            self.path("intake.pem").display(),
-            self.path("intake.key").display(),
-            self.path("ca.pem").display(),
-            list(allow),
-            list(agents),
-        )
+        let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+        Intake {
+            listen: format!("127.0.0.1:{port}"),
+            cert: self.path("intake.pem"),
+            key: self.path("intake.key"),
+            client_ca: self.path("ca.pem"),
+            allow: names(allow),
+            agents: names(agents),
+        }
     }
 }
 
-/// The scheduler's configuration: fast retries, the example curriculum, `extra` (tables) last.
-fn scheduler_config(extra: &str) -> String {
-    format!(
-        r#"instance_id = "e2e"
-curriculum = "{}"
-tier = "local"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-{extra}"#,
-        example_curriculum().display()
-    )
+/// The scheduler's configuration, with the agents' intake `intake`: fast retries, the
+/// example curriculum.
+fn scheduler_config(intake: Intake) -> SchedulerConfig {
+    SchedulerConfig::new("e2e", &example_curriculum())
+        .with_retries(ms(500), ms(50), secs(1))
+        .with_provision_timeout(secs(120))
+        .with_intake(intake)
 }
 
 /// The intake's address, as the scheduler printed it.
@@ -176,13 +164,9 @@ async fn agent_when(
         loop {
             let agents = scheduler
                 .clients
-                .admin
-                .clone()
-                .list_agents(api::ListAgentsRequest {})
+                .agents()
                 .await
-                .expect("ListAgents answers")
-                .into_inner()
-                .agents;
+                .expect("ListAgents answers");
             if let Some(agent) = agents.into_iter().find(|a| a.name == name && ready(a)) {
                 return agent;
             }
@@ -202,27 +186,13 @@ fn ready(agent: &api::Agent) -> bool {
     agent.state() == api::AgentState::Ready
 }
 
-/// Waits until the process's log holds `needle`.
-async fn log_shows(process: &Process, needle: &str) {
-    let seen = tokio::time::timeout(PATIENCE, async {
-        while !process.log_text().contains(needle) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(
-        seen.is_ok(),
-        "the log never showed `{needle}`:\n{}",
-        process.log_text()
-    );
-}
-
 fn logs(scheduler: &Scheduler, agents: &[&Process]) -> String {
-    let mut text = format!("--- scheduler ---\n{}", scheduler.process.log_text());
-    for agent in agents {
-        text.push_str(&format!("\n--- agent ---\n{}", agent.log_text()));
-    }
-    text
+    let agents = agents.iter().map(|agent| ("agent".to_owned(), *agent));
+    antidote_tests::logs(
+        [("scheduler".to_owned(), &scheduler.process)]
+            .into_iter()
+            .chain(agents),
+    )
 }
 
 #[tokio::test]
@@ -230,7 +200,8 @@ async fn a_dial_in_agent_runs_a_lesson_and_survives_kill_9_of_either_side() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let name = "edge-1.agents.test";
-    let config = |port: u16| scheduler_config(&pki.intake_config(port, &["*.agents.test"], &[]));
+    let config =
+        |port: u16| scheduler_config(pki.intake_config(port, &["*.agents.test"], &[])).to_toml();
     let mut scheduler = Scheduler::start(dir.path(), &config(0)).await.unwrap();
     let intake_addr = intake(&scheduler);
     let journal = dir.path().join("journal");
@@ -280,18 +251,7 @@ async fn a_dial_in_agent_runs_a_lesson_and_survives_kill_9_of_either_side() {
     let tokens = c.tokens.clone();
     let mut c = scheduler.clients.clone();
     c.tokens = tokens;
-    let still = c
-        .lessons
-        .clone()
-        .get_live_lesson(antidote_tests::with_token(
-            api::GetLiveLessonRequest {
-                id: lesson.id.clone(),
-            },
-            c.tokens.of_lesson(&lesson.id),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let still = c.get(&lesson.id).await.unwrap();
     assert_eq!(still.status(), api::LiveLessonStatus::Ready);
     // And it is still driven, over the new connection: a stage change.
     c.request(&session, "routing-basics", 1).await.unwrap();
@@ -320,12 +280,10 @@ async fn a_dial_in_agent_runs_a_lesson_and_survives_kill_9_of_either_side() {
     assert!(page.contains("routing-basics server stage 1"), "{page}");
     let listed = agent_when(&scheduler, name, ready).await;
     assert_ne!(listed.instance_id, first_instance);
-    let created: Vec<String> = std::fs::read_to_string(&journal)
-        .unwrap()
-        .lines()
-        .map(|line| line.split(' ').nth(1).unwrap_or_default().to_owned())
-        .collect();
-    assert_eq!(created, vec![lesson.id.clone(), lesson.id.clone()]);
+    assert_eq!(
+        created(&journal),
+        vec![lesson.id.clone(), lesson.id.clone()]
+    );
 }
 
 /// A dial-in agent whose objects outlive it (`--state-dir`): after its kill -9 the scheduler's
@@ -338,7 +296,7 @@ async fn a_dial_in_agent_restarted_with_its_objects_has_them_recovered_by_the_sc
     let name = "edge-2.agents.test";
     let scheduler = Scheduler::start(
         dir.path(),
-        &scheduler_config(&pki.intake_config(0, &["*.agents.test"], &[])),
+        &scheduler_config(pki.intake_config(0, &["*.agents.test"], &[])).to_toml(),
     )
     .await
     .unwrap();
@@ -373,13 +331,8 @@ async fn a_dial_in_agent_restarted_with_its_objects_has_them_recovered_by_the_sc
     .await;
     assert_eq!(listed.transport(), api::AgentTransport::DialIn);
     // Adopted: the journal says so (the test agent writes it when Recover finds the objects).
-    let adopted = format!("adopt {} ", lesson.id);
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !std::fs::read_to_string(&journal)
-        .unwrap_or_default()
-        .lines()
-        .any(|line| line.starts_with(&adopted))
-    {
+    while !adopted(&journal).contains(&lesson.id) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no Recover adopted {}\n{}",
@@ -413,11 +366,13 @@ async fn the_intake_admits_only_trusted_certificates_with_admitted_names() {
     )
     .await
     .unwrap();
-    let config = scheduler_config(&format!(
-        "[[agents]]\nname = \"loopback\"\naddress = \"{}\"\n{}",
-        dialled.url(),
-        pki.intake_config(0, &["*.agents.test", "*"], &["spiffe://agents.test/lab"])
-    ));
+    let config = scheduler_config(pki.intake_config(
+        0,
+        &["*.agents.test", "*"],
+        &["spiffe://agents.test/lab"],
+    ))
+    .with_agent(Agent::new("loopback", dialled.url()))
+    .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let intake_addr = intake(&scheduler);
 
@@ -451,7 +406,7 @@ async fn the_intake_admits_only_trusted_certificates_with_admitted_names() {
     ] {
         let (args, _) = dial_args(&pki, intake_addr, name, rogue);
         refused.push(dial_in_agent(dir.path(), &args).await);
-        log_shows(&scheduler.process, why).await;
+        scheduler.process.until_logged(why, PATIENCE).await.unwrap();
     }
     // Admitted: a name the allow list matches, and one listed by its spiffe:// URI.
     let (args, _) = dial_args(&pki, intake_addr, "edge-1.agents.test", false);
@@ -471,13 +426,9 @@ async fn the_intake_admits_only_trusted_certificates_with_admitted_names() {
     // Exactly these three: nothing of the refused ones joined, and none took `loopback`.
     let names: Vec<String> = scheduler
         .clients
-        .admin
-        .clone()
-        .list_agents(api::ListAgentsRequest {})
+        .agents()
         .await
         .unwrap()
-        .into_inner()
-        .agents
         .into_iter()
         .map(|a| a.name)
         .collect();
@@ -488,15 +439,21 @@ async fn the_intake_admits_only_trusted_certificates_with_admitted_names() {
         logs(&scheduler, &[&edge, &lab])
     );
     // The refused agents say why on their side too, and keep trying with backoff.
-    log_shows(&refused[0], "it does not trust the CA of our certificate").await;
-    log_shows(&refused[1], "ended the connection at once").await;
+    refused[0]
+        .until_logged("it does not trust the CA of our certificate", PATIENCE)
+        .await
+        .unwrap();
+    refused[1]
+        .until_logged("ended the connection at once", PATIENCE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn two_dial_in_agents_get_the_lessons_their_handshake_labels_ask_for() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let config = scheduler_config(&pki.intake_config(0, &["*.agents.test"], &[]));
+    let config = scheduler_config(pki.intake_config(0, &["*.agents.test"], &[])).to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let intake_addr = intake(&scheduler);
     let mut agents = Vec::new();
@@ -622,8 +579,9 @@ async fn the_conformance_suite_passes_over_dial_in() {
         output.status,
         agent.log_text()
     );
-    // Every check ran but those no agent here can run and the Jupyter guide, which the test
-    // agent does not offer; the restart checks included.
+    // Every check ran but the resync (not forced here), those no agent here can run, the
+    // Jupyter guide, which the test agent does not offer, and the entrypoint (not served);
+    // the restart checks included.
     let skipped: Vec<&str> = report
         .lines()
         .filter_map(|line| line.strip_prefix("  SKIP  "))
@@ -660,28 +618,12 @@ async fn the_conformance_suite_passes_over_dial_in() {
     );
 }
 
-/// A replica's configuration: short leases and a quick resync (a dead replica's work is taken
-/// over within about three seconds), several live lessons per session, the intake `intake`.
-fn replica_config(intake: &str) -> String {
-    format!(
-        r#"instance_id = "e2e-dialin-replicas"
-curriculum = "{}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 3
-watches_per_address = 1024
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-[replicas]
-lease_ttl = "2s"
-resync_interval = "500ms"
-{intake}"#,
-        example_curriculum().display()
-    )
+/// A replica's configuration: the replicas tests' (short leases, a quick resync, several live
+/// lessons per session) with the scheduler's own reaper, the intake `intake`.
+fn replica_config(intake: Intake) -> String {
+    let mut config = crate::replicas::replica_config("e2e-dialin-replicas").with_intake(intake);
+    config.reaper = Default::default();
+    config.to_toml()
 }
 
 /// Requests `count` live lessons through `clients` (three per session), concurrently;
@@ -732,16 +674,6 @@ async fn all_ready(clients: &antidote_tests::Clients, ids: &[String], logs: impl
     }
 }
 
-/// The live-lesson ids the agent created (its journal's `create` lines), with repeats.
-fn created(journal: &Path) -> Vec<String> {
-    std::fs::read_to_string(journal)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.strip_prefix("create "))
-        .map(|rest| rest.split(' ').next().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// How many times the agent's log says it dialled in to `intake`.
 fn dials_to(agent: &Process, intake: SocketAddr) -> usize {
     // The log is coloured: `scheduler`, `=` and the value are apart.
@@ -779,7 +711,7 @@ async fn a_dial_in_agent_connected_to_every_replica_is_used_by_all_and_survives_
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let name = "edge-1.agents.test";
-    let config = |port: u16| replica_config(&pki.intake_config(port, &["*.agents.test"], &[]));
+    let config = |port: u16| replica_config(pki.intake_config(port, &["*.agents.test"], &[]));
     let tokens = antidote_tests::Tokens::default();
     let start = |port: u16| {
         let (config, tokens, url, dir) = (

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, secs};
 use antidote_tests::{
     Process, Scheduler, example_curriculum, fetch, presentation, with_token, workspace_bin,
 };
@@ -19,25 +20,29 @@ use tokio::io::AsyncReadExt;
 use crate::PATIENCE;
 
 /// A scheduler and agent-docker, with their own instance label so parallel tests never touch
-/// each other's objects.
-struct DockerEnv {
-    dir: TempDir,
-    agent: Process,
-    agent_args: Vec<String>,
+/// each other's objects. The configurator and vanishing tests use it too.
+pub(crate) struct DockerEnv {
+    pub(crate) dir: TempDir,
+    pub(crate) agent: Process,
+    /// The agent's arguments, which start it again on the same port.
+    pub(crate) agent_args: Vec<String>,
     /// The agent's [`AGENT_TAG`] value.
-    tag: String,
-    scheduler: Scheduler,
-    instance: String,
+    pub(crate) tag: String,
+    pub(crate) scheduler: Scheduler,
+    /// The scheduler's configuration, to start it again.
+    pub(crate) config: String,
+    pub(crate) instance: String,
 }
 
-fn docker_host() -> String {
+/// The test engine's `DOCKER_HOST`.
+pub(crate) fn docker_host() -> String {
     std::env::var("DOCKER_HOST").expect(
         "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images",
     )
 }
 
-/// The docker CLI, for checks from outside the agent.
-fn docker(args: &[&str]) -> (bool, String) {
+/// The docker CLI, for checks from outside the agent: (success, stdout and stderr).
+pub(crate) fn docker(args: &[&str]) -> (bool, String) {
     let output = std::process::Command::new("docker")
         .args(args)
         .env("DOCKER_HOST", docker_host())
@@ -49,7 +54,7 @@ fn docker(args: &[&str]) -> (bool, String) {
 }
 
 /// Starts agent-docker; `tag` goes into its environment so the test can find its process.
-async fn start_agent(dir: &Path, args: &[String], tag: &str) -> Process {
+pub(crate) async fn start_agent(dir: &Path, args: &[String], tag: &str) -> Process {
     let log = dir.join(format!("agent-docker-{}.log", uuid::Uuid::new_v4()));
     Process::spawn_with_env(
         &workspace_bin("agent-docker"),
@@ -65,7 +70,19 @@ async fn start_agent(dir: &Path, args: &[String], tag: &str) -> Process {
 const AGENT_TAG: &str = "ANTIDOTE_TEST_AGENT_TAG";
 
 impl DockerEnv {
-    async fn start(instance: &str, curriculum: &Path, agent_extra: &[&str]) -> DockerEnv {
+    /// agent-docker (with `agent_extra`) and a scheduler for a real backend on `curriculum`.
+    pub(crate) async fn start(
+        instance: &str,
+        curriculum: &Path,
+        agent_extra: &[&str],
+    ) -> DockerEnv {
+        let config = SchedulerConfig::on_real_backend(instance, curriculum, secs(180));
+        DockerEnv::with_config(config, agent_extra).await
+    }
+
+    /// agent-docker (with `agent_extra`) and a scheduler configured by `config`, to which the
+    /// agent is added as `docker`.
+    pub(crate) async fn with_config(config: SchedulerConfig, agent_extra: &[&str]) -> DockerEnv {
         docker_host();
         let dir = tempfile::tempdir().unwrap();
         // The agent's defaults: trusted images are not privileged (an operator's opt-in, which
@@ -80,30 +97,11 @@ impl DockerEnv {
         let tag = uuid::Uuid::new_v4().to_string();
         let agent = start_agent(dir.path(), &agent_args, &tag).await;
         // Restarts reuse the port the first start got.
-        let pinned = agent.addr.to_string();
-        agent_args[1] = pinned;
-        let config = format!(
-            r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "3m"
-[[agents]]
-name = "docker"
-address = "{agent}"
-"#,
-            curriculum = curriculum.display(),
-            agent = agent.url(),
-        );
+        agent_args[1] = agent.addr.to_string();
+        let instance = config.instance_id.clone();
+        let config = config
+            .with_agent(Agent::new("docker", agent.url()))
+            .to_toml();
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");
@@ -113,11 +111,12 @@ address = "{agent}"
             agent_args,
             tag,
             scheduler,
-            instance: instance.to_owned(),
+            config,
+            instance,
         }
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         format!(
             "--- scheduler ---\n{}\n--- agent-docker ---\n{}",
             self.scheduler.process.log_text(),
@@ -126,7 +125,7 @@ address = "{agent}"
     }
 
     /// Names of containers and networks carrying this test's instance label.
-    fn labelled(&self) -> Vec<String> {
+    pub(crate) fn labelled(&self) -> Vec<String> {
         let filter = format!("label=antidote.io/instance={}", self.instance);
         let (_, containers) = docker(&["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"]);
         let (_, networks) = docker(&[
@@ -145,7 +144,7 @@ address = "{agent}"
             .collect()
     }
 
-    async fn ready(&self, id: &str) -> api::LiveLesson {
+    pub(crate) async fn ready(&self, id: &str) -> api::LiveLesson {
         self.scheduler
             .clients
             .ready(id)
@@ -153,17 +152,23 @@ address = "{agent}"
             .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()))
     }
 
-    async fn settle(&self, id: &str) -> api::LiveLesson {
+    /// Follows a live lesson until READY or FAILED.
+    pub(crate) async fn settle(&self, id: &str) -> api::LiveLesson {
+        self.settle_within(id, PATIENCE).await
+    }
+
+    /// [`DockerEnv::settle`] with a limit of its own (a guard against hangs).
+    pub(crate) async fn settle_within(&self, id: &str, limit: Duration) -> api::LiveLesson {
         let (_, lesson) = self
             .scheduler
             .clients
-            .follow(id, PATIENCE, |l| matches!(l.status(), S::Ready | S::Failed))
+            .follow(id, limit, |l| matches!(l.status(), S::Ready | S::Failed))
             .await
             .unwrap_or_else(|err| panic!("{err:#}\n{}", self.logs()));
         lesson
     }
 
-    async fn delete_all(&self, ids: &[&str]) {
+    pub(crate) async fn delete_all(&self, ids: &[&str]) {
         let c = &self.scheduler.clients;
         for id in ids {
             c.lessons
@@ -188,7 +193,7 @@ address = "{agent}"
 }
 
 /// The container name agent-docker gives an endpoint.
-fn container(live_lesson: &str, endpoint: &str) -> String {
+pub(crate) fn container(live_lesson: &str, endpoint: &str) -> String {
     let hex: String = live_lesson
         .chars()
         .filter(char::is_ascii_hexdigit)

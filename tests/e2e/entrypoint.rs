@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use antidote_proto::api::v1 as api;
 use antidote_sdk::entrypoint::terminal::WITHDRAWN;
 use antidote_sdk::entrypoint::{Claims, Keys, Signer};
+use antidote_tests::config::{Agent, SchedulerConfig, secs};
 use antidote_tests::{Process, Scheduler, presentation, workspace_bin};
 use futures::{SinkExt as _, StreamExt as _};
 use tempfile::TempDir;
@@ -90,12 +91,12 @@ struct EntryEnv {
     agent: Process,
     scheduler: Scheduler,
     instance: String,
-    lesson_ttl: String,
+    lesson_ttl: Duration,
     curriculum: PathBuf,
 }
 
 impl EntryEnv {
-    async fn start(instance: &str, lesson_ttl: &str) -> EntryEnv {
+    async fn start(instance: &str, lesson_ttl: Duration) -> EntryEnv {
         EntryEnv::start_with(instance, lesson_ttl, None, &[("k1", KEY)], &[]).await
     }
 
@@ -103,7 +104,7 @@ impl EntryEnv {
     /// (default: the fixture) signing with `keys` (id, private PEM; the last one signs).
     async fn start_with(
         instance: &str,
-        lesson_ttl: &str,
+        lesson_ttl: Duration,
         curriculum: Option<&dyn Fn(&Path) -> PathBuf>,
         keys: &[(&str, &str)],
         agent_args: &[&str],
@@ -137,14 +138,9 @@ impl EntryEnv {
             Some(make) => make(dir.path()),
             None => self::curriculum(),
         };
-        let config = config(
-            dir.path(),
-            instance,
-            lesson_ttl,
-            &curriculum,
-            keys,
-            &agent.url(),
-        );
+        let config = config(dir.path(), instance, lesson_ttl, &curriculum, keys)
+            .with_agent(Agent::new("docker", agent.url()))
+            .to_toml();
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");
@@ -153,7 +149,7 @@ impl EntryEnv {
             agent,
             scheduler,
             instance: instance.to_owned(),
-            lesson_ttl: lesson_ttl.to_owned(),
+            lesson_ttl,
             curriculum,
         }
     }
@@ -175,15 +171,13 @@ impl EntryEnv {
         let config = config(
             self.dir.path(),
             &self.instance,
-            &self.lesson_ttl,
+            self.lesson_ttl,
             &self.curriculum,
             keys,
-            &self.agent.url(),
         )
-        .replace(
-            "token_ttl = ",
-            &format!("revoked = {revoked:?}\ntoken_ttl = "),
-        );
+        .with_revoked_keys(revoked)
+        .with_agent(Agent::new("docker", self.agent.url()))
+        .to_toml();
         let tokens = self.scheduler.clients.tokens.clone();
         self.scheduler = Scheduler::start(self.dir.path(), &config)
             .await
@@ -191,16 +185,7 @@ impl EntryEnv {
         self.scheduler.clients.tokens = tokens;
         let started = std::time::Instant::now();
         loop {
-            let agents = self
-                .scheduler
-                .clients
-                .admin
-                .clone()
-                .list_agents(api::ListAgentsRequest {})
-                .await
-                .expect("ListAgents")
-                .into_inner()
-                .agents;
+            let agents = self.scheduler.clients.agents().await.expect("ListAgents");
             if agents
                 .iter()
                 .any(|a| a.name == "docker" && a.state() == api::AgentState::Ready)
@@ -242,15 +227,9 @@ impl EntryEnv {
     /// The live lesson as its owner sees it now (fresh entrypoint URLs).
     async fn get(&self, id: &str) -> api::LiveLesson {
         let c = &self.scheduler.clients;
-        c.lessons
-            .clone()
-            .get_live_lesson(antidote_tests::with_token(
-                api::GetLiveLessonRequest { id: id.into() },
-                c.tokens.of_lesson(id),
-            ))
+        c.get(id)
             .await
             .unwrap_or_else(|err| panic!("GetLiveLesson {id}: {err}\n{}", self.logs()))
-            .into_inner()
     }
 
     async fn delete(&self, id: &str) {
@@ -267,50 +246,26 @@ impl EntryEnv {
     }
 }
 
-/// The scheduler's configuration; writes the key files into `dir`.
+/// The scheduler's configuration (without the agent); writes the key files into `dir`.
 fn config(
     dir: &Path,
     instance: &str,
-    lesson_ttl: &str,
+    lesson_ttl: Duration,
     curriculum: &Path,
     keys: &[(&str, &str)],
-    agent: &str,
-) -> String {
-    let keys: Vec<String> = keys
+) -> SchedulerConfig {
+    let files: Vec<(&str, PathBuf)> = keys
         .iter()
         .map(|(id, pem)| {
             let file = dir.join(format!("{id}.pem"));
             std::fs::write(&file, pem).unwrap();
-            format!("{{ id = \"{id}\", file = \"{}\" }}", file.display())
+            (*id, file)
         })
         .collect();
-    format!(
-        r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "local"
-[ttl]
-live_lesson = "{lesson_ttl}"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "3m"
-[entrypoint]
-keys = [{keys}]
-token_ttl = "2m"
-[[agents]]
-name = "docker"
-address = "{agent}"
-"#,
-        curriculum = curriculum.display(),
-        keys = keys.join(", "),
-    )
+    let keys: Vec<(&str, &Path)> = files.iter().map(|(id, f)| (*id, f.as_path())).collect();
+    SchedulerConfig::on_real_backend(instance, curriculum, secs(180))
+        .with_lesson_ttl(lesson_ttl)
+        .with_entrypoint_keys(&keys, secs(120))
 }
 
 /// An answer: status, headers (lower-case names), body.
@@ -427,7 +382,7 @@ pub(crate) fn unix_now() -> u64 {
 
 #[tokio::test]
 async fn entrypoint_terminal_and_http_proxy_admit_only_their_tokens() {
-    let env = EntryEnv::start("e2e-entrypoint", "30m").await;
+    let env = EntryEnv::start("e2e-entrypoint", secs(30 * 60)).await;
     let a = env.lesson().await;
     let b = env.lesson().await;
     let cli = presentation(&a, "box", "cli").entrypoint_url.clone();
@@ -561,16 +516,8 @@ async fn entrypoint_terminal_and_http_proxy_admit_only_their_tokens() {
 
 /// Whether the live lesson is still there and not being removed.
 pub(crate) async fn alive(c: &antidote_tests::Clients, id: &str) -> bool {
-    match c
-        .lessons
-        .clone()
-        .get_live_lesson(antidote_tests::with_token(
-            api::GetLiveLessonRequest { id: id.into() },
-            c.tokens.of_lesson(id),
-        ))
-        .await
-    {
-        Ok(lesson) => lesson.into_inner().status() == api::LiveLessonStatus::Ready,
+    match c.get(id).await {
+        Ok(lesson) => lesson.status() == api::LiveLessonStatus::Ready,
         Err(_) => false,
     }
 }
@@ -578,7 +525,7 @@ pub(crate) async fn alive(c: &antidote_tests::Clients, id: &str) -> bool {
 #[tokio::test]
 async fn entrypoint_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_terminal_does_not() {
     const TTL: Duration = Duration::from_secs(15);
-    let env = EntryEnv::start("e2e-entrypoint-ttl", "15s").await;
+    let env = EntryEnv::start("e2e-entrypoint-ttl", secs(15)).await;
     let (busy, idle, polled) = tokio::join!(env.lesson(), env.lesson(), env.lesson());
     // A tab whose page polls its server (a script's GETs, as a browser marks them) is idle too.
     let polled_page = presentation(&polled, "box", "web").entrypoint_url.clone();
@@ -668,8 +615,14 @@ async fn closed(terminal: &mut Terminal) -> Option<(u16, String)> {
 #[tokio::test]
 async fn entrypoint_a_retired_key_stops_admitting_keeps_open_terminals_and_a_revoked_one_ends_them()
 {
-    let mut env =
-        EntryEnv::start_with("e2e-entrypoint-keys", "30m", None, &[("k1", KEY)], &[]).await;
+    let mut env = EntryEnv::start_with(
+        "e2e-entrypoint-keys",
+        secs(30 * 60),
+        None,
+        &[("k1", KEY)],
+        &[],
+    )
+    .await;
     let agent_pid = env.agent.pid();
     let a = env.lesson().await;
     let k1 = Signer::from_pem("k1", KEY.as_bytes()).unwrap();
@@ -776,7 +729,7 @@ async fn entrypoint_a_retired_key_stops_admitting_keeps_open_terminals_and_a_rev
 async fn entrypoint_terminal_to_routing_basics_client_sees_the_stage_routes() {
     let env = EntryEnv::start_with(
         "e2e-entrypoint-routing",
-        "30m",
+        secs(30 * 60),
         Some(&routing_curriculum),
         &[("k1", KEY)],
         &[],
@@ -872,7 +825,7 @@ async fn learner_json(env: &EntryEnv, id: &str) -> Answer {
 
 #[tokio::test]
 async fn entrypoint_learners_never_see_backend_addresses_and_operators_do() {
-    let mut env = EntryEnv::start("e2e-entrypoint-addresses", "30m").await;
+    let mut env = EntryEnv::start("e2e-entrypoint-addresses", secs(30 * 60)).await;
     let lesson = env.lesson().await;
     let admin = admin_view(&env, &lesson.id).await;
     for (endpoint, name) in [("box", "cli"), ("box", "web")] {
@@ -964,7 +917,7 @@ async fn entrypoint_caps_connections_per_client_address_and_per_forwarded_client
  {
     let env = EntryEnv::start_with(
         "e2e-entrypoint-caps",
-        "30m",
+        secs(30 * 60),
         None,
         &[("k1", KEY)],
         &[

@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Clients, Process, Scheduler, Tokens, example_curriculum, with_token};
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
+use antidote_tests::journal::created;
+use antidote_tests::{Clients, Process, Scheduler, Tokens, example_curriculum};
 use tonic::Code;
 
 use crate::postgres::{PrivatePostgres, start_on};
@@ -177,56 +179,18 @@ async fn wait_for(tally: &Mutex<Tally>, what: &str, until: impl Fn(&Tally) -> bo
     }
 }
 
-/// The live-lesson ids the agent created (its journal's `create` lines), with repeats.
-fn created(journal: &Path) -> Vec<String> {
-    std::fs::read_to_string(journal)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.strip_prefix("create "))
-        .map(|rest| rest.split(' ').next().unwrap_or_default().to_owned())
-        .collect()
-}
-
 fn logs(schedulers: &[&Scheduler], agent: &Process) -> String {
-    let mut text = String::new();
-    for (i, scheduler) in schedulers.iter().enumerate() {
-        text.push_str(&format!(
-            "--- scheduler {i} log ---\n{}\n",
-            scheduler.process.log_text()
-        ));
-    }
-    text.push_str(&format!("--- agent log ---\n{}", agent.log_text()));
-    text
+    let schedulers = schedulers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("scheduler {i}"), &s.process));
+    antidote_tests::logs(schedulers.chain([("agent".to_owned(), agent)]))
 }
 
-/// Replicas' configuration for the PostgreSQL faults: short leases and a quick resync.
-fn replica_config(agent: &str) -> String {
-    format!(
-        r#"instance_id = "e2e-faults"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 3
-watches_per_address = 1024
-[reaper]
-interval = "200ms"
-orphan_interval = "200ms"
-orphan_grace = "500ms"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-[replicas]
-lease_ttl = "2s"
-resync_interval = "500ms"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = example_curriculum().display(),
-    )
+/// Replicas' configuration for the PostgreSQL faults (the replicas tests'), on the agent at
+/// `agent`.
+fn replica_config(agent: &str) -> SchedulerConfig {
+    crate::replicas::replica_config("e2e-faults").with_agent(Agent::new("loopback", agent))
 }
 
 /// Two replicas on a private PostgreSQL server, learners requesting live lessons from both
@@ -242,7 +206,7 @@ async fn postgres_restarted_mid_load_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().expect("temp dir");
     let journal = dir.path().join("journal");
     let agent = start_agent(&dir, &["--boot-delay", "300ms"], &journal, None).await;
-    let config = replica_config(&agent.url());
+    let config = replica_config(&agent.url()).to_toml();
     let tokens = Tokens::default();
     let mut replicas = Vec::new();
     for _ in 0..2 {
@@ -467,27 +431,12 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A single scheduler's configuration on the test agent at `agent`, with `extra` appended.
-fn single_config(agent: &str, extra: &str) -> String {
-    format!(
-        r#"instance_id = "e2e-faults"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 3
-watches_per_address = 1024
-[reaper]
-interval = "200ms"
-orphan_interval = "200ms"
-orphan_grace = "500ms"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-{extra}
-"#,
-        curriculum = example_curriculum().display(),
-    )
+/// A single scheduler's configuration on the test agent at `agent`: the replicas' without
+/// `[replicas]`.
+fn single_config(agent: &str) -> SchedulerConfig {
+    let mut config = replica_config(agent);
+    config.replicas = Default::default();
+    config
 }
 
 /// The scheduler's SQLite file on a 16 MiB tmpfs that the test fills up while learners keep
@@ -506,10 +455,9 @@ async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
     // it is full; the resync is an hour away, so only the reconciler retrying its failed
     // writes (never reading them as "moved on") brings them READY.
     let agent = start_agent(&dir, &["--boot-delay", "2s"], &journal, None).await;
-    let config = single_config(
-        &agent.url(),
-        "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"2m\"\n[replicas]\nresync_interval = \"1h\"\n",
-    );
+    let mut config = single_config(&agent.url());
+    config.replicas.resync_interval = Some(secs(3600));
+    let config = config.to_toml();
     let database = tmpfs.dir.join("antidote.db");
     let database = database.to_str().expect("a UTF-8 path");
     let mut scheduler = start_on(dir.path(), database, &config).await;
@@ -636,16 +584,9 @@ async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
     let mut again = scheduler.clients.clone();
     again.tokens = clients.tokens.clone();
     for (id, _) in &tally.acknowledged {
-        let lesson = again
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest { id: id.clone() },
-                again.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap_or_else(|err| panic!("{id} after the restart: {err}\n{}", all_logs(&scheduler)))
-            .into_inner();
+        let lesson = again.get(id).await.unwrap_or_else(|err| {
+            panic!("{id} after the restart: {err}\n{}", all_logs(&scheduler))
+        });
         assert_eq!(lesson.status(), api::LiveLessonStatus::Ready, "{id}");
     }
     let created: BTreeSet<_> = created(&journal).into_iter().collect();
@@ -670,26 +611,7 @@ async fn sqlite_on_a_full_filesystem_refuses_clearly_and_resumes() {
 fn toxiproxy() -> &'static str {
     static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SERVER.get_or_init(|| {
-        if let Ok(url) = std::env::var("ANTIDOTE_TEST_TOXIPROXY")
-            && !url.is_empty()
-        {
-            return url;
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("faults/toxiproxy.sh");
-        let output = std::process::Command::new(&script)
-            .arg("start")
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        match stdout
-            .lines()
-            .last()
-            .and_then(|line| line.strip_prefix("ANTIDOTE_TEST_TOXIPROXY="))
-        {
-            Some(url) if output.status.success() => url.to_owned(),
-            _ => panic!("ANTIDOTE_TEST_TOXIPROXY is unset and toxiproxy.sh start failed: {stdout}"),
-        }
+        antidote_tests::server_url("ANTIDOTE_TEST_TOXIPROXY", "faults/toxiproxy.sh")
     })
 }
 
@@ -803,13 +725,9 @@ impl Drop for Proxy {
 /// The scheduler's view of agent `loopback`.
 async fn agent_view(clients: &Clients) -> api::Agent {
     clients
-        .admin
-        .clone()
-        .list_agents(api::ListAgentsRequest {})
+        .agents()
         .await
         .expect("ListAgents")
-        .into_inner()
-        .agents
         .into_iter()
         .find(|a| a.name == "loopback")
         .expect("agent loopback is listed")
@@ -872,15 +790,13 @@ async fn an_agent_behind_latency_a_black_hole_and_resets() {
     let journal = dir.path().join("journal");
     let agent = start_agent(&dir, &["--boot-delay", "200ms"], &journal, None).await;
     let proxy = Proxy::create(agent.addr).await;
-    let config = single_config(
-        &format!("http://{}", proxy.listen),
-        &format!(
-            "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\n\
-             backoff_max = \"1s\"\ncall_timeout = \"10s\"\nprovision_timeout = \"{}s\"\n\
-             agent_grace = \"5s\"\n",
-            PROVISION.as_secs()
-        ),
-    );
+    let config = single_config(&format!("http://{}", proxy.listen))
+        .with_provision_timeout(PROVISION)
+        .with_reconciler(|r| {
+            r.call_timeout = Some(secs(10));
+            r.agent_grace = Some(secs(5));
+        })
+        .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config)
         .await
         .expect("the scheduler starts");
@@ -1026,12 +942,13 @@ async fn a_provision_cut_off_mid_call_is_retried_not_failed() {
     let journal = dir.path().join("journal");
     let agent = start_agent(&dir, &["--boot-delay", "200ms"], &journal, None).await;
     let proxy = Proxy::create(agent.addr).await;
-    let config = single_config(
-        &format!("http://{}", proxy.listen),
-        "[reconciler]\npoll_interval = \"500ms\"\nbackoff_initial = \"50ms\"\n\
-         backoff_max = \"1s\"\ncall_timeout = \"10s\"\nprovision_timeout = \"60s\"\n\
-         agent_grace = \"30s\"\n",
-    );
+    let config = single_config(&format!("http://{}", proxy.listen))
+        .with_provision_timeout(secs(60))
+        .with_reconciler(|r| {
+            r.call_timeout = Some(secs(10));
+            r.agent_grace = Some(secs(30));
+        })
+        .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config)
         .await
         .expect("the scheduler starts");
@@ -1110,32 +1027,19 @@ async fn a_slow_agent_holds_at_most_its_share_of_the_workers() {
     )
     .await;
     let proxy = Proxy::create(slow.addr).await;
-    let config = format!(
-        r#"instance_id = "e2e-faults-share"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 3
-[reconciler]
-workers = 4
-calls_per_agent = 2
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-call_timeout = "60s"
-provision_timeout = "3m"
-[[agents]]
-name = "slow"
-address = "http://{slow}"
-[[agents]]
-name = "fast"
-address = "{fast}"
-"#,
-        curriculum = example_curriculum().display(),
-        slow = proxy.listen,
-        fast = fast.url(),
-    );
+    let config = SchedulerConfig::new("e2e-faults-share", &example_curriculum())
+        .with_sessions_per_ip(0)
+        .with_lessons_per_session(3)
+        .with_retries(ms(500), ms(50), secs(1))
+        .with_provision_timeout(secs(180))
+        .with_reconciler(|r| {
+            r.workers = Some(4);
+            r.calls_per_agent = Some(2);
+            r.call_timeout = Some(secs(60));
+        })
+        .with_agent(Agent::new("slow", format!("http://{}", proxy.listen)))
+        .with_agent(Agent::new("fast", fast.url()))
+        .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config)
         .await
         .expect("the scheduler starts");
@@ -1149,14 +1053,7 @@ address = "{fast}"
     };
     tokio::time::timeout(PATIENCE, async {
         loop {
-            let agents = clients
-                .admin
-                .clone()
-                .list_agents(api::ListAgentsRequest {})
-                .await
-                .expect("ListAgents")
-                .into_inner()
-                .agents;
+            let agents = clients.agents().await.expect("ListAgents");
             if agents.len() == 2 && agents.iter().all(|a| a.state() == api::AgentState::Ready) {
                 return;
             }
@@ -1202,16 +1099,7 @@ address = "{fast}"
         .await
         .unwrap_or_else(|err| panic!("{err:#}\n{}", all_logs()));
     for id in &slow_ids {
-        let lesson = clients
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest { id: id.clone() },
-                clients.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let lesson = clients.get(id).await.unwrap();
         assert!(
             matches!(
                 lesson.status(),
@@ -1291,8 +1179,8 @@ async fn a_replica_frozen_past_its_leases_writes_nothing_stale_when_it_resumes()
     // A's provision deadline is its lease's TTL: B cannot take a live lesson over (and bring it
     // READY) before A's lease expired, so A resumes past its deadline, with a FAILED to write.
     let a_config = replica_config(&format!("http://{}", proxy.listen))
-        .replace("provision_timeout = \"2m\"", "provision_timeout = \"2s\"");
-    assert!(a_config.contains("provision_timeout = \"2s\""));
+        .with_provision_timeout(secs(2))
+        .to_toml();
     let a = start_on(&a_dir, &database.url, &a_config).await;
     let tokens = a.clients.tokens.clone();
     let clients = a.clients.clone();
@@ -1340,19 +1228,17 @@ async fn a_replica_frozen_past_its_leases_writes_nothing_stale_when_it_resumes()
     let frozen = Instant::now();
 
     // B takes everything over once A's leases expire and brings it READY.
-    let mut b = start_on(&b_dir, &database.url, &replica_config(&agent.url())).await;
+    let mut b = start_on(
+        &b_dir,
+        &database.url,
+        &replica_config(&agent.url()).to_toml(),
+    )
+    .await;
     b.clients.tokens = tokens;
     let all_ready = |clients: Clients, ids: Vec<String>| async move {
         for id in &ids {
-            let lesson = clients
-                .lessons
-                .clone()
-                .get_live_lesson(with_token(
-                    api::GetLiveLessonRequest { id: id.clone() },
-                    clients.tokens.of_lesson(id),
-                ))
-                .await;
-            if !matches!(lesson, Ok(l) if l.get_ref().status() == api::LiveLessonStatus::Ready) {
+            let lesson = clients.get(id).await;
+            if !matches!(lesson, Ok(l) if l.status() == api::LiveLessonStatus::Ready) {
                 return false;
             }
         }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
 use antidote_tests::{Process, Scheduler, web::Web, with_token, workspace_bin};
 use api::LiveLessonStatus as S;
 use tempfile::TempDir;
@@ -34,8 +35,8 @@ fn curriculum() -> PathBuf {
 /// configuration adds, and its process.
 struct Member {
     name: &'static str,
-    /// `key = "value"` pairs of its `labels` table in the configuration.
-    configured: &'static str,
+    /// The labels the configuration gives it.
+    configured: &'static [(&'static str, &'static str)],
     process: Process,
     /// The test agent's arguments (to start it again on the same address).
     args: Vec<String>,
@@ -58,37 +59,24 @@ async fn test_agent(dir: &TempDir, name: &str, args: &[String]) -> Process {
 
 impl FleetEnv {
     /// Starts the scheduler in front of `members` (already running) with `agent_grace`.
-    async fn start(dir: TempDir, members: Vec<Member>, agent_grace: &str) -> FleetEnv {
-        let mut agents = String::new();
-        for member in &members {
-            agents.push_str(&format!(
-                "[[agents]]\nname = \"{}\"\naddress = \"{}\"\nlabels = {{ {} }}\n",
-                member.name,
-                member.process.url(),
-                member.configured
-            ));
-        }
-        let config = format!(
-            r#"instance_id = "fleet-{instance}"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 10
-[reaper]
-interval = "200ms"
-orphan_interval = "300ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-agent_grace = "{agent_grace}"
-{agents}"#,
-            instance = &uuid::Uuid::new_v4().simple().to_string()[..12],
-            curriculum = curriculum().display(),
-        );
+    async fn start(dir: TempDir, members: Vec<Member>, agent_grace: Duration) -> FleetEnv {
+        let instance = format!("fleet-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let config = SchedulerConfig::new(&instance, &curriculum())
+            .with_sessions_per_ip(0)
+            .with_lessons_per_session(10)
+            .with_reaper(ms(200), ms(300), secs(1))
+            .with_retries(ms(500), ms(50), secs(1))
+            .with_provision_timeout(secs(120))
+            .with_reconciler(|r| r.agent_grace = Some(agent_grace));
+        let config = members
+            .iter()
+            .fold(config, |config, member| {
+                config.with_agent(
+                    Agent::new(member.name, member.process.url())
+                        .with_labels(member.configured.iter().copied()),
+                )
+            })
+            .to_toml();
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");
@@ -125,13 +113,9 @@ agent_grace = "{agent_grace}"
     async fn agents(&self) -> Vec<api::Agent> {
         self.scheduler
             .clients
-            .admin
-            .clone()
-            .list_agents(api::ListAgentsRequest {})
+            .agents()
             .await
             .expect("ListAgents answers")
-            .into_inner()
-            .agents
     }
 
     /// Waits until ListAgents satisfies `until`.
@@ -303,24 +287,24 @@ async fn placement_follows_required_and_preferred_labels_and_explains_itself() {
     let members = vec![
         Member {
             name: "eu-a",
-            configured: "",
+            configured: &[],
             process: eu_a,
             args: vec![],
         },
         Member {
             name: "us",
-            configured: "tier = \"gold\"",
+            configured: &[("tier", "gold")],
             process: us,
             args: vec![],
         },
         Member {
             name: "eu-b",
-            configured: "disk = \"ssd\"",
+            configured: &[("disk", "ssd")],
             process: eu_b,
             args: vec![],
         },
     ];
-    let env = FleetEnv::start(dir, members, "60s").await;
+    let env = FleetEnv::start(dir, members, secs(60)).await;
 
     // Operators see the labels placement matches: the handshake's with the configuration's.
     let agents = env.agents().await;
@@ -431,18 +415,18 @@ async fn only_agents_claiming_a_configuration_type_get_lessons_using_it() {
     let members = vec![
         Member {
             name: "shell",
-            configured: "",
+            configured: &[],
             process: shell,
             args: vec![],
         },
         Member {
             name: "ansible",
-            configured: "",
+            configured: &[],
             process: ansible,
             args: vec![],
         },
     ];
-    let env = FleetEnv::start(dir, members, "60s").await;
+    let env = FleetEnv::start(dir, members, secs(60)).await;
     let agents = env.agents().await;
     let offers = |name: &str| {
         agents
@@ -505,14 +489,14 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
         let process = test_agent(&dir, name, &list).await;
         members.push(Member {
             name,
-            configured: "",
+            configured: &[],
             process,
             args: list,
         });
     }
     // The grace outlasts a quick restart of `a` below (it must not be lost then), and is
     // still short enough for the loss after its kill -9.
-    let mut env = FleetEnv::start(dir, members, "8s").await;
+    let mut env = FleetEnv::start(dir, members, secs(8)).await;
     let instance = instance(&env.config);
     let c = env.scheduler.clients.clone();
 
@@ -657,19 +641,10 @@ async fn a_lost_agents_lessons_come_back_ready_elsewhere_and_its_leftovers_go() 
     let mut creates = Vec::new();
     for name in ["b", "c"] {
         let journal = env.dir.path().join(format!("{name}.journal"));
-        creates.extend(
-            std::fs::read_to_string(&journal)
-                .unwrap_or_default()
-                .lines()
-                .map(str::to_owned)
-                .collect::<Vec<_>>(),
-        );
+        creates.extend(antidote_tests::journal::created(&journal));
     }
     for live in moving.iter().chain([&staged, &booting]) {
-        let mine: Vec<&String> = creates
-            .iter()
-            .filter(|line| line.starts_with(&format!("create {} ", live.id)))
-            .collect();
+        let mine: Vec<&String> = creates.iter().filter(|id| **id == live.id).collect();
         assert_eq!(mine.len(), 1, "{}: {creates:#?}", live.id);
     }
 
@@ -741,11 +716,11 @@ async fn a_lesson_whose_agents_are_full_stays_pending_until_room_is_made() {
     let small = test_agent(&dir, "small", &args(&["--max-live-lessons", "1"])).await;
     let members = vec![Member {
         name: "small",
-        configured: "",
+        configured: &[],
         process: small,
         args: vec![],
     }];
-    let env = FleetEnv::start(dir, members, "60s").await;
+    let env = FleetEnv::start(dir, members, secs(60)).await;
     let c = env.scheduler.clients.clone();
     let first = env.ready("anywhere", None).await;
     assert_eq!(first.agent, "small");
@@ -780,18 +755,7 @@ async fn a_lesson_whose_agents_are_full_stays_pending_until_room_is_made() {
         view.status_reason.contains("`small`") && view.status_reason.contains("full 1/1"),
         "{view:?}"
     );
-    let learner = c
-        .lessons
-        .clone()
-        .get_live_lesson(with_token(
-            api::GetLiveLessonRequest {
-                id: waiting.id.clone(),
-            },
-            c.tokens.of_lesson(&waiting.id),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let learner = c.get(&waiting.id).await.unwrap();
     assert!(learner.failure_reason.is_empty(), "{learner:?}");
     let agents = env.agents().await;
     assert!(
@@ -824,18 +788,18 @@ async fn a_drained_agent_takes_nothing_new_keeps_its_own_and_stays_drained_acros
     let members = vec![
         Member {
             name: "a",
-            configured: "",
+            configured: &[],
             process: a,
             args: vec![],
         },
         Member {
             name: "b",
-            configured: "",
+            configured: &[],
             process: b,
             args: vec![],
         },
     ];
-    let mut env = FleetEnv::start(dir, members, "60s").await;
+    let mut env = FleetEnv::start(dir, members, secs(60)).await;
     let kept = env.ready("anywhere", prefers(&[("pin", "a")])).await;
     assert_eq!(kept.agent, "a");
 
@@ -998,24 +962,24 @@ async fn agent_docker_in_the_fleet_takes_what_its_labels_ask() {
     let members = vec![
         Member {
             name: "eu",
-            configured: "",
+            configured: &[],
             process: eu,
             args: vec![],
         },
         Member {
             name: "us",
-            configured: "",
+            configured: &[],
             process: us,
             args: vec![],
         },
         Member {
             name: "docker",
-            configured: "region = \"eu\", backend = \"docker\"",
+            configured: &[("region", "eu"), ("backend", "docker")],
             process: docker,
             args: vec![],
         },
     ];
-    let env = FleetEnv::start(dir, members, "60s").await;
+    let env = FleetEnv::start(dir, members, secs(60)).await;
     let instance = instance(&env.config);
 
     let live = env

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_sdk::entrypoint::{Claims, Signer};
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
 use antidote_tests::web::Web;
 use antidote_tests::{ADMIN_READ_TOKEN, Scheduler, example_curriculum, presentation};
 use hyper::StatusCode;
@@ -26,10 +27,10 @@ use crate::{Env, PATIENCE, start_agent};
 /// The scheduler's instance id in these tests (what its tokens name).
 const INSTANCE: &str = "e2e-hardening";
 
-/// A scheduler (`top`: top-level keys, `limits`: more `[limits]` keys) signing entrypoint
-/// tokens with [`KEY`], and a test agent (`agent_args`, plus its entrypoint on loopback with
-/// echoing HTTP presentations).
-async fn start(agent_args: &[&str], top: &str, limits: &str) -> Env {
+/// A scheduler (its configuration changed by `set`) signing entrypoint tokens with [`KEY`], and
+/// a test agent (`agent_args`, plus its entrypoint on loopback with echoing HTTP
+/// presentations).
+async fn start(agent_args: &[&str], set: impl FnOnce(SchedulerConfig) -> SchedulerConfig) -> Env {
     let dir = tempfile::tempdir().expect("temp dir");
     let journal = dir.path().join("journal");
     let mut args = vec![
@@ -43,29 +44,13 @@ async fn start(agent_args: &[&str], top: &str, limits: &str) -> Env {
     let agent = start_agent(&dir, &args, &journal, None).await;
     let key = dir.path().join("k1.pem");
     std::fs::write(&key, KEY).unwrap();
-    let config = format!(
-        r#"{top}
-instance_id = "{INSTANCE}"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-{limits}
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-[entrypoint]
-keys = [{{ id = "k1", file = "{key}" }}]
-token_ttl = "2m"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = example_curriculum().display(),
-        key = key.display(),
-        agent = agent.url(),
-    );
+    let config = SchedulerConfig::new(INSTANCE, &example_curriculum())
+        .with_sessions_per_ip(0)
+        .with_retries(ms(500), ms(50), secs(1))
+        .with_entrypoint_keys(&[("k1", &key)], secs(120));
+    let config = set(config)
+        .with_agent(Agent::new("loopback", agent.url()))
+        .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config)
         .await
         .expect("scheduler starts");
@@ -218,8 +203,12 @@ async fn dripped_prefaces_and_bodies_are_cut_on_every_listener() {
             "--entrypoint-request-timeout",
             "3s",
         ],
-        "",
-        "header_read_timeout = \"2s\"\nrequest_timeout = \"3s\"",
+        |c| {
+            c.with_limits(|l| {
+                l.header_read_timeout = Some(secs(2));
+                l.request_timeout = Some(secs(3));
+            })
+        },
     )
     .await;
     let (_, page_url) = page(&env).await;
@@ -309,7 +298,7 @@ async fn dripped_prefaces_and_bodies_are_cut_on_every_listener() {
 /// scheduler's own key to live ten years is refused.
 #[tokio::test]
 async fn the_entrypoint_strips_its_credential_marks_its_cookie_secure_and_bounds_lifetimes() {
-    let env = start(&["--entrypoint-trusted-proxy", "127.0.0.1"], "", "").await;
+    let env = start(&["--entrypoint-trusted-proxy", "127.0.0.1"], |c| c).await;
     let (id, url) = page(&env).await;
     let (to, path_and_query) = split_url(&url);
     let token = url.split_once("antidote_token=").unwrap().1.to_owned();
@@ -469,7 +458,7 @@ async fn call_raw(addr: SocketAddr, method: &'static str, message: &[u8]) -> ton
 /// reason `MALFORMED_REQUEST` on the learners' and the admin gRPC listeners, never INTERNAL.
 #[tokio::test]
 async fn metrics_need_a_token_and_malformed_protobuf_is_invalid_argument() {
-    let env = start(&[], "admin.metrics_listen = \"127.0.0.1:0\"", "").await;
+    let env = start(&[], |c| c.with_metrics_listen("127.0.0.1:0")).await;
     let process = &env.scheduler.process;
     let web = Web::default();
     let admin_http = process.extra_url("admin http").unwrap();
@@ -563,7 +552,7 @@ async fn metrics_need_a_token_and_malformed_protobuf_is_invalid_argument() {
 /// with the URL it had and a fresh one; the agent logged a warning about the new instance.
 #[tokio::test]
 async fn a_forged_handshake_neither_signs_for_the_scheduler_nor_revokes_its_keys() {
-    let env = start(&[], "", "").await;
+    let env = start(&[], |c| c).await;
     let (id, url) = page(&env).await;
     let (to, path_and_query) = split_url(&url);
     let path = path_and_query.split_once('?').unwrap().0.to_owned();

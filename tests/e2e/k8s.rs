@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, secs};
 use antidote_tests::{
     Process, Restartable, Scheduler, example_curriculum, fetch, presentation, workspace_bin,
 };
@@ -152,29 +153,10 @@ pub(crate) async fn agent_k8s(
     (agent, args, env)
 }
 
-/// The scheduler configuration of a test on agent-k8s at `agent`.
-pub(crate) fn scheduler_config(instance: &str, curriculum: &Path, agent: &str) -> String {
-    format!(
-        r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "prod"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "4m"
-[[agents]]
-name = "k8s"
-address = "{agent}"
-"#,
-        curriculum = curriculum.display(),
-    )
+/// The scheduler configuration of a test on agent-k8s (without the agent): a real backend's,
+/// tier `prod`, four minutes to provision on a busy node.
+pub(crate) fn scheduler_config(instance: &str, curriculum: &Path) -> SchedulerConfig {
+    SchedulerConfig::on_real_backend(instance, curriculum, secs(240)).with_tier("prod")
 }
 
 /// Deletes, when dropped, every lesson namespace of a scheduler instance (without waiting):
@@ -197,45 +179,70 @@ impl Drop for Leftovers {
     }
 }
 
-/// A scheduler and agent-k8s (as its ServiceAccount) for one instance.
-struct K8sEnv {
-    dir: TempDir,
-    instance: String,
-    client: kube::Client,
-    agent: Process,
-    agent_args: Vec<String>,
-    agent_env: Vec<(&'static str, String)>,
-    scheduler: Scheduler,
-    _leftovers: Leftovers,
+/// A scheduler and agent-k8s (as its ServiceAccount, on the node's local images) for one
+/// instance, whose lesson namespaces go when it is dropped.
+pub(crate) struct K8sEnv {
+    pub(crate) dir: TempDir,
+    pub(crate) instance: String,
+    /// An admin client of the test cluster.
+    pub(crate) client: kube::Client,
+    pub(crate) agent: Process,
+    /// The agent's arguments and environment, which start it again on the same address.
+    pub(crate) agent_args: Vec<String>,
+    pub(crate) agent_env: Vec<(&'static str, String)>,
+    pub(crate) scheduler: Scheduler,
+    /// The scheduler's configuration, to start it again.
+    pub(crate) config: String,
+    /// Deletes the instance's lesson namespaces when the environment goes.
+    pub(crate) leftovers: Leftovers,
 }
 
 impl K8sEnv {
-    async fn start(instance: &str, agent_extra: &[&str]) -> K8sEnv {
+    /// On the k8s fixture curriculum.
+    pub(crate) async fn start(instance: &str, agent_extra: &[&str]) -> K8sEnv {
         K8sEnv::with_curriculum(instance, agent_extra, &k8s_curriculum()).await
     }
 
-    async fn with_curriculum(instance: &str, agent_extra: &[&str], curriculum: &Path) -> K8sEnv {
-        let dir = tempfile::tempdir().unwrap();
+    pub(crate) async fn with_curriculum(
+        instance: &str,
+        agent_extra: &[&str],
+        curriculum: &Path,
+    ) -> K8sEnv {
+        let config = scheduler_config(instance, curriculum);
+        K8sEnv::with_config(tempfile::tempdir().unwrap(), config, agent_extra).await
+    }
+
+    /// agent-k8s with `agent_extra`, and a scheduler configured by `config`, to which the agent
+    /// is added as `k8s`; files in `dir`.
+    pub(crate) async fn with_config(
+        dir: TempDir,
+        config: SchedulerConfig,
+        agent_extra: &[&str],
+    ) -> K8sEnv {
         let client = admin().await;
         let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
+        // Dropped first thing if the start fails: whatever it made goes too.
+        let leftovers = Leftovers(config.instance_id.clone());
         let (agent, agent_args, agent_env) = agent_k8s(dir.path(), &kubeconfig, agent_extra).await;
-        let config = scheduler_config(instance, curriculum, &agent.url());
+        let instance = config.instance_id.clone();
+        let config = config.with_agent(Agent::new("k8s", agent.url())).to_toml();
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");
         K8sEnv {
             dir,
-            instance: instance.into(),
+            instance,
             client,
             agent,
             agent_args,
             agent_env,
             scheduler,
-            _leftovers: Leftovers(instance.into()),
+            config,
+            leftovers,
         }
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         format!(
             "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
             self.scheduler.process.log_text(),
@@ -243,7 +250,7 @@ impl K8sEnv {
         )
     }
 
-    async fn ready(&self, lesson: &str, stage: u32) -> api::LiveLesson {
+    pub(crate) async fn ready(&self, lesson: &str, stage: u32) -> api::LiveLesson {
         let c = &self.scheduler.clients;
         let session = c.session().await.unwrap();
         let requested = c.request(&session, lesson, stage).await.unwrap();
@@ -253,7 +260,7 @@ impl K8sEnv {
     }
 
     /// Asks for `lesson` and follows it until it settles, READY or FAILED.
-    async fn settled(&self, lesson: &str, limit: Duration) -> api::LiveLesson {
+    pub(crate) async fn settled(&self, lesson: &str, limit: Duration) -> api::LiveLesson {
         let c = &self.scheduler.clients;
         let session = c.session().await.unwrap();
         let requested = c.request(&session, lesson, 0).await.unwrap();
@@ -266,7 +273,7 @@ impl K8sEnv {
         lesson
     }
 
-    fn namespaced<K>(&self, id: &str) -> Api<K>
+    pub(crate) fn namespaced<K>(&self, id: &str) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
         <K as kube::Resource>::DynamicType: Default,
@@ -274,8 +281,45 @@ impl K8sEnv {
         Api::namespaced(self.client.clone(), &format!("antidote-{id}"))
     }
 
+    /// Follows a live lesson of generation `generation` until READY or FAILED.
+    pub(crate) async fn settle(
+        &self,
+        id: &str,
+        generation: u64,
+        limit: Duration,
+    ) -> api::LiveLesson {
+        let (_, lesson) = self
+            .scheduler
+            .clients
+            .follow(id, limit, |l| {
+                l.generation == generation && matches!(l.status(), S::Ready | S::Failed)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()));
+        lesson
+    }
+
+    /// Deletes the live lessons and waits until each is gone.
+    pub(crate) async fn delete_all(&self, ids: &[&str]) {
+        for id in ids {
+            self.scheduler
+                .clients
+                .delete(id, PATIENCE)
+                .await
+                .unwrap_or_else(|e| panic!("{e:#}\n{}", self.logs()));
+        }
+    }
+
+    /// The container log of endpoint `pod` of live lesson `id`.
+    pub(crate) async fn log_of(&self, id: &str, pod: &str) -> String {
+        self.namespaced::<Pod>(id)
+            .logs(pod, &Default::default())
+            .await
+            .unwrap_or_default()
+    }
+
     /// Runs `script` with `sh -c` inside endpoint `pod` of live lesson `id`.
-    async fn exec(&self, id: &str, pod: &str, script: &str) -> Exec {
+    pub(crate) async fn exec(&self, id: &str, pod: &str, script: &str) -> Exec {
         exec(&self.namespaced::<Pod>(id), pod, script).await
     }
 }

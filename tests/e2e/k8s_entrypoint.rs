@@ -12,90 +12,47 @@ use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
 use antidote_sdk::entrypoint::{Claims, Signer};
-use antidote_tests::{Scheduler, presentation};
+use antidote_tests::command::output_with_input;
+use antidote_tests::config::secs;
+use antidote_tests::presentation;
 use futures::{SinkExt as _, StreamExt as _};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::PATIENCE;
 use crate::entrypoint::{KEY, get, read_until, run, unix_now, websocket, with_token};
-use crate::k8s::{admin, agent_k8s, agent_kubeconfig};
+use crate::k8s::K8sEnv;
 
 /// agent-k8s with its entrypoint and a scheduler signing tokens for it, on the entrypoint
 /// curriculum; `ttl` is the live lessons' idle TTL.
-struct EntryEnv {
-    dir: tempfile::TempDir,
-    agent: antidote_tests::Process,
-    scheduler: Scheduler,
-    _leftovers: crate::k8s::Leftovers,
+struct EntryEnv(K8sEnv);
+
+impl std::ops::Deref for EntryEnv {
+    type Target = K8sEnv;
+
+    fn deref(&self) -> &K8sEnv {
+        &self.0
+    }
 }
 
 impl EntryEnv {
-    async fn start(instance: &str, ttl: &str) -> EntryEnv {
+    async fn start(instance: &str, ttl: Duration) -> EntryEnv {
         let dir = tempfile::tempdir().unwrap();
-        let client = admin().await;
-        let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
-        let (agent, _, _) = agent_k8s(
-            dir.path(),
-            &kubeconfig,
-            &[
-                "--entrypoint-listen",
-                "127.0.0.1:0",
-                "--entrypoint-activity-interval",
-                "500ms",
-            ],
-        )
-        .await;
         let key = dir.path().join("k1.pem");
         std::fs::write(&key, KEY).unwrap();
         let curriculum = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/entrypoint-curriculum")
             .canonicalize()
             .unwrap();
-        let config = format!(
-            r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "prod"
-[ttl]
-live_lesson = "{ttl}"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "4m"
-[entrypoint]
-keys = [{{ id = "k1", file = "{key}" }}]
-token_ttl = "2m"
-[[agents]]
-name = "k8s"
-address = "{agent}"
-"#,
-            curriculum = curriculum.display(),
-            key = key.display(),
-            agent = agent.url(),
-        );
-        let scheduler = Scheduler::start(dir.path(), &config)
-            .await
-            .expect("scheduler starts");
-        EntryEnv {
-            dir,
-            agent,
-            scheduler,
-            _leftovers: crate::k8s::Leftovers(instance.into()),
-        }
-    }
-
-    fn logs(&self) -> String {
-        format!(
-            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
-            self.scheduler.process.log_text(),
-            self.agent.log_text(),
-        )
+        let config = crate::k8s::scheduler_config(instance, &curriculum)
+            .with_lesson_ttl(ttl)
+            .with_entrypoint_keys(&[("k1", &key)], secs(120));
+        let agent_extra = [
+            "--entrypoint-listen",
+            "127.0.0.1:0",
+            "--entrypoint-activity-interval",
+            "500ms",
+        ];
+        EntryEnv(K8sEnv::with_config(dir, config, &agent_extra).await)
     }
 
     /// A new session's `terminal` lesson, READY.
@@ -111,7 +68,7 @@ address = "{agent}"
 
 #[tokio::test]
 async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
-    let env = EntryEnv::start("k8s-entry", "30m").await;
+    let env = EntryEnv::start("k8s-entry", secs(30 * 60)).await;
     let (dir, agent, scheduler) = (&env.dir, &env.agent, &env.scheduler);
     let logs = || env.logs();
     let c = &scheduler.clients;
@@ -233,24 +190,16 @@ async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
                 &lesson.id,
                 endpoint,
             ])
-            .env("ANTIDOTE_STATE_DIR", dir.path().join("ctl-state"))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+            .env("ANTIDOTE_STATE_DIR", dir.path().join("ctl-state"));
         if let Some(token) = token {
             command.env("ANTIDOTE_SESSION_TOKEN", token);
         }
+        // A refused `ssh` exits before it reads its input: what it printed and its exit
+        // status are the test's, not the write.
         async move {
-            let mut child = tokio::process::Command::from(command).spawn().unwrap();
-            let mut stdin = child.stdin.take().unwrap();
-            tokio::io::AsyncWriteExt::write_all(&mut stdin, input.as_bytes())
-                .await
-                .unwrap();
-            drop(stdin);
-            tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            output_with_input(command, input.as_bytes(), Duration::from_secs(60))
                 .await
                 .expect("antidotectl ssh ends")
-                .unwrap()
         }
     };
     let token = c.tokens.of_lesson(&lesson.id);
@@ -291,7 +240,7 @@ async fn k8s_entrypoint_terminal_and_http_proxy_reach_pods_with_their_tokens() {
 #[tokio::test]
 async fn k8s_typing_keeps_a_lesson_alive_past_its_ttl_and_an_idle_terminal_does_not() {
     const TTL: Duration = Duration::from_secs(20);
-    let env = EntryEnv::start("k8s-entry-ttl", "20s").await;
+    let env = EntryEnv::start("k8s-entry-ttl", TTL).await;
     let (busy, idle) = tokio::join!(env.lesson(), env.lesson());
     let mut typing = websocket(&presentation(&busy, "box", "cli").entrypoint_url)
         .await

@@ -6,34 +6,16 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Clients, Scheduler, example_curriculum, fetch, presentation};
+use antidote_tests::config::{Pool, ms};
+use antidote_tests::{Clients, example_curriculum, fetch, presentation};
 use api::LiveLessonStatus as S;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams};
 
 use crate::PATIENCE;
-use crate::k8s::{admin, agent_k8s, agent_kubeconfig, exec, scheduler_config};
+use crate::k8s::{K8sEnv, exec, scheduler_config};
 
 const INSTANCE: &str = "e2e-k8s-pools";
-
-/// Deletes the instance's namespaces when the test ends, passed or not: pool members would
-/// otherwise keep running on the shared node after the scheduler is gone.
-struct RemoveNamespaces;
-
-impl Drop for RemoveNamespaces {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(crate::deploy::kubectl_binary())
-            .args([
-                "delete",
-                "namespace",
-                "-l",
-                &format!("antidote.io/instance={INSTANCE}"),
-                "--wait=false",
-                "--ignore-not-found",
-            ])
-            .output();
-    }
-}
 
 /// The pool of hello-web at stage 0, as the admin API shows it.
 async fn pool(c: &Clients) -> Option<api::Pool> {
@@ -86,26 +68,14 @@ async fn until_pool(
 
 #[tokio::test]
 async fn a_warm_pool_on_the_node_hands_out_a_ready_member_whose_pod_serves_and_refills() {
-    let _cleanup = RemoveNamespaces;
-    let dir = tempfile::tempdir().unwrap();
-    let client = admin().await;
-    let kubeconfig = agent_kubeconfig(&client, dir.path()).await;
-    let (agent, _, _) = agent_k8s(dir.path(), &kubeconfig, &[]).await;
-    let config = format!(
-        "{}[pools]\ninterval = \"200ms\"\n[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n",
-        scheduler_config(INSTANCE, &example_curriculum(), &agent.url())
-    );
-    let scheduler = Scheduler::start(dir.path(), &config)
-        .await
-        .expect("scheduler starts");
-    let c = &scheduler.clients;
-    let logs = || {
-        format!(
-            "--- scheduler ---\n{}\n--- agent-k8s ---\n{}",
-            scheduler.process.log_text(),
-            agent.log_text()
-        )
-    };
+    // The environment deletes the instance's namespaces when the test ends, passed or not:
+    // pool members would otherwise keep running on the shared node.
+    let config = scheduler_config(INSTANCE, &example_curriculum())
+        .with_pools_interval(ms(200))
+        .with_pool(Pool::new("hello-web", 2));
+    let env = K8sEnv::with_config(tempfile::tempdir().unwrap(), config, &[]).await;
+    let (client, c) = (&env.client, &env.scheduler.clients);
+    let logs = || env.logs();
     until_pool(c, "had 2 READY members", logs, |p| p.ready == 2).await;
     let waiting: HashSet<String> = live_lessons(c).await.into_iter().map(|l| l.id).collect();
     assert_eq!(waiting.len(), 2, "{waiting:?}");

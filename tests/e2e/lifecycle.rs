@@ -257,14 +257,7 @@ async fn health_reflection_agents_and_a_clean_sigterm() {
     let session = c.session().await.unwrap();
     let lesson = c.request(&session, "hello-web", 0).await.unwrap();
     c.ready(&lesson.id).await.unwrap();
-    let agents = c
-        .admin
-        .clone()
-        .list_agents(api::ListAgentsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .agents;
+    let agents = c.agents().await.unwrap();
     assert_eq!(agents.len(), 1);
     assert_eq!(agents[0].state(), api::AgentState::Ready);
     assert_eq!(

@@ -41,20 +41,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use antidote_proto::agent::v1::backend_client::BackendClient;
-use antidote_tests::{Process, Scheduler, example_curriculum};
+use antidote_tests::config::{Agent, SchedulerConfig, secs};
+use antidote_tests::{Process, Scheduler, example_curriculum, journal};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
-/// Scheduler settings a test may change; everything else is fixed for speed.
+/// What a test may change of an [`Env`]: the scheduler's configuration (the loopback agent is
+/// added to it) and the test agent's environment.
 pub struct Knobs {
-    pub lesson_ttl: &'static str,
-    pub session_ttl: &'static str,
-    pub sessions_per_ip: u32,
-    pub lessons_per_session: u32,
-    /// Appended to the scheduler's configuration.
-    pub extra_config: String,
-    /// More keys of its `[limits]` table.
-    pub limits_extra: &'static str,
+    /// The scheduler's configuration, [`Env::config`] unless the test says otherwise.
+    pub config: SchedulerConfig,
     /// The test agent's extra environment.
     pub agent_env: Vec<(&'static str, String)>,
 }
@@ -62,12 +58,7 @@ pub struct Knobs {
 impl Default for Knobs {
     fn default() -> Self {
         Knobs {
-            lesson_ttl: "30m",
-            session_ttl: "24h",
-            sessions_per_ip: 0,
-            lessons_per_session: 3,
-            extra_config: String::new(),
-            limits_extra: "",
+            config: Env::config(),
             agent_env: Vec::new(),
         }
     }
@@ -83,44 +74,25 @@ pub struct Env {
 }
 
 impl Env {
+    /// The scheduler configuration of an [`Env`] without the agent: instance `e2e` on the
+    /// example curriculum, quick reaper and retries, idle live lessons kept 30 min and sessions
+    /// a day, no per-address session limit, three live lessons per session.
+    pub fn config() -> SchedulerConfig {
+        SchedulerConfig::quick("e2e", &example_curriculum())
+            .with_lesson_ttl(secs(30 * 60))
+            .with_session_ttl(secs(24 * 3600))
+            .with_sessions_per_ip(0)
+            .with_lessons_per_session(3)
+    }
+
     pub async fn start(agent_args: &[&str], knobs: Knobs) -> Env {
         let dir = tempfile::tempdir().expect("temp dir");
         let journal = dir.path().join("journal");
         let agent = start_agent_with_env(&dir, agent_args, &journal, None, &knobs.agent_env).await;
-        let config = format!(
-            r#"instance_id = "e2e"
-curriculum = "{curriculum}"
-tier = "local"
-[ttl]
-live_lesson = "{lesson_ttl}"
-session = "{session_ttl}"
-[limits]
-sessions_per_ip = {sessions_per_ip}
-live_lessons_per_session = {lessons_per_session}
-{limits_extra}
-[reaper]
-interval = "200ms"
-orphan_interval = "200ms"
-orphan_grace = "500ms"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-{extra}
-"#,
-            curriculum = example_curriculum().display(),
-            lesson_ttl = knobs.lesson_ttl,
-            session_ttl = knobs.session_ttl,
-            sessions_per_ip = knobs.sessions_per_ip,
-            lessons_per_session = knobs.lessons_per_session,
-            agent = agent.url(),
-            extra = knobs.extra_config,
-            limits_extra = knobs.limits_extra,
-        );
+        let config = knobs
+            .config
+            .with_agent(Agent::new("loopback", agent.url()))
+            .to_toml();
         let scheduler = Scheduler::start(dir.path(), &config)
             .await
             .expect("scheduler starts");
@@ -140,13 +112,9 @@ address = "{agent}"
             .expect("agent reachable")
     }
 
-    /// The agent's creation journal: one "create <id> <generation>" line per creation.
+    /// The live lessons the agent created objects for, in order, with repeats (its journal).
     pub fn creations(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.journal)
-            .unwrap_or_default()
-            .lines()
-            .map(|line| line.split(' ').nth(1).unwrap_or_default().to_owned())
-            .collect()
+        journal::created(&self.journal)
     }
 
     /// Both processes' logs, for failure messages.
@@ -185,14 +153,9 @@ pub async fn start_agent_with_env(
     let log = dir
         .path()
         .join(format!("agent-{}.log", uuid::Uuid::new_v4()));
-    Process::spawn_with_env(
-        &antidote_tests::workspace_bin("test-agent"),
-        &all,
-        env,
-        log,
-    )
-    .await
-    .expect("test agent starts")
+    Process::spawn_with_env(&antidote_tests::workspace_bin("test-agent"), &all, env, log)
+        .await
+        .expect("test agent starts")
 }
 
 /// A guard against hangs: generous, and never a performance assertion.

@@ -3,6 +3,7 @@
 //! an agent without a capability a lesson needs is simply not chosen for it.
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, ms};
 use antidote_tests::{Scheduler, example_curriculum};
 
 use crate::{PATIENCE, start_agent};
@@ -22,28 +23,12 @@ async fn a_newer_major_is_refused_and_missing_capabilities_steer_placement() {
         None,
     )
     .await;
-    let config = format!(
-        r#"instance_id = "e2e-negotiation"
-curriculum = "{}"
-tier = "local"
-[reconciler]
-backoff_initial = "50ms"
-backoff_max = "500ms"
-[[agents]]
-name = "future"
-address = "{}"
-[[agents]]
-name = "limited"
-address = "{}"
-[[agents]]
-name = "full"
-address = "{}"
-"#,
-        example_curriculum().display(),
-        future.url(),
-        limited.url(),
-        full.url()
-    );
+    let config = SchedulerConfig::new("e2e-negotiation", &example_curriculum())
+        .with_backoff(ms(50), ms(500))
+        .with_agent(Agent::new("future", future.url()))
+        .with_agent(Agent::new("limited", limited.url()))
+        .with_agent(Agent::new("full", full.url()))
+        .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let c = &scheduler.clients;
 
@@ -64,14 +49,7 @@ address = "{}"
     // The admin API has no stream of agent states: ask until every first handshake is done.
     let agents = tokio::time::timeout(PATIENCE, async {
         loop {
-            let agents = c
-                .admin
-                .clone()
-                .list_agents(api::ListAgentsRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .agents;
+            let agents = c.agents().await.unwrap();
             if agents
                 .iter()
                 .all(|a| a.state() != api::AgentState::Connecting)

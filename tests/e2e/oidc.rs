@@ -5,10 +5,11 @@
 //! scheduler against an independent JWT implementation.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::command::output_with_input_blocking;
 use antidote_tests::web::Web;
 use antidote_tests::{ADMIN_READ_TOKEN, with_token};
 use hyper::{Method, StatusCode};
@@ -23,21 +24,10 @@ const AUDIENCE: &str = "antidote-admin";
 
 /// Runs `openssl` with `args`, feeding it `input`; its standard output.
 fn openssl(args: &[&str], input: &[u8]) -> Vec<u8> {
-    use std::io::Write as _;
-    let mut child = Command::new("openssl")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut command = Command::new("openssl");
+    command.args(args);
+    let output = output_with_input_blocking(command, input)
         .expect("openssl runs (Debian package `openssl`)");
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(input)
-        .expect("openssl reads its input");
-    let output = child.wait_with_output().expect("openssl finishes");
     assert!(
         output.status.success(),
         "openssl {args:?}: {}",
@@ -179,13 +169,10 @@ fn claims(sub: &str, scope: &str, changes: Value) -> Value {
     claims
 }
 
-/// The scheduler's `[admin.oidc]` table (after `[[agents]]`, so it is a table of its own).
+/// The scheduler with `[admin.oidc]` trusting the keys in `jwks`.
 fn knobs(jwks: &Path) -> Knobs {
     Knobs {
-        extra_config: format!(
-            "[admin.oidc]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_file = \"{}\"\n",
-            jwks.display()
-        ),
+        config: Env::config().with_oidc(ISSUER, AUDIENCE, jwks),
         ..Knobs::default()
     }
 }

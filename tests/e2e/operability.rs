@@ -285,9 +285,9 @@ async fn json_api_errors_openapi_and_cors() {
     let env = Env::start(
         &[],
         Knobs {
-            extra_config:
-                "[http]\nlisten = \"127.0.0.1:0\"\ncors_origins = [\"https://labs.example.org\"]\n"
-                    .into(),
+            config: Env::config()
+                .with_http_listen("127.0.0.1:0")
+                .with_cors_origins(&["https://labs.example.org"]),
             ..Knobs::default()
         },
     )
@@ -552,7 +552,7 @@ async fn traced_request(scheduler_exports: bool, caller_span: &str) -> (Receiver
     let env = Env::start(
         &[],
         Knobs {
-            extra_config: format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n"),
+            config: Env::config().with_otlp_endpoint(endpoint),
             agent_env: vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.clone())],
             ..Knobs::default()
         },

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, ms};
 use antidote_tests::web::Web;
 use antidote_tests::{Scheduler, fan_out};
 use prost::Message as _;
@@ -181,19 +182,10 @@ async fn ten_thousand_live_lessons_arrive_in_pages_and_the_agent_stays_ready() {
 
     // A scheduler starting now opens its Watch on an agent holding all of them: the snapshot
     // arrives (in pages) and the stream holds.
-    let config = format!(
-        r#"instance_id = "e2e"
-curriculum = "{curriculum}"
-tier = "local"
-[reconciler]
-poll_interval = "500ms"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = antidote_tests::example_curriculum().display(),
-        agent = agent.url(),
-    );
+    let mut config = SchedulerConfig::new("e2e", &antidote_tests::example_curriculum())
+        .with_agent(Agent::new("loopback", agent.url()));
+    config.reconciler.poll_interval = Some(ms(500));
+    let config = config.to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let logs = || {
         format!(
@@ -245,14 +237,7 @@ address = "{agent}"
         "the Watch stream broke and was opened again\n{}",
         logs()
     );
-    let agents = c
-        .admin
-        .clone()
-        .list_agents(api::ListAgentsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .agents;
+    let agents = c.agents().await.unwrap();
     let loopback = agents.iter().find(|a| a.name == "loopback").unwrap();
     assert_eq!(loopback.state(), api::AgentState::Ready, "{loopback:?}");
     assert!(loopback.last_error.is_empty(), "{loopback:?}");

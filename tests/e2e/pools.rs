@@ -5,6 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, Pool, SchedulerConfig, ms, secs};
+use antidote_tests::journal;
 use antidote_tests::web::Web;
 use antidote_tests::{ADMIN_TOKEN, Scheduler, fetch, presentation, workspace_bin};
 use api::LiveLessonStatus as S;
@@ -14,9 +16,12 @@ use crate::{Env, Knobs, PATIENCE};
 /// How often the tests look at the admin API while waiting for a pool to settle.
 const POLL: Duration = Duration::from_millis(100);
 
-/// A scheduler configuration with pools looked at often.
-fn pools_config(pools: &str) -> String {
-    format!("[pools]\ninterval = \"200ms\"\n{pools}")
+/// `config` with `pools`, looked at often.
+fn pooled(config: SchedulerConfig, pools: impl IntoIterator<Item = Pool>) -> SchedulerConfig {
+    pools.into_iter().fold(
+        config.with_pools_interval(ms(200)),
+        SchedulerConfig::with_pool,
+    )
 }
 
 /// The pool of `lesson` at `stage` as the admin API shows it.
@@ -80,23 +85,6 @@ async fn until_pool(
     }
 }
 
-/// The live lesson ids the agent created objects for, with how many times.
-fn creations(env: &Env) -> HashMap<String, usize> {
-    let mut created = HashMap::new();
-    for line in std::fs::read_to_string(&env.journal)
-        .unwrap_or_default()
-        .lines()
-    {
-        let mut words = line.split(' ');
-        if words.next() == Some("create") {
-            *created
-                .entry(words.next().unwrap_or_default().to_owned())
-                .or_default() += 1;
-        }
-    }
-    created
-}
-
 async fn events(env: &Env, id: &str) -> Vec<String> {
     env.scheduler
         .clients
@@ -121,9 +109,7 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
     let env = Env::start(
         &["--boot-delay", "1500ms", "--configure-delay", "100ms"],
         Knobs {
-            extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n",
-            ),
+            config: pooled(Env::config(), [Pool::new("routing-basics", 3)]),
             ..Knobs::default()
         },
     )
@@ -228,7 +214,7 @@ async fn a_pool_of_three_serves_ten_learners_and_refills() {
     let counted = pool(&env, "routing-basics", 0).await.unwrap();
     assert_eq!((counted.hits, counted.misses), (3, 7));
     // Nothing was created twice on the agent.
-    let created = creations(&env);
+    let created = journal::creations_by_lesson(&env.journal);
     assert!(created.values().all(|n| *n == 1), "{created:?}");
     assert_eq!(
         created.len(),
@@ -273,9 +259,9 @@ async fn failed_members_are_replaced_and_shrinking_removes_unclaimed_only() {
     let env = Env::start(
         &["--fail-lesson", "hello-web"],
         Knobs {
-            extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 1\n\
-                 [[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n",
+            config: pooled(
+                Env::config(),
+                [Pool::new("hello-web", 1), Pool::new("routing-basics", 3)],
             ),
             ..Knobs::default()
         },
@@ -423,9 +409,7 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
             &state_dir,
         ],
         Knobs {
-            extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n",
-            ),
+            config: pooled(Env::config(), [Pool::new("routing-basics", 3)]),
             ..Knobs::default()
         },
     )
@@ -519,7 +503,7 @@ async fn a_scheduler_killed_with_members_in_every_state_loses_none_and_duplicate
         assert!(after.contains(&member.id), "{} lost", member.id);
     }
     assert!(!after.contains(&ready.id));
-    let created = creations(&env);
+    let created = journal::creations_by_lesson(&env.journal);
     assert!(created.values().all(|n| *n == 1), "{created:?}");
     // The member being removed at the kill was deleted on the agent; every live one is there.
     assert!(
@@ -589,20 +573,14 @@ async fn time_windows_set_targets_and_antidotectl_sizes_pools() {
         let m = (minute + offset).rem_euclid(1440);
         format!("{:02}:{:02}", m / 60, m % 60)
     };
-    let pools = format!(
-        "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 0\n\
-         windows = [{{ from = \"{}\", to = \"{}\", size = 2 }}]\n\
-         [[pools.lessons]]\nlesson = \"hello-web\"\nsize = 1\n\
-         windows = [{{ from = \"{}\", to = \"{}\", size = 4 }}]\n",
-        at(-60),
-        at(60),
-        at(120),
-        at(180)
-    );
+    let pools = [
+        Pool::new("routing-basics", 0).with_window(&at(-60), &at(60), 2),
+        Pool::new("hello-web", 1).with_window(&at(120), &at(180), 4),
+    ];
     let env = Env::start(
         &[],
         Knobs {
-            extra_config: pools_config(&pools),
+            config: pooled(Env::config(), pools),
             ..Knobs::default()
         },
     )
@@ -710,9 +688,7 @@ async fn an_unclaimed_member_gives_way_to_a_learner_when_agents_are_full() {
     let env = Env::start(
         &["--max-live-lessons", "2"],
         Knobs {
-            extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n",
-            ),
+            config: pooled(Env::config(), [Pool::new("routing-basics", 2)]),
             ..Knobs::default()
         },
     )
@@ -767,15 +743,11 @@ async fn replicas_on_postgresql_keep_one_pool_not_one_each() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("journal");
     let agent = crate::start_agent(&dir, &["--boot-delay", "300ms"], &journal, None).await;
-    let config = format!(
-        "instance_id = \"e2e-pools\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
-         [replicas]\nlease_ttl = \"2s\"\nresync_interval = \"500ms\"\n\
-         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
-         [[agents]]\nname = \"loopback\"\naddress = \"{}\"\n{}",
-        antidote_tests::example_curriculum().display(),
-        agent.url(),
-        pools_config("[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 3\n"),
-    );
+    let config = SchedulerConfig::new("e2e-pools", &antidote_tests::example_curriculum())
+        .with_replicas(secs(2), ms(500))
+        .with_backoff(ms(50), secs(1))
+        .with_agent(Agent::new("loopback", agent.url()));
+    let config = pooled(config, [Pool::new("routing-basics", 3)]).to_toml();
     let a = crate::postgres::start_on(dir.path(), &database.url, &config).await;
     let b = crate::postgres::start_on(dir.path(), &database.url, &config).await;
     let all = |c: &antidote_tests::Clients| {
@@ -813,13 +785,9 @@ async fn replicas_on_postgresql_keep_one_pool_not_one_each() {
         (3, 3),
         "{seen_by_b:?}"
     );
-    let created = std::fs::read_to_string(&journal).unwrap_or_default();
-    let ids: HashSet<&str> = created
-        .lines()
-        .filter_map(|l| l.strip_prefix("create "))
-        .filter_map(|l| l.split(' ').next())
-        .collect();
-    assert_eq!(ids.len(), 3, "{created}");
+    let created = journal::created(&journal);
+    let ids: HashSet<&String> = created.iter().collect();
+    assert_eq!(ids.len(), 3, "{created:?}");
 
     // A learner on replica B claims one; the pool refills to three, not more.
     let session = b.clients.session().await.unwrap();
@@ -841,13 +809,9 @@ async fn replicas_on_postgresql_keep_one_pool_not_one_each() {
         assert!(start.elapsed() < PATIENCE, "{pools:?}");
         tokio::time::sleep(POLL).await;
     }
-    let created = std::fs::read_to_string(&journal).unwrap_or_default();
-    let ids: HashSet<&str> = created
-        .lines()
-        .filter_map(|l| l.strip_prefix("create "))
-        .filter_map(|l| l.split(' ').next())
-        .collect();
-    assert_eq!(ids.len(), 4, "three members and one refill: {created}");
+    let created = journal::created(&journal);
+    let ids: HashSet<&String> = created.iter().collect();
+    assert_eq!(ids.len(), 4, "three members and one refill: {created:?}");
 }
 
 /// The docker CLI against the tests' engine.
@@ -934,15 +898,12 @@ async fn agent_docker_pool_members_are_claimed_at_their_stage_or_moved_on() {
     )
     .await
     .expect("agent-docker starts");
-    let config = format!(
-        "instance_id = \"{instance}\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
-         [limits]\nsessions_per_ip = 0\n\
-         [reconciler]\nbackoff_initial = \"100ms\"\nbackoff_max = \"1s\"\nprovision_timeout = \"3m\"\n\
-         [[agents]]\nname = \"docker\"\naddress = \"{}\"\n{}",
-        antidote_tests::example_curriculum().display(),
-        agent.url(),
-        pools_config("[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n"),
-    );
+    let config = SchedulerConfig::new(instance, &antidote_tests::example_curriculum())
+        .with_sessions_per_ip(0)
+        .with_backoff(ms(100), secs(1))
+        .with_provision_timeout(secs(180))
+        .with_agent(Agent::new("docker", agent.url()));
+    let config = pooled(config, [Pool::new("routing-basics", 2)]).to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let c = &scheduler.clients;
     let logs = || {
@@ -1122,14 +1083,13 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
     assert!(copied.success());
     let journal = dir.path().join("journal");
     let agent = crate::start_agent(&dir, &[], &journal, None).await;
-    let config = format!(
-        "instance_id = \"e2e-pools-change\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
-         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
-         [[agents]]\nname = \"loopback\"\naddress = \"{}\"\n{}",
-        curriculum.display(),
-        agent.url(),
-        pools_config("[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n"),
-    );
+    let configured = |curriculum: &std::path::Path| {
+        let config = SchedulerConfig::new("e2e-pools-change", curriculum)
+            .with_backoff(ms(50), secs(1))
+            .with_agent(Agent::new("loopback", agent.url()));
+        pooled(config, [Pool::new("hello-web", 2)]).to_toml()
+    };
+    let config = configured(&curriculum);
     let mut scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let ready_members = |scheduler: &Scheduler, owned: HashSet<String>| {
         let c = scheduler.clients.clone();
@@ -1160,13 +1120,7 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
     let moved = dir.path().join("mounted-elsewhere");
     std::fs::rename(&curriculum, &moved).unwrap();
     let curriculum = moved;
-    let config = config.replace(
-        &format!(
-            "curriculum = \"{}\"",
-            dir.path().join("curriculum").display()
-        ),
-        &format!("curriculum = \"{}\"", curriculum.display()),
-    );
+    let config = configured(&curriculum);
     let meta = curriculum.join("lessons/hello-web/lesson.meta.yaml");
     let text = std::fs::read_to_string(&meta).unwrap();
     let edited = text.replace(
@@ -1238,13 +1192,13 @@ async fn a_changed_lesson_replaces_its_unclaimed_members_only() {
 }
 
 /// Two test agents labelled `region=eu` and `region=us` (configured as `eu` and `us`) and a
-/// scheduler on `curriculum` at `tier` with `pools` (a `[[pools.lessons]]` table).
+/// scheduler on `curriculum` at `tier` with `pool`.
 async fn two_regions(
     dir: &tempfile::TempDir,
     instance: &str,
     curriculum: &std::path::Path,
     tier: &str,
-    pools: &str,
+    pool: Pool,
 ) -> (antidote_tests::Process, antidote_tests::Process, Scheduler) {
     let agent = |region: &'static str| async move {
         crate::start_agent(
@@ -1257,17 +1211,13 @@ async fn two_regions(
     };
     let eu = agent("eu").await;
     let us = agent("us").await;
-    let config = format!(
-        "instance_id = \"{instance}\"\ncurriculum = \"{}\"\ntier = \"{tier}\"\n\
-         [limits]\nsessions_per_ip = 0\n\
-         [reconciler]\nbackoff_initial = \"50ms\"\nbackoff_max = \"1s\"\n\
-         [[agents]]\nname = \"eu\"\naddress = \"{}\"\n\
-         [[agents]]\nname = \"us\"\naddress = \"{}\"\n{}",
-        curriculum.display(),
-        eu.url(),
-        us.url(),
-        pools_config(pools),
-    );
+    let config = SchedulerConfig::new(instance, curriculum)
+        .with_tier(tier)
+        .with_sessions_per_ip(0)
+        .with_backoff(ms(50), secs(1))
+        .with_agent(Agent::new("eu", eu.url()))
+        .with_agent(Agent::new("us", us.url()));
+    let config = pooled(config, [pool]).to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     (eu, us, scheduler)
 }
@@ -1280,7 +1230,7 @@ async fn a_claim_honours_the_request_s_placement_labels() {
         "e2e-pools-labels",
         &antidote_tests::example_curriculum(),
         "local",
-        "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 4\n",
+        Pool::new("routing-basics", 4),
     )
     .await;
     let c = &scheduler.clients;
@@ -1388,7 +1338,7 @@ async fn a_pool_of_a_lesson_requiring_labels_keeps_and_hands_out_members_where_i
         "e2e-pools-lesson-labels",
         &curriculum,
         "prod",
-        "[[pools.lessons]]\nlesson = \"eu-only\"\nsize = 3\n",
+        Pool::new("eu-only", 3),
     )
     .await;
     let c = &scheduler.clients;
@@ -1447,9 +1397,9 @@ async fn unclaimed_members_outlive_the_ttl_and_a_claimed_one_lives_by_it() {
     let env = Env::start(
         &[],
         Knobs {
-            lesson_ttl: "2s",
-            extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 2\n",
+            config: pooled(
+                Env::config().with_lesson_ttl(secs(2)),
+                [Pool::new("routing-basics", 2)],
             ),
             ..Knobs::default()
         },
@@ -1499,10 +1449,9 @@ async fn identical_requests_at_once_get_one_lesson_and_a_session_at_its_limit_ta
     let env = Env::start(
         &[],
         Knobs {
-            lessons_per_session: 1,
-            extra_config: pools_config(
-                "[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n\
-                 [[pools.lessons]]\nlesson = \"routing-basics\"\nsize = 1\n",
+            config: pooled(
+                Env::config().with_lessons_per_session(1),
+                [Pool::new("hello-web", 2), Pool::new("routing-basics", 1)],
             ),
             ..Knobs::default()
         },
@@ -1575,7 +1524,7 @@ async fn a_failed_member_s_replacement_reaches_ready() {
     let env = Env::start(
         &["--fail-lesson", "hello-web", "--fail-first", "2"],
         Knobs {
-            extra_config: pools_config("[[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n"),
+            config: pooled(Env::config(), [Pool::new("hello-web", 2)]),
             ..Knobs::default()
         },
     )
@@ -1592,7 +1541,7 @@ async fn a_failed_member_s_replacement_reaches_ready() {
         .collect();
     assert_eq!(ready.len(), 2);
     // Two members failed and were replaced: four made in all, each once, the failed ones gone.
-    let created = creations(&env);
+    let created = journal::creations_by_lesson(&env.journal);
     assert!(created.values().all(|n| *n == 1), "{created:?}");
     assert_eq!(created.len(), 4, "{created:?}");
     let failed: Vec<&String> = created.keys().filter(|id| !ready.contains(*id)).collect();
@@ -1624,9 +1573,9 @@ async fn a_scheduler_killed_while_a_member_is_failed_replaces_it_once() {
             &state_dir,
         ],
         Knobs {
-            extra_config: "[pools]\ninterval = \"30s\"\n\
-                           [[pools.lessons]]\nlesson = \"hello-web\"\nsize = 2\n"
-                .to_owned(),
+            config: Env::config()
+                .with_pools_interval(secs(30))
+                .with_pool(Pool::new("hello-web", 2)),
             ..Knobs::default()
         },
     )
@@ -1659,7 +1608,7 @@ async fn a_scheduler_killed_while_a_member_is_failed_replaces_it_once() {
     assert_eq!(after.len(), 2, "{after:?}");
     // Three made in all (two first, one replacement), each once; the failed one is gone from
     // the agent.
-    let created = creations(&env);
+    let created = journal::creations_by_lesson(&env.journal);
     assert!(created.values().all(|n| *n == 1), "{created:?}");
     assert_eq!(created.len(), 3, "{created:?}");
     assert!(

@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig};
 use antidote_tests::{
-    Clients, Process, Scheduler, admin_config, example_curriculum, with_token, workspace_bin,
+    Clients, Process, Scheduler, admin_config, example_curriculum, journal, server_url, with_token,
+    workspace_bin,
 };
 
 use crate::{Env, Knobs, PATIENCE, start_agent};
@@ -19,28 +21,7 @@ use crate::{Env, Knobs, PATIENCE, start_agent};
 /// The test server's maintenance URL.
 pub(crate) fn server() -> &'static str {
     static SERVER: OnceLock<String> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        if let Ok(url) = std::env::var("ANTIDOTE_TEST_POSTGRES")
-            && !url.is_empty()
-        {
-            return url;
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("postgres/pg.sh");
-        let output = std::process::Command::new(&script)
-            .arg("start")
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        match stdout
-            .lines()
-            .last()
-            .and_then(|line| line.strip_prefix("ANTIDOTE_TEST_POSTGRES="))
-        {
-            Some(url) if output.status.success() => url.to_owned(),
-            _ => panic!("ANTIDOTE_TEST_POSTGRES is unset and pg.sh start failed: {stdout}"),
-        }
-    })
+    SERVER.get_or_init(|| server_url("ANTIDOTE_TEST_POSTGRES", "postgres/pg.sh"))
 }
 
 /// Runs one SQL command on the test server's maintenance database.
@@ -198,35 +179,11 @@ pub(crate) async fn start_on(dir: &Path, url: &str, config: &str) -> Scheduler {
     }
 }
 
+/// The quick configuration on the test agent at `agent`.
 fn config(agent: &str) -> String {
-    format!(
-        r#"instance_id = "e2e-postgres"
-curriculum = "{curriculum}"
-tier = "local"
-[reaper]
-interval = "200ms"
-orphan_interval = "200ms"
-orphan_grace = "500ms"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = example_curriculum().display(),
-    )
-}
-
-/// The agent's creation journal: the live-lesson id of each creation.
-fn creations(journal: &PathBuf) -> Vec<String> {
-    std::fs::read_to_string(journal)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| line.split(' ').nth(1).unwrap_or_default().to_owned())
-        .collect()
+    SchedulerConfig::quick("e2e-postgres", &example_curriculum())
+        .with_agent(Agent::new("loopback", agent))
+        .to_toml()
 }
 
 #[tokio::test]
@@ -266,17 +223,9 @@ async fn a_lesson_lifecycle_on_postgres_survives_kill_9() {
     c.tokens = tokens;
     // The ready one is still READY, with the same endpoints; the booting one resumes.
     let again = c
-        .lessons
-        .clone()
-        .get_live_lesson(with_token(
-            api::GetLiveLessonRequest {
-                id: first.id.clone(),
-            },
-            c.tokens.of_lesson(&first.id),
-        ))
+        .get(&first.id)
         .await
-        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler)))
-        .into_inner();
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", logs(&scheduler)));
     assert_eq!(again.status(), api::LiveLessonStatus::Ready);
     assert_eq!(again.endpoints, ready.endpoints);
     c.ready(&second.id)
@@ -285,7 +234,7 @@ async fn a_lesson_lifecycle_on_postgres_survives_kill_9() {
     // Asking again meets the same live lesson: the unique key held across the restart.
     let asked = c.request(&session, "hello-web", 0).await.unwrap();
     assert_eq!(asked.id, first.id);
-    let mut created = creations(&journal);
+    let mut created = journal::created(&journal);
     created.sort();
     let mut expected = vec![first.id.clone(), second.id.clone()];
     expected.sort();

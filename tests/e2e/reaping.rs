@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::secs;
 use antidote_tests::with_token;
 use tokio_stream::StreamExt;
 
@@ -15,7 +16,7 @@ async fn an_idle_live_lesson_is_reclaimed_after_its_ttl() {
     let env = Env::start(
         &[],
         Knobs {
-            lesson_ttl: "1s",
+            config: Env::config().with_lesson_ttl(secs(1)),
             ..Knobs::default()
         },
     )
@@ -77,8 +78,9 @@ async fn heartbeats_and_persistent_sessions_keep_lessons_alive() {
     let env = Env::start(
         &[],
         Knobs {
-            lesson_ttl: "2s",
-            session_ttl: "2s",
+            config: Env::config()
+                .with_lesson_ttl(secs(2))
+                .with_session_ttl(secs(2)),
             ..Knobs::default()
         },
     )
@@ -139,30 +141,10 @@ async fn heartbeats_and_persistent_sessions_keep_lessons_alive() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     heartbeats.abort();
     for id in [&beating.id, &kept.id] {
-        let lesson = c
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest { id: id.clone() },
-                c.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let lesson = c.get(id).await.unwrap();
         assert_eq!(lesson.status(), api::LiveLessonStatus::Ready);
     }
-    let kept = c
-        .lessons
-        .clone()
-        .get_live_lesson(with_token(
-            api::GetLiveLessonRequest {
-                id: kept.id.clone(),
-            },
-            c.tokens.of_lesson(&kept.id),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let kept = c.get(&kept.id).await.unwrap();
     assert!(
         kept.expires_at.is_none(),
         "persistent lessons do not expire"
@@ -372,16 +354,7 @@ async fn two_deployments_with_one_instance_id_never_reap_each_other() {
         logs()
     );
     for (clients, id) in [(a, &lesson_a.id), (b, &lesson_b.id)] {
-        let lesson = clients
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest { id: id.clone() },
-                clients.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let lesson = clients.get(id).await.unwrap();
         assert_eq!(lesson.status(), api::LiveLessonStatus::Ready, "{}", logs());
     }
     let mut created = env.creations();

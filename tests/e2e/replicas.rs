@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
+use antidote_tests::journal::created;
 use antidote_tests::web::{Web, sample};
 use antidote_tests::{Clients, Scheduler, Tokens, example_curriculum, with_token};
 use tonic::transport::Channel;
@@ -19,35 +21,22 @@ use tonic::transport::Channel;
 use crate::postgres::{TestDatabase, start_on};
 use crate::{PATIENCE, start_agent};
 
-/// Replicas' configuration: short leases and a quick resync, so a dead replica's work is taken
-/// over within about three seconds.
+/// Replicas' configuration (without agents): the quick one, no per-address session limit,
+/// three live lessons per session, many watches per address, short leases and a quick resync,
+/// so a dead replica's work is taken over within about three seconds.
+pub(crate) fn replica_config(instance: &str) -> SchedulerConfig {
+    SchedulerConfig::quick(instance, &example_curriculum())
+        .with_sessions_per_ip(0)
+        .with_lessons_per_session(3)
+        .with_watches_per_address(1024)
+        .with_replicas(secs(2), ms(500))
+}
+
+/// [`replica_config`] on the test agent at `agent`.
 fn config(agent: &str) -> String {
-    format!(
-        r#"instance_id = "e2e-replicas"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-live_lessons_per_session = 3
-watches_per_address = 1024
-[reaper]
-interval = "200ms"
-orphan_interval = "200ms"
-orphan_grace = "500ms"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "2m"
-[replicas]
-lease_ttl = "2s"
-resync_interval = "500ms"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = example_curriculum().display(),
-    )
+    replica_config("e2e-replicas")
+        .with_agent(Agent::new("loopback", agent))
+        .to_toml()
 }
 
 /// `count` replicas on one database, their clients sharing one token book (a session made on
@@ -69,15 +58,11 @@ async fn replicas(
 }
 
 fn logs(replicas: &[Scheduler], agent: &antidote_tests::Process) -> String {
-    let mut text = String::new();
-    for (i, replica) in replicas.iter().enumerate() {
-        text.push_str(&format!(
-            "--- replica {i} log ---\n{}\n",
-            replica.process.log_text()
-        ));
-    }
-    text.push_str(&format!("--- agent log ---\n{}", agent.log_text()));
-    text
+    let replicas = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("replica {i}"), &r.process));
+    antidote_tests::logs(replicas.chain([("agent".to_owned(), agent)]))
 }
 
 /// The statuses a WatchLiveLesson stream delivers until it ends (the live lesson is gone).
@@ -156,16 +141,6 @@ async fn a_watch_on_any_replica_follows_a_lesson_driven_by_another() {
     }
 }
 
-/// The live-lesson ids the agent created (its journal's `create` lines), with repeats.
-fn created(journal: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(journal)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.strip_prefix("create "))
-        .map(|rest| rest.split(' ').next().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// Every live lesson of instance `e2e-replicas` the agent holds.
 async fn held(agent: &mut agent::backend_client::BackendClient<Channel>) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
@@ -195,16 +170,8 @@ async fn held(agent: &mut agent::backend_client::BackendClient<Channel>) -> BTre
 async fn statuses(clients: &Clients, ids: &[String]) -> HashMap<api::LiveLessonStatus, usize> {
     let mut counts = HashMap::new();
     for id in ids {
-        let status = match clients
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest { id: id.clone() },
-                clients.tokens.of_lesson(id),
-            ))
-            .await
-        {
-            Ok(lesson) => lesson.into_inner().status(),
+        let status = match clients.get(id).await {
+            Ok(lesson) => lesson.status(),
             Err(_) => api::LiveLessonStatus::Unspecified,
         };
         *counts.entry(status).or_default() += 1;
@@ -280,10 +247,10 @@ async fn killing_replicas_mid_load_loses_nothing_and_creates_nothing_twice() {
         panic!("not all READY: {counts:?}\n{}", logs(&replicas, &agent));
     }
     let settled = killed.elapsed();
-    // The survivor took over work the dead replicas held (their leases expired).
+    // The survivor took over work the dead replicas held (their shard leases expired).
     let survivor_log = replicas[2].process.log_text();
     let taken_over = survivor_log
-        .matches("resync: unsettled and nobody works on it")
+        .matches("its shard moved; running it again")
         .count();
     assert!(
         taken_over > 0,
@@ -360,8 +327,10 @@ async fn the_reaper_runs_its_duties_on_one_replica_per_tick() {
     let dir = tempfile::tempdir().expect("temp dir");
     let journal = dir.path().join("journal");
     let agent = start_agent(&dir, &[], &journal, None).await;
-    let config =
-        config(&agent.url()).replace("[reaper]\n", "[ttl]\nlive_lesson = \"3s\"\n[reaper]\n");
+    let config = replica_config("e2e-replicas")
+        .with_lesson_ttl(secs(3))
+        .with_agent(Agent::new("loopback", agent.url()))
+        .to_toml();
     let (mut replicas, _) = replicas(dir.path(), &database.url, &config, 2).await;
     let web = Web::default();
 
@@ -445,4 +414,212 @@ async fn the_reaper_runs_its_duties_on_one_replica_per_tick() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A replica's id as a lease holder, from its start-up line (`store open ... replica=ID`).
+fn replica_id(replica: &Scheduler) -> String {
+    let log = replica.process.log_text();
+    // Without the terminal's colour codes, if any.
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    let at = plain
+        .find("replica=")
+        .unwrap_or_else(|| panic!("no replica id in the log:\n{plain}"));
+    plain[at + "replica=".len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_hexdigit() || *c == '-')
+        .collect()
+}
+
+/// Who holds each shard's lease unexpired now, read from the store (`None`: nobody).
+async fn shard_holders(store: &scheduler_svc::store::Store) -> Vec<Option<String>> {
+    let now = scheduler_svc::model::Millis::now();
+    store
+        .shard_table()
+        .await
+        .expect("the shard table")
+        .into_iter()
+        .map(|row| row.holder.filter(|_| row.expires_at >= now))
+        .collect()
+}
+
+/// Waits until every shard is held by one of `live` (the ids of the live replicas) and each
+/// holds its share, to within one; returns how long that took. Panics naming the holders after
+/// [`PATIENCE`].
+async fn shards_settle_on(
+    store: &scheduler_svc::store::Store,
+    live: &[String],
+    what: impl Fn() -> String,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let holders = shard_holders(store).await;
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for holder in holders.iter().flatten() {
+            *counts.entry(holder.as_str()).or_default() += 1;
+        }
+        let all_live = holders
+            .iter()
+            .all(|h| h.as_ref().is_some_and(|h| live.contains(h)));
+        let share = scheduler_svc::store::SHARDS as usize / live.len();
+        let balanced = live.iter().all(|id| {
+            counts
+                .get(id.as_str())
+                .is_some_and(|n| *n == share || *n == share + 1)
+        });
+        if all_live && balanced {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "shards not settled on {live:?}: {counts:?}, {} unheld\n{}",
+            holders.iter().filter(|h| h.is_none()).count(),
+            what()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Three replicas share the shards of the reconcile work, read from the store: every shard
+/// held by exactly one live replica, balanced to within one. In the middle of the load (live
+/// lessons booting, more being requested), one replica is killed (-9) and another one added:
+/// the shards settle on the three live replicas again (the time it took is printed beside the
+/// lease TTL), and every live lesson requested, before and after, through any replica, is
+/// READY, created exactly once on the agent, and removed without leaving anything there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_follow_replicas_that_die_and_join_and_no_lesson_is_lost() {
+    const WAVE: usize = 90;
+    const SLUGS: [&str; 3] = ["hello-web", "routing-basics", "netcat-toolbox"];
+    let database = TestDatabase::create();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal");
+    let agent = start_agent(&dir, &["--boot-delay", "2s"], &journal, None).await;
+    let config = config(&agent.url());
+    let (mut replicas, tokens) = replicas(dir.path(), &database.url, &config, 3).await;
+    let store = scheduler_svc::store::Store::open(scheduler_svc::store::Database::Postgres(
+        database.url.clone(),
+    ))
+    .await
+    .expect("the store");
+    let ids: Vec<String> = replicas.iter().map(replica_id).collect();
+    let first = shards_settle_on(&store, &ids, || logs(&replicas, &agent)).await;
+    println!("shards: balanced over 3 replicas {first:?} after the last started");
+
+    // A wave of requests spread over `clients`, a session per three live lessons.
+    let wave = |clients: Vec<Clients>| async move {
+        let mut requests = tokio::task::JoinSet::new();
+        for s in 0..WAVE / SLUGS.len() {
+            let clients = clients[s % clients.len()].clone();
+            requests.spawn(async move {
+                let session = clients.session().await?;
+                let mut ids = Vec::new();
+                for slug in SLUGS {
+                    ids.push(clients.request(&session, slug, 0).await?.id);
+                }
+                anyhow::Ok(ids)
+            });
+        }
+        let mut ids = Vec::new();
+        while let Some(result) = requests.join_next().await {
+            ids.extend(
+                result
+                    .unwrap()
+                    .unwrap_or_else(|err| panic!("request: {err:#}")),
+            );
+        }
+        ids
+    };
+    let mut lessons = wave(replicas.iter().map(|r| r.clients.clone()).collect()).await;
+
+    // Mid load (the first wave booting): one dies, one joins, and a second wave goes through
+    // the live ones, the new one among them.
+    replicas[0].process.kill9().await;
+    let changed = Instant::now();
+    let mut joined = start_on(dir.path(), &database.url, &config).await;
+    joined.clients.tokens = tokens.clone();
+    replicas.push(joined);
+    let live: Vec<String> = replicas[1..].iter().map(replica_id).collect();
+    lessons.extend(wave(replicas[1..].iter().map(|r| r.clients.clone()).collect()).await);
+    shards_settle_on(&store, &live, || logs(&replicas, &agent)).await;
+    println!(
+        "shards: settled on the 3 live replicas {:?} after one died and one joined \
+         (lease TTL 2 s)",
+        changed.elapsed()
+    );
+    let dead = &ids[0];
+    assert!(
+        shard_holders(&store)
+            .await
+            .iter()
+            .flatten()
+            .all(|h| h != dead),
+        "the dead replica holds nothing"
+    );
+
+    // Every live lesson READY, read through the new replica.
+    let reader = replicas[3].clients.clone();
+    let total = lessons.len();
+    let ready = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let counts = statuses(&reader, &lessons).await;
+            if counts.get(&api::LiveLessonStatus::Ready) == Some(&total) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    if ready.is_err() {
+        let counts = statuses(&reader, &lessons).await;
+        panic!("not all READY: {counts:?}\n{}", logs(&replicas, &agent));
+    }
+    println!(
+        "shards: all {total} READY {:?} after the kill",
+        changed.elapsed()
+    );
+
+    // Each created exactly once, nothing else on the agent.
+    let creations = created(&journal);
+    let expected: BTreeSet<_> = lessons.iter().cloned().collect();
+    assert_eq!(
+        creations.len(),
+        total,
+        "{} creations for {total} live lessons",
+        creations.len()
+    );
+    assert_eq!(creations.iter().cloned().collect::<BTreeSet<_>>(), expected);
+    let mut agent_client = agent::backend_client::BackendClient::connect(agent.url())
+        .await
+        .unwrap();
+    assert_eq!(
+        held(&mut agent_client).await,
+        expected,
+        "nothing else on the agent"
+    );
+
+    // Removal through the live replicas leaves nothing behind.
+    let mut deletes = tokio::task::JoinSet::new();
+    for (i, id) in lessons.iter().cloned().enumerate() {
+        let clients = replicas[1 + i % 3].clients.clone();
+        deletes.spawn(async move { clients.delete(&id, PATIENCE).await });
+    }
+    while let Some(result) = deletes.join_next().await {
+        result
+            .unwrap()
+            .unwrap_or_else(|err| panic!("delete: {err:#}\n{}", logs(&replicas, &agent)));
+    }
+    let left = held(&mut agent_client).await;
+    assert!(left.is_empty(), "left on the agent: {left:?}");
+    store.close().await;
 }

@@ -7,6 +7,7 @@
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
+use antidote_tests::config::{Agent, SchedulerConfig, secs};
 use antidote_tests::web::Web;
 use antidote_tests::{Scheduler, with_token};
 use tokio::sync::mpsc;
@@ -76,18 +77,10 @@ async fn sigterm_ends_the_scheduler_within_its_grace_despite_open_streams() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("journal");
     let agent = start_agent(&dir, &[], &journal, None).await;
-    let config = format!(
-        r#"instance_id = "e2e-shutdown"
-curriculum = "{curriculum}"
-tier = "local"
-shutdown_grace = "1s"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = antidote_tests::example_curriculum().display(),
-        agent = agent.url(),
-    );
+    let config = SchedulerConfig::new("e2e-shutdown", &antidote_tests::example_curriculum())
+        .with_shutdown_grace(secs(1))
+        .with_agent(Agent::new("loopback", agent.url()))
+        .to_toml();
     let mut scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let c = scheduler.clients.clone();
 

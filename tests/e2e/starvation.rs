@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use antidote_proto::api::v1 as api;
-use antidote_tests::{Scheduler, with_token};
+use antidote_tests::Scheduler;
+use antidote_tests::config::{Agent, SchedulerConfig, ms, secs};
 use api::LiveLessonStatus as S;
 
 use crate::{PATIENCE, start_agent};
@@ -31,23 +32,12 @@ async fn slow_lessons_do_not_hold_the_workers_a_fast_one_needs() {
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("journal");
     let agent = start_agent(&dir, &[], &journal, None).await;
-    let config = format!(
-        r#"instance_id = "e2e-starvation"
-curriculum = "{curriculum}"
-tier = "local"
-[reconciler]
-workers = {WORKERS}
-poll_interval = "500ms"
-backoff_initial = "50ms"
-backoff_max = "1s"
-provision_timeout = "15m"
-[[agents]]
-name = "loopback"
-address = "{agent}"
-"#,
-        curriculum = curriculum().display(),
-        agent = agent.url(),
-    );
+    let config = SchedulerConfig::new("e2e-starvation", &curriculum())
+        .with_retries(ms(500), ms(50), secs(1))
+        .with_provision_timeout(secs(15 * 60))
+        .with_reconciler(|r| r.workers = Some(WORKERS as u32))
+        .with_agent(Agent::new("loopback", agent.url()))
+        .to_toml();
     let scheduler = Scheduler::start(dir.path(), &config).await.unwrap();
     let c = &scheduler.clients;
     let logs = || {
@@ -82,16 +72,7 @@ address = "{agent}"
 
     // ...while every slow one is still waiting for its endpoints.
     for id in &slow {
-        let lesson = c
-            .lessons
-            .clone()
-            .get_live_lesson(with_token(
-                api::GetLiveLessonRequest { id: id.clone() },
-                c.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let lesson = c.get(id).await.unwrap();
         assert_eq!(
             lesson.status(),
             S::Configuring,

@@ -5,18 +5,19 @@
 //! provisions it afresh. A live lesson the scheduler deletes itself is never reported FAILED.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::api::v1 as api;
 use antidote_sdk::labels;
-use antidote_tests::{Process, Scheduler, example_curriculum, fetch, presentation, workspace_bin};
+use antidote_tests::{Process, Scheduler, example_curriculum, fetch, presentation};
 use api::LiveLessonStatus as S;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams};
 use tempfile::TempDir;
 
 use crate::PATIENCE;
+use crate::docker::DockerEnv;
+use crate::k8s::{K8sEnv, Leftovers};
 
 /// A scheduler and one agent, for one test.
 struct Vanishing {
@@ -25,75 +26,45 @@ struct Vanishing {
     scheduler: Scheduler,
     /// The scheduler's configuration, to start it again.
     config: String,
+    /// The instance's lesson namespaces, deleted at the end (agent-k8s).
+    _leftovers: Option<Leftovers>,
 }
 
 impl Vanishing {
     /// A scheduler driving agent-docker on the test engine (DOCKER_HOST).
     async fn docker(instance: &str) -> Vanishing {
-        assert!(
-            std::env::var("DOCKER_HOST").is_ok(),
-            "DOCKER_HOST is not set: run tests/run, which starts a private Docker engine and builds the images"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let args: Vec<String> = ["--listen", "127.0.0.1:0", "--probe-timeout", "30s"]
-            .map(String::from)
-            .to_vec();
-        let agent = Process::spawn(
-            &workspace_bin("agent-docker"),
-            &args,
-            dir.path().join("agent-docker.log"),
-        )
-        .await
-        .expect("agent-docker starts");
-        let config = format!(
-            r#"instance_id = "{instance}"
-curriculum = "{curriculum}"
-tier = "local"
-[limits]
-sessions_per_ip = 0
-[reaper]
-interval = "500ms"
-orphan_interval = "500ms"
-orphan_grace = "1s"
-[reconciler]
-poll_interval = "500ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-provision_timeout = "3m"
-[[agents]]
-name = "docker"
-address = "{agent}"
-"#,
-            curriculum = example_curriculum().display(),
-            agent = agent.url(),
-        );
-        let scheduler = Scheduler::start(dir.path(), &config)
-            .await
-            .expect("scheduler starts");
+        let DockerEnv {
+            dir,
+            agent,
+            scheduler,
+            config,
+            ..
+        } = DockerEnv::start(instance, &example_curriculum(), &[]).await;
         Vanishing {
             dir,
             agent,
             scheduler,
             config,
+            _leftovers: None,
         }
     }
 
     /// A scheduler driving agent-k8s (as its ServiceAccount) on the test node (KUBECONFIG).
     async fn k8s(instance: &str) -> Vanishing {
-        let dir = tempfile::tempdir().unwrap();
-        let client = crate::k8s::admin().await;
-        let kubeconfig = crate::k8s::agent_kubeconfig(&client, dir.path()).await;
-        let (agent, _, _) = crate::k8s::agent_k8s(dir.path(), &kubeconfig, &[]).await;
-        let curriculum = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/k8s-curriculum");
-        let config = crate::k8s::scheduler_config(instance, &curriculum, &agent.url());
-        let scheduler = Scheduler::start(dir.path(), &config)
-            .await
-            .expect("scheduler starts");
+        let K8sEnv {
+            dir,
+            agent,
+            scheduler,
+            config,
+            leftovers,
+            ..
+        } = K8sEnv::start(instance, &[]).await;
         Vanishing {
             dir,
             agent,
             scheduler,
             config,
+            _leftovers: Some(leftovers),
         }
     }
 
@@ -160,15 +131,7 @@ address = "{agent}"
     /// The live lesson as a learner reads it.
     async fn get(&self, id: &str) -> api::LiveLesson {
         let c = &self.scheduler.clients;
-        c.lessons
-            .clone()
-            .get_live_lesson(antidote_tests::with_token(
-                api::GetLiveLessonRequest { id: id.into() },
-                c.tokens.of_lesson(id),
-            ))
-            .await
-            .unwrap()
-            .into_inner()
+        c.get(id).await.unwrap()
     }
 
     /// Asks for the FAILED live lesson again: a new generation is provisioned and is READY.
