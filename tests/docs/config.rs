@@ -89,10 +89,10 @@ pub fn render(source: &str) -> String {
         let Some((_, trait_path, _)) = &imp.trait_ else {
             continue;
         };
-        if !trait_path
+        if trait_path
             .segments
             .last()
-            .is_some_and(|s| s.ident == "Default")
+            .is_none_or(|s| s.ident != "Default")
         {
             continue;
         }
@@ -494,13 +494,13 @@ fn plural(base: &str) -> String {
 fn duration(d: std::time::Duration) -> String {
     let ms = d.as_millis();
     let secs = d.as_secs();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
-    } else if secs != 0 && secs % (7 * 86_400) == 0 {
+    } else if secs != 0 && secs.is_multiple_of(7 * 86_400) {
         format!("{}d", secs / 86_400)
-    } else if secs != 0 && secs % 3600 == 0 {
+    } else if secs != 0 && secs.is_multiple_of(3600) {
         format!("{}h", secs / 3600)
-    } else if secs != 0 && secs % 60 == 0 {
+    } else if secs != 0 && secs.is_multiple_of(60) {
         format!("{}m", secs / 60)
     } else {
         format!("{secs}s")
