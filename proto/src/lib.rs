@@ -97,6 +97,9 @@ pub mod capabilities {
     pub const CONFIGURATION_NAPALM: &str = "configuration.napalm";
     /// Jupyter guide endpoints run (`Endpoint.jupyter_guide`, PROTOCOL.md [V7]).
     pub const GUIDE_JUPYTER: &str = "guide.jupyter";
+    /// `RunChecks` is implemented: a stage's check and solution files run on a READY live
+    /// lesson (PROTOCOL.md, "Checks").
+    pub const CHECKS: &str = "checks";
 
     /// The capability of a configuration type: `configuration.` and the value's name in lower
     /// case.

@@ -1,8 +1,8 @@
 //! The scheduler's error type. Every variant knows its gRPC code; the mapping to
 //! `tonic::Status` lives in one function, [`Error::code`].
 
-use antidote_proto::api::v1::ErrorReason;
 use antidote_net::errors;
+use antidote_proto::api::v1::ErrorReason;
 use tonic::Code;
 
 use crate::model::{BadId, LiveLessonId, SessionId, Status};
@@ -68,6 +68,54 @@ pub enum Error {
         status: Status,
     },
     /// A request for a lesson whose previous live lesson is still being removed.
+    /// A check asked of a live lesson that is not READY at its generation.
+    #[error("live lesson {id} is {status}; check it once it is READY")]
+    NotReady {
+        /// The live lesson.
+        id: LiveLessonId,
+        /// Its status now.
+        status: Status,
+    },
+    /// The live lesson's current stage has no files of the kind asked for.
+    #[error("stage {stage} of lesson `{lesson}` has no {files}")]
+    NoChecks {
+        /// The lesson.
+        lesson: String,
+        /// The stage.
+        stage: u32,
+        /// `checks` or `solutions`.
+        files: &'static str,
+    },
+    /// A check of this live lesson is running, or it ran the most allowed in a minute.
+    #[error("{}", too_many_checks(*id, scope, *limit))]
+    TooManyChecks {
+        /// The live lesson.
+        id: LiveLessonId,
+        /// `running` or `minute`.
+        scope: &'static str,
+        /// The limit that was reached.
+        limit: u32,
+    },
+    /// The live lesson's agent does not offer the `checks` capability.
+    #[error(
+        "this agent cannot run checks: agent `{agent}` does not offer the `checks` capability; the live lesson is unchanged"
+    )]
+    ChecksUnsupported {
+        /// The agent.
+        agent: String,
+    },
+    /// A gated stage's check has not passed, so no later stage may be asked for.
+    #[error(
+        "stage {stage} is gated by its check, which has not passed in this live lesson: {check}"
+    )]
+    CheckNotPassed {
+        /// The live lesson; `None` for one asked for at a later stage from the start.
+        id: Option<LiveLessonId>,
+        /// The gated stage.
+        stage: u32,
+        /// Its check file that failed last, or its first.
+        check: String,
+    },
     #[error("live lesson {0} of this lesson is still being removed; ask again in a moment")]
     StillTerminating(LiveLessonId),
     /// A session or an address holds the most open Watch streams allowed.
@@ -167,7 +215,13 @@ impl Error {
             Error::TooManySessions { .. }
             | Error::TooManyLiveLessons { .. }
             | Error::TooManyStreams { .. } => Code::ResourceExhausted,
-            Error::Busy { .. } | Error::PlacementImpossible { .. } => Code::FailedPrecondition,
+            Error::Busy { .. }
+            | Error::PlacementImpossible { .. }
+            | Error::NotReady { .. }
+            | Error::NoChecks { .. }
+            | Error::CheckNotPassed { .. } => Code::FailedPrecondition,
+            Error::TooManyChecks { .. } => Code::ResourceExhausted,
+            Error::ChecksUnsupported { .. } => Code::Unimplemented,
             Error::AgentNotFound(_) => Code::NotFound,
             Error::StillTerminating(_) => Code::Aborted,
             Error::NoAgent { .. } => Code::Unavailable,
@@ -243,6 +297,47 @@ impl Error {
                     ("status", status.to_string()),
                 ],
             ),
+            Error::NotReady { id, status } => (
+                R::LiveLessonBusy,
+                vec![
+                    ("live_lesson_id", id.to_string()),
+                    ("status", status.to_string()),
+                ],
+            ),
+            Error::NoChecks {
+                lesson,
+                stage,
+                files,
+            } => (
+                R::NoChecks,
+                vec![
+                    ("lesson", lesson.clone()),
+                    ("stage", stage.to_string()),
+                    ("files", (*files).to_owned()),
+                ],
+            ),
+            Error::TooManyChecks { id, scope, limit } => (
+                R::TooManyChecks,
+                vec![
+                    ("live_lesson_id", id.to_string()),
+                    ("scope", (*scope).to_owned()),
+                    ("limit", limit.to_string()),
+                ],
+            ),
+            Error::ChecksUnsupported { agent } => {
+                (R::ChecksUnsupported, vec![("agent", agent.clone())])
+            }
+            Error::CheckNotPassed { id, stage, check } => (
+                R::CheckNotPassed,
+                vec![
+                    (
+                        "live_lesson_id",
+                        id.map(|id| id.to_string()).unwrap_or_default(),
+                    ),
+                    ("stage", stage.to_string()),
+                    ("check", check.clone()),
+                ],
+            ),
             Error::StillTerminating(id) => (
                 R::StillTerminating,
                 vec![("live_lesson_id", id.to_string())],
@@ -288,6 +383,17 @@ impl Error {
                 (R::InternalError, vec![])
             }
         }
+    }
+}
+
+/// The message of [`Error::TooManyChecks`].
+fn too_many_checks(id: LiveLessonId, scope: &str, limit: u32) -> String {
+    if scope == "running" {
+        format!("a check of live lesson {id} is already running; one at a time")
+    } else {
+        format!(
+            "live lesson {id} ran {limit} checks in the last minute, the configured limit; try again shortly"
+        )
     }
 }
 

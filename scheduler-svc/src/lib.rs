@@ -197,6 +197,7 @@ pub async fn run(
         watches: Watches::new(&config.limits),
         entrypoint,
         pools,
+        checks: Arc::new(api::checks::Checks::new(config.limits.checks_per_minute)),
     };
     for (listener, surface) in [
         (listeners.http, Surface::Learners),

@@ -27,6 +27,9 @@
 //!   a READY member, `miss` found none and was provisioned; a session that could take none,
 //!   having the lesson already, at its limit or expired, is neither; per process). A deleted
 //!   pool's target goes at the next look.
+//! - stage checks: `antidote_checks_total{lesson, stage, result}` (runs of a stage's checks,
+//!   learners' and `TestStage`'s: `passed`, `failed`, `error` when the agent could not run them)
+//!   and `antidote_check_duration_seconds{lesson, stage}` (from the call to the agent's answer).
 
 use std::time::Duration;
 
@@ -97,6 +100,19 @@ struct ClaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    lesson: String,
+    stage: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckStageLabels {
+    lesson: String,
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
     action: &'static str,
 }
@@ -160,6 +176,8 @@ pub struct Metrics {
     watch_streams: Family<AgentLabels, Counter>,
     snapshot_states: Family<AgentLabels, Gauge>,
     snapshot_pages: Family<AgentLabels, Gauge>,
+    checks: Family<CheckLabels, Counter>,
+    check_duration: HistogramFamily<CheckStageLabels>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -266,7 +284,24 @@ impl Default for Metrics {
             "Pages of the agent's last complete Watch snapshot",
             snapshot_pages.clone(),
         );
+        let checks = Family::<CheckLabels, Counter>::default();
+        let check_duration = HistogramFamily::<CheckStageLabels>::new_with_constructor(|| {
+            Histogram::new(call_buckets())
+        });
+        registry.register(
+            "checks",
+            "Runs of a stage's checks by lesson, stage and result (passed, failed, error)",
+            checks.clone(),
+        );
+        registry.register_with_unit(
+            "check_duration",
+            "Runs of a stage's checks, from the call to the agent's answer",
+            Unit::Seconds,
+            check_duration.clone(),
+        );
         Metrics {
+            checks,
+            check_duration,
             pool_target,
             pool_members,
             pool_claims,
@@ -313,6 +348,24 @@ impl Metrics {
         if code != tonic::Code::Ok {
             self.agent_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records one run of a stage's checks: `result` is `passed`, `failed` or `error`.
+    pub fn checked(&self, lesson: &str, stage: u32, result: &'static str, took: Duration) {
+        let stage = stage.to_string();
+        self.checks
+            .get_or_create(&CheckLabels {
+                lesson: lesson.to_owned(),
+                stage: stage.clone(),
+                result,
+            })
+            .inc();
+        self.check_duration
+            .get_or_create(&CheckStageLabels {
+                lesson: lesson.to_owned(),
+                stage,
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Counts a Watch stream opened to an agent.

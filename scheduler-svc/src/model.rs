@@ -287,6 +287,52 @@ impl LiveLesson {
     }
 }
 
+/// One run of a stage's check files (or, for operators, its solution files) on a live lesson.
+/// The store keeps each stage's latest as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckRun {
+    /// The stage whose files ran.
+    pub stage: u32,
+    /// Every file exited 0.
+    pub passed: bool,
+    /// Each file's outcome, in lesson order of the endpoints.
+    pub endpoints: Vec<EndpointCheck>,
+    /// When the run ended, in Unix milliseconds ([`Millis`]).
+    pub at: i64,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// How one endpoint's file ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointCheck {
+    /// The endpoint.
+    pub endpoint: String,
+    /// The file's name (`client.sh`).
+    pub file_name: String,
+    /// It exited 0.
+    pub passed: bool,
+    /// Its exit status, when it ran to its end.
+    pub exit_code: i32,
+    /// It was killed at the timeout.
+    pub timed_out: bool,
+    /// The tail of its output, or why it could not run: what the learner reads.
+    pub feedback: String,
+    /// The output was longer than the feedback holds.
+    pub truncated: bool,
+    /// How long it ran, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// What the checks of a live lesson established: the stages that passed and the latest run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageChecks {
+    /// Stages whose check passed at least once, ascending.
+    pub passed: std::collections::BTreeSet<u32>,
+    /// The latest run of any stage's checks.
+    pub last: Option<CheckRun>,
+}
+
 /// A recorded transition of a live lesson.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {

@@ -503,6 +503,10 @@ pub struct Limits {
     /// Longest a client may take to send an HTTP request's headers (the slowloris guard).
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// Stage checks (CheckStage) one live lesson may run per minute, besides one at a time;
+    /// 0 for no limit. Each runs scripts on the lesson's endpoints, so a learner pressing
+    /// "Check" in a loop must not keep an agent busy.
+    pub checks_per_minute: u32,
 }
 
 impl Default for Limits {
@@ -516,6 +520,7 @@ impl Default for Limits {
             streams_per_connection: 256,
             request_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(10),
+            checks_per_minute: 10,
         }
     }
 }

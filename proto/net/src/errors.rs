@@ -43,12 +43,14 @@ pub fn status<'a>(
 pub fn code_of(reason: ErrorReason) -> Code {
     match reason {
         ErrorReason::InvalidSpec => Code::InvalidArgument,
-        ErrorReason::GenerationOutdated | ErrorReason::NoCommonMajor => Code::FailedPrecondition,
+        ErrorReason::GenerationOutdated
+        | ErrorReason::NoCommonMajor
+        | ErrorReason::NotReady => Code::FailedPrecondition,
         ErrorReason::SpecConflict => Code::AlreadyExists,
         ErrorReason::CapacityExhausted | ErrorReason::RequestTooLarge => Code::ResourceExhausted,
         ErrorReason::LiveLessonNotFound => Code::NotFound,
         ErrorReason::NotImplemented => Code::Unimplemented,
-        ErrorReason::BeingRemoved => Code::Aborted,
+        ErrorReason::BeingRemoved | ErrorReason::ChecksRunning => Code::Aborted,
         ErrorReason::BackendUnavailable => Code::Unavailable,
         ErrorReason::BackendError | ErrorReason::Unspecified => Code::Internal,
     }

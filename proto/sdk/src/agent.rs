@@ -16,7 +16,7 @@ use super::book::{StateBook, WatchStream};
 #[cfg(feature = "entrypoint")]
 use super::entrypoint::{self, Keys, Lessons};
 use super::metrics::AgentMetrics;
-use super::{errors, labels, spec};
+use super::{checks, errors, labels, spec};
 
 /// When a live lesson is removed while its driver was still realising it, the pauses after
 /// which the removal looks again for objects whose creation was already under way (sent to the
@@ -139,6 +139,31 @@ pub trait Backend: Send + Sync + 'static {
             [("rpc", "Plan".to_owned())],
         ))
     }
+
+    /// Runs check or solution files on a live lesson held READY (PROTOCOL.md, "Checks",
+    /// [X3]): `spec` is its newest spec (credentials included), `files` passed the protocol's
+    /// rules ([`checks::check_request`]), `timeout` is the request's (cap it at the backend's
+    /// own limit with [`checks::check_timeout`]). One result per file, in order;
+    /// [`checks::result`] builds each from how it ran, [`checks::not_run`] one that could not
+    /// start. The [`Agent`] has already made sure no other run of the live lesson is going on.
+    /// The default answers UNIMPLEMENTED: an agent offering `checks` overrides it.
+    async fn run_checks(
+        &self,
+        _spec: &proto::LessonSpec,
+        _files: &[proto::CheckFile],
+        _timeout: Option<prost_types::Duration>,
+    ) -> Result<Vec<proto::CheckResult>, Status> {
+        Err(not_running_checks())
+    }
+}
+
+/// The refusal of RunChecks by an agent without `checks` ([X1]).
+fn not_running_checks() -> Status {
+    errors::agent(
+        ErrorReason::NotImplemented,
+        "this agent does not run checks",
+        [("rpc", "RunChecks".to_owned())],
+    )
 }
 
 /// A driver's handle on its live lesson's reported state. Every change is dropped once a newer
@@ -210,6 +235,9 @@ pub struct Agent<B> {
     /// One lock per live lesson: Provision, Deprovision and Recover of one id take turns, so a
     /// burst of identical calls creates things once.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Live lessons whose check or solution files run now: one run each at a time
+    /// (PROTOCOL.md [X4]).
+    checking: Mutex<std::collections::HashSet<String>>,
     /// Call and provisioning metrics.
     metrics: Arc<AgentMetrics>,
     /// The entrypoint's base URL (told at handshake) and its key set (the handshake's keys
@@ -235,6 +263,7 @@ impl<B: Backend> Agent<B> {
             book,
             work: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
+            checking: Mutex::new(Default::default()),
             metrics: Arc::new(AgentMetrics::default()),
             #[cfg(feature = "entrypoint")]
             entrypoint: std::sync::OnceLock::new(),
@@ -330,6 +359,84 @@ impl<B: Backend> Agent<B> {
             .or_default()
             .clone();
         lock.lock_owned().await
+    }
+
+    /// RunChecks by the protocol's rules (PROTOCOL.md, "Checks"): the request's rules, a held
+    /// live lesson READY at the request's generation, one run at a time; then the backend.
+    async fn run_checks(
+        &self,
+        request: proto::RunChecksRequest,
+    ) -> Result<proto::RunChecksResponse, Status> {
+        let offered = &self.description.capabilities;
+        if !offered.iter().any(|c| c == super::capabilities::CHECKS) {
+            return Err(not_running_checks());
+        }
+        let id = request.live_lesson_id;
+        if !spec::is_uuid(&id) {
+            return Err(errors::invalid(
+                "live_lesson_id",
+                "a UUID, hyphenated, lower case",
+            ));
+        }
+        let held = self.work().get(&id).map(|work| work.spec.clone());
+        checks::check_request(&request.files, held.as_ref(), offered)?;
+        let Some(held) = held else {
+            return Err(errors::agent(
+                ErrorReason::LiveLessonNotFound,
+                format!("live lesson `{id}` is not held by this agent"),
+                [("live_lesson_id", id.clone())],
+            ));
+        };
+        let state = self.book.get(&id);
+        let (phase, generation) = state
+            .as_ref()
+            .map_or((Phase::Unspecified, 0), |s| (s.phase(), s.generation));
+        if phase != Phase::Ready || generation != request.generation {
+            return Err(errors::agent(
+                ErrorReason::NotReady,
+                format!(
+                    "live lesson `{id}` is {} at generation {generation}, not READY at \
+                     generation {}",
+                    phase.as_str_name().trim_start_matches("PHASE_"),
+                    request.generation
+                ),
+                [
+                    ("live_lesson_id", id.clone()),
+                    ("phase", phase.as_str_name().to_owned()),
+                    ("generation", generation.to_string()),
+                ],
+            ));
+        }
+        let _running = {
+            let mut checking = self.checking.lock().unwrap_or_else(|p| p.into_inner());
+            if !checking.insert(id.clone()) {
+                return Err(errors::agent(
+                    ErrorReason::ChecksRunning,
+                    format!("a run of live lesson `{id}` is already going on; one at a time"),
+                    [("live_lesson_id", id.clone())],
+                ));
+            }
+            Running {
+                checking: &self.checking,
+                id: id.clone(),
+            }
+        };
+        let results = self
+            .backend
+            .run_checks(&held, &request.files, request.timeout)
+            .await?;
+        if results.len() != request.files.len() {
+            return Err(errors::agent(
+                ErrorReason::BackendError,
+                format!(
+                    "the backend answered {} results for {} files",
+                    results.len(),
+                    request.files.len()
+                ),
+                [],
+            ));
+        }
+        Ok(proto::RunChecksResponse { results })
     }
 
     fn check(&self, spec: Option<proto::LessonSpec>) -> Result<proto::LessonSpec, Status> {
@@ -688,6 +795,23 @@ impl<B: Backend> Lessons for Agent<B> {
     }
 }
 
+/// A live lesson's place among the runs going on, given back on drop.
+struct Running<'a> {
+    /// The runs going on.
+    checking: &'a Mutex<std::collections::HashSet<String>>,
+    /// The live lesson.
+    id: String,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.checking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
 /// The generated service trait, implemented over an [`Agent`].
 pub struct AgentService<B>(Arc<Agent<B>>);
 
@@ -863,6 +987,20 @@ impl<B: Backend> BackendRpc for AgentService<B> {
             .rpc("Recover", async move {
                 let state = agent.recover(request.into_inner()).await?;
                 Ok(Response::new(proto::RecoverResponse { state: Some(state) }))
+            })
+            .await
+    }
+
+    async fn run_checks(
+        &self,
+        request: Request<proto::RunChecksRequest>,
+    ) -> Result<Response<proto::RunChecksResponse>, Status> {
+        let agent = self.0.clone();
+        agent
+            .metrics
+            .clone()
+            .rpc("RunChecks", async move {
+                Ok(Response::new(agent.run_checks(request.into_inner()).await?))
             })
             .await
     }

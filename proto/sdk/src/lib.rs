@@ -39,6 +39,7 @@
 
 mod agent;
 pub mod book;
+pub mod checks;
 #[cfg(feature = "entrypoint")]
 pub mod entrypoint;
 pub mod metrics;

@@ -8,18 +8,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use antidote_net::dial::Inbound;
+use antidote_net::tls::{ClientStatus, ClientTls, Identity, TlsFiles};
 use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_client::BackendClient;
-use antidote_net::dial::Inbound;
 use antidote_proto::labels;
-use antidote_net::tls::{ClientStatus, ClientTls, Identity, TlsFiles};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 use tracing::Instrument as _;
 
 use super::convert;
-use super::{AgentState, AgentStatus, Desired, Handshake, Observed, Plan, Report, Snapshot};
+use super::{
+    AgentState, AgentStatus, CheckFile, Desired, FileOutcome, Handshake, Observed, Plan, Report,
+    Snapshot,
+};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{LiveLessonId, Millis};
@@ -285,6 +288,22 @@ impl Agent {
         F: FnOnce(BackendClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        self.call_within(rpc, self.call_timeout, message, send)
+            .await
+    }
+
+    /// [`Agent::call`] with a deadline of its own.
+    async fn call_within<Req, Resp, F, Fut>(
+        &self,
+        rpc: &'static str,
+        deadline: Duration,
+        message: Req,
+        send: F,
+    ) -> Result<Resp, Error>
+    where
+        F: FnOnce(BackendClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         // A call made for a request or a reconcile joins its trace; a background call (a
         // handshake, an orphan listing) is a debug span, not a trace of its own every tick.
         let span = if antidote_net::trace::in_trace() {
@@ -294,7 +313,7 @@ impl Agent {
         };
         async {
             let mut request = Request::new(message);
-            request.set_timeout(self.call_timeout);
+            request.set_timeout(deadline);
             antidote_net::trace::inject(request.metadata_mut());
             let mut outcome = CallOutcome {
                 agent: self,
@@ -437,6 +456,30 @@ impl Agent {
         })
         .await
         .map(|response| response.gone)
+    }
+
+    /// Runs check or solution files on a live lesson the agent holds READY at `generation`
+    /// (RunChecks); each may run for `timeout`, one after another at worst, so the call's
+    /// deadline is theirs plus the usual call timeout.
+    pub async fn run_checks(
+        &self,
+        id: LiveLessonId,
+        generation: u64,
+        files: &[CheckFile],
+        timeout: Duration,
+    ) -> Result<Vec<FileOutcome>, Error> {
+        let request = convert::run_checks(id, generation, files, timeout);
+        let deadline = self.call_timeout + timeout * files.len() as u32;
+        let response = self
+            .call_within("RunChecks", deadline, request, |mut c, r| async move {
+                c.run_checks(r).await
+            })
+            .await?;
+        Ok(response
+            .results
+            .into_iter()
+            .map(convert::file_outcome)
+            .collect())
     }
 
     /// What Provision would create (no side effects).

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use antidote_proto::agent::v1 as agent;
 use antidote_net::errors;
+use antidote_proto::agent::v1 as agent;
 use antidote_proto::labels;
 
-use super::{Desired, Handshake, Plan, PlannedObject, Report};
+use super::{CheckFile, Desired, FileOutcome, Handshake, Plan, PlannedObject, Report};
 use crate::catalog::{
     ConfigurationType, Flavor, JUPYTER_GUIDE_ENDPOINT, JUPYTER_GUIDE_PORT, PresentationKind,
 };
@@ -26,6 +26,68 @@ fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: d.as_secs() as i64,
         nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// The wire type of a configuration type.
+fn configuration_type(kind: ConfigurationType) -> agent::ConfigurationType {
+    match kind {
+        ConfigurationType::Python => agent::ConfigurationType::Python,
+        ConfigurationType::Ansible => agent::ConfigurationType::Ansible,
+        ConfigurationType::Napalm => agent::ConfigurationType::Napalm,
+        ConfigurationType::Shell => agent::ConfigurationType::Shell,
+    }
+}
+
+/// A RunChecks request: `files` on live lesson `id` at `generation`, each bounded by
+/// `timeout`.
+pub fn run_checks(
+    id: LiveLessonId,
+    generation: u64,
+    files: &[CheckFile],
+    timeout: Duration,
+) -> agent::RunChecksRequest {
+    agent::RunChecksRequest {
+        live_lesson_id: id.to_string(),
+        generation,
+        files: files
+            .iter()
+            .map(|file| agent::CheckFile {
+                endpoint: file.endpoint.clone(),
+                r#type: configuration_type(file.kind) as i32,
+                file_name: file.file_name.clone(),
+                contents: file.contents.clone().into_bytes(),
+            })
+            .collect(),
+        timeout: Some(duration(timeout)),
+    }
+}
+
+/// How one file ran, from the agent's answer.
+pub fn file_outcome(result: agent::CheckResult) -> FileOutcome {
+    let agent::CheckResult {
+        endpoint,
+        file_name,
+        exited,
+        exit_code,
+        timed_out,
+        output,
+        truncated,
+        duration,
+        error,
+    } = result;
+    FileOutcome {
+        endpoint,
+        file_name,
+        exited,
+        exit_code,
+        timed_out,
+        output,
+        truncated,
+        duration: duration
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default(),
+        error,
     }
 }
 
@@ -432,6 +494,9 @@ mod tests {
             notebook: notebook.map(str::to_owned),
             stage_video: None,
             configs: Default::default(),
+            checks: Default::default(),
+            solutions: Default::default(),
+            check_mode: crate::catalog::CheckMode::Advisory,
         };
         let guide = jupyter_guide(Some(&stage(Some("{\"cells\": []}"))));
         assert_eq!(guide.name, "jupyter-guide");

@@ -99,6 +99,49 @@ pub struct Report {
     pub handle: Vec<u8>,
 }
 
+/// A check or solution file to run on a live lesson (RunChecks).
+#[derive(Debug, Clone)]
+pub struct CheckFile {
+    /// Its endpoint.
+    pub endpoint: String,
+    /// Shell (inside the endpoint) or Python (from the configurator).
+    pub kind: crate::catalog::ConfigurationType,
+    /// Its name (`client.sh`).
+    pub file_name: String,
+    /// Its text.
+    pub contents: String,
+}
+
+/// How one file ran, as its agent answered.
+#[derive(Debug, Clone)]
+pub struct FileOutcome {
+    /// Its endpoint.
+    pub endpoint: String,
+    /// Its name.
+    pub file_name: String,
+    /// It ran to its end, so `exit_code` is its status.
+    pub exited: bool,
+    /// Its exit status.
+    pub exit_code: i32,
+    /// Killed at the timeout.
+    pub timed_out: bool,
+    /// The tail of its output.
+    pub output: String,
+    /// The output was longer.
+    pub truncated: bool,
+    /// How long it ran.
+    pub duration: Duration,
+    /// Why it could not run; empty when it ran.
+    pub error: String,
+}
+
+impl FileOutcome {
+    /// It ran to its end and exited 0.
+    pub fn passed(&self) -> bool {
+        self.exited && self.exit_code == 0 && !self.timed_out && self.error.is_empty()
+    }
+}
+
 /// What Provision would create.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {

@@ -6,7 +6,10 @@ use std::time::Duration;
 use antidote_proto::api::v1 as api;
 
 use crate::catalog::{Catalog, Collection, ConfigurationType, Lesson};
-use crate::model::{LiveLesson, Millis, PlacementRecord, Session, Status, Wishes, expiry};
+use crate::model::{
+    CheckRun, LiveLesson, LiveLessonId, Millis, PlacementRecord, Session, StageChecks, Status,
+    Wishes, expiry,
+};
 
 /// Ports as the wire carries them.
 fn ports(ports: &[std::num::NonZeroU16]) -> Vec<u32> {
@@ -92,6 +95,52 @@ pub fn live_lesson(lesson: &LiveLesson, ttl: Duration) -> api::LiveLesson {
         agent: lesson.agent.clone().unwrap_or_default(),
         generation: lesson.generation,
         expires_at: expiry(lesson.persistent, lesson.last_active, ttl).map(timestamp),
+        // Filled in for lessons with checks (`with_checks`).
+        passed_stages: Vec::new(),
+        last_check: None,
+    }
+}
+
+/// `lesson` with what its checks established.
+pub fn with_checks(
+    mut lesson: api::LiveLesson,
+    id: LiveLessonId,
+    checks: &StageChecks,
+) -> api::LiveLesson {
+    lesson.passed_stages = checks.passed.iter().copied().collect();
+    lesson.last_check = checks.last.as_ref().map(|run| stage_check(id, run));
+    lesson
+}
+
+fn millis(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// One run of a stage's files for the API.
+pub fn stage_check(id: LiveLessonId, run: &CheckRun) -> api::StageCheck {
+    api::StageCheck {
+        live_lesson_id: id.to_string(),
+        stage: run.stage,
+        passed: run.passed,
+        endpoints: run
+            .endpoints
+            .iter()
+            .map(|e| api::EndpointCheck {
+                endpoint: e.endpoint.clone(),
+                file_name: e.file_name.clone(),
+                passed: e.passed,
+                exit_code: e.exit_code,
+                timed_out: e.timed_out,
+                feedback: e.feedback.clone(),
+                truncated: e.truncated,
+                duration: Some(millis(e.duration_ms)),
+            })
+            .collect(),
+        checked_at: Some(timestamp(Millis(run.at))),
+        duration: Some(millis(run.duration_ms)),
     }
 }
 
@@ -162,6 +211,18 @@ pub fn lesson(lesson: &Lesson, guides: &[String]) -> api::Lesson {
                 guide_type: s.guide_type.as_str().into(),
                 guide: guides.get(i).cloned().unwrap_or_default(),
                 video: s.stage_video.clone().unwrap_or_default(),
+                checks: if s.checks.is_empty() {
+                    String::new()
+                } else {
+                    s.check_mode.as_str().to_owned()
+                },
+                check_endpoints: lesson
+                    .endpoints
+                    .iter()
+                    .filter(|e| s.checks.contains_key(&e.name))
+                    .map(|e| e.name.clone())
+                    .collect(),
+                has_solutions: !s.solutions.is_empty(),
             })
             .collect(),
         endpoints: lesson

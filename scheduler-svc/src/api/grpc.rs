@@ -1,14 +1,14 @@
 //! The public gRPC API (`antidote.api.v1`): validation at the edge, then the store, the catalog
-//! and the reconciler. Handlers never talk to agents except for Plan; provisioning is the
-//! reconciler's job.
+//! and the reconciler. Handlers never talk to agents except for Plan and stage checks
+//! (`api::checks`), which change no live lesson's state; provisioning is the reconciler's job.
 
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use antidote_net::errors;
 use antidote_proto::api::v1 as api;
 use antidote_proto::api::v1::ErrorReason;
-use antidote_net::errors;
 use api::admin_service_server::AdminService;
 use api::curriculum_service_server::CurriculumService;
 use api::live_lesson_service_server::LiveLessonService;
@@ -59,6 +59,8 @@ pub struct Api {
     pub entrypoint: Arc<crate::entrypoint::Tokens>,
     /// Warm pools: requests for a pooled lesson claim a READY member first.
     pub pools: crate::drive::Pools,
+    /// Stage checks in progress and recent, per live lesson (their limits).
+    pub checks: Arc<super::checks::Checks>,
 }
 
 /// Open Watch streams (gRPC and server-sent events alike), bounded per session and per client
@@ -130,7 +132,7 @@ impl Api {
 
     /// The caller's live lesson `id`: another session's answers NOT_FOUND exactly as an unknown
     /// one does (no existence oracle).
-    async fn owned<T>(
+    pub(super) async fn owned<T>(
         &self,
         request: &Request<T>,
         id: LiveLessonId,
@@ -186,7 +188,7 @@ impl Api {
 
     /// A live lesson as its learner sees it: no backend names ([`wire::for_learner`]), an
     /// entrypoint URL with a fresh token per presentation ([`learner_view`]).
-    fn api_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
+    pub(super) fn api_lesson(&self, lesson: &LiveLesson) -> api::LiveLesson {
         learner_view(
             lesson,
             self.config.ttl.live_lesson,
@@ -490,12 +492,32 @@ impl LiveLessonService for Api {
             self.reconciler.check_possible(definition, &wishes)?;
         }
         tracing::Span::current().record("lesson", lesson_slug.as_str());
+        // A gated stage (`checks: gate`) below the one asked for must have passed in the
+        // session's live lesson of this lesson; one not yet created has passed none.
+        if let Some(definition) = self.catalog.lesson(&lesson_slug)
+            && definition
+                .stages
+                .iter()
+                .any(|s| s.gated() && s.index < stage)
+        {
+            let existing = self
+                .store
+                .session_live_lessons(session)
+                .await?
+                .into_iter()
+                .find(|l| l.lesson_slug == lesson_slug && !l.deleting);
+            let (id, from) = match &existing {
+                Some(live) => (Some(live.id), live.stage),
+                None => (None, 0),
+            };
+            self.gate(definition, id, from, stage).await?;
+        }
         // A pooled lesson: a READY member claimed at once, if there is one (drive::pools).
         if let Some(definition) = self.catalog.lesson(&lesson_slug) {
             let limit = self.config.limits.live_lessons_per_session;
             let claimed = self.pools.claim(session, definition, stage, &wishes, limit);
             if let Some((lesson, _)) = claimed.await? {
-                return Ok(Response::new(self.api_lesson(&lesson)));
+                return Ok(Response::new(self.learner_lesson(&lesson).await?));
             }
         }
         let (lesson, outcome) = self
@@ -519,7 +541,7 @@ impl LiveLessonService for Api {
         if outcome != Requested::Touched {
             self.reconciler.changed(&lesson);
         }
-        Ok(Response::new(self.api_lesson(&lesson)))
+        Ok(Response::new(self.learner_lesson(&lesson).await?))
     }
 
     async fn get_live_lesson(
@@ -528,7 +550,7 @@ impl LiveLessonService for Api {
     ) -> Result<api::LiveLesson> {
         let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
         let lesson = self.owned(&request, id).await?;
-        Ok(Response::new(self.api_lesson(&lesson)))
+        Ok(Response::new(self.learner_lesson(&lesson).await?))
     }
 
     async fn list_live_lessons(
@@ -546,13 +568,10 @@ impl LiveLessonService for Api {
         }
         // The session must exist (and be live), even when it holds no live lesson.
         self.store.session(id).await?;
-        let live_lessons = self
-            .store
-            .session_live_lessons(id)
-            .await?
-            .iter()
-            .map(|l| self.api_lesson(l))
-            .collect();
+        let mut live_lessons = Vec::new();
+        for lesson in self.store.session_live_lessons(id).await? {
+            live_lessons.push(self.learner_lesson(&lesson).await?);
+        }
         Ok(Response::new(api::ListLiveLessonsResponse { live_lessons }))
     }
 
@@ -601,14 +620,41 @@ impl LiveLessonService for Api {
         let ttl = self.config.ttl.live_lesson;
         let shutdown = self.shutdown.clone();
         let (entrypoint, fleet) = (self.entrypoint.clone(), self.fleet.clone());
+        // A lesson with checks: every update reads what its checks established, and one that
+        // only they changed (a check ended: api::checks) is sent too.
+        let checks_of = self
+            .catalog
+            .lesson(&first.lesson_slug)
+            .is_some_and(crate::catalog::Lesson::has_checks)
+            .then(|| self.store.clone());
+        let read_checks = move |id: LiveLessonId| {
+            let store = checks_of.clone();
+            async move {
+                match store {
+                    Some(store) => store.stage_checks(id).await.map(Some),
+                    None => Ok(None),
+                }
+            }
+        };
+        let view = move |lesson: &LiveLesson, checks: &Option<model::StageChecks>| {
+            let view = learner_view(lesson, ttl, &entrypoint, &fleet);
+            match checks {
+                Some(checks) => wire::with_checks(view, lesson.id, checks),
+                None => view,
+            }
+        };
+        let mut last_checks = match read_checks(id).await {
+            Ok(checks) => checks,
+            Err(err) => {
+                drop(updates);
+                self.hub.release(id);
+                return Err(err.into());
+            }
+        };
         let stream = async_stream(move |tx| async move {
             let _permits = permits;
             let mut last = first.clone();
-            if tx
-                .send(Ok(learner_view(&first, ttl, &entrypoint, &fleet)))
-                .await
-                .is_err()
-            {
+            if tx.send(Ok(view(&first, &last_checks))).await.is_err() {
                 return;
             }
             loop {
@@ -635,15 +681,17 @@ impl LiveLessonService for Api {
                     // Gone: the stream ends with OK.
                     return;
                 };
-                if lesson == last {
+                let checks = match read_checks(lesson.id).await {
+                    Ok(checks) => checks,
+                    // The store is away for a moment: the checks stay as last sent.
+                    Err(_) => last_checks.clone(),
+                };
+                if lesson == last && checks == last_checks {
                     continue;
                 }
                 last = lesson.clone();
-                if tx
-                    .send(Ok(learner_view(&lesson, ttl, &entrypoint, &fleet)))
-                    .await
-                    .is_err()
-                {
+                last_checks = checks;
+                if tx.send(Ok(view(&lesson, &last_checks))).await.is_err() {
                     return;
                 }
             }
@@ -675,11 +723,29 @@ impl LiveLessonService for Api {
         tracing::Span::current().record("live_lesson.id", tracing::field::display(id));
         let current = self.owned(&request, id).await?;
         self.check_lesson(&current.lesson_slug, stage)?;
+        if let Some(definition) = self.catalog.lesson(&current.lesson_slug) {
+            self.gate(definition, Some(id), current.stage, stage)
+                .await?;
+        }
         let (lesson, outcome) = self.store.set_stage(id, stage, Millis::now()).await?;
         if outcome != Requested::Touched {
             self.reconciler.changed(&lesson);
         }
-        Ok(Response::new(self.api_lesson(&lesson)))
+        Ok(Response::new(self.learner_lesson(&lesson).await?))
+    }
+
+    #[tracing::instrument(skip_all, fields(live_lesson.id = tracing::field::Empty))]
+    async fn check_stage(
+        &self,
+        request: Request<api::CheckStageRequest>,
+    ) -> Result<api::StageCheck> {
+        let id: LiveLessonId = request.get_ref().id.parse().map_err(Error::from)?;
+        tracing::Span::current().record("live_lesson.id", tracing::field::display(id));
+        let lesson = self.owned(&request, id).await?;
+        let run = self
+            .run_stage_files(&lesson, super::checks::Files::Checks, true)
+            .await?;
+        Ok(Response::new(wire::stage_check(id, &run)))
     }
 
     async fn delete_live_lesson(
@@ -961,6 +1027,31 @@ impl AdminService for Api {
 
     async fn set_pool(&self, request: Request<api::SetPoolRequest>) -> Result<api::Pool> {
         super::pools::set_pool(self, request).await
+    }
+
+    async fn test_stage(&self, request: Request<api::TestStageRequest>) -> Result<api::StageCheck> {
+        let target = request.get_ref().live_lesson_id.clone();
+        self.admin(&request, Scope::Write, "AdminService.TestStage", &target)
+            .await?;
+        let api::TestStageRequest {
+            live_lesson_id,
+            files,
+        } = request.into_inner();
+        let id: LiveLessonId = live_lesson_id.parse().map_err(Error::from)?;
+        let files = match api::StageFiles::try_from(files) {
+            Ok(api::StageFiles::Checks) => super::checks::Files::Checks,
+            Ok(api::StageFiles::Solutions) => super::checks::Files::Solutions,
+            _ => {
+                return Err(Error::InvalidArgument {
+                    field: "files",
+                    reason: "must be STAGE_FILES_CHECKS or STAGE_FILES_SOLUTIONS".into(),
+                }
+                .into());
+            }
+        };
+        let lesson = self.store.live_lesson(id).await?;
+        let run = self.run_stage_files(&lesson, files, false).await?;
+        Ok(Response::new(wire::stage_check(id, &run)))
     }
 }
 

@@ -1,9 +1,11 @@
 //! The API layer: `antidote.api.v1` as gRPC ([`grpc`]: the four services, validation at the
 //! edge) and as JSON over HTTP ([`http`]), with the public API's conversions ([`convert`]).
 //! Handlers write desired state to [`crate::store`] and hand changes to
-//! [`crate::drive::Reconciler`]; only Plan reaches an agent.
+//! [`crate::drive::Reconciler`]; only Plan and stage checks ([`checks`]) reach an agent, and
+//! neither changes a live lesson's state.
 
 pub mod auth;
+pub mod checks;
 mod convert;
 mod grpc;
 pub mod http;

@@ -10,8 +10,9 @@ use serde_yaml::Value;
 
 use super::meta::{self, LESSON_SLUG, Parsed};
 use super::model::{
-    Author, Category, ConfigurationType, Connection, Endpoint, GuideType, JUPYTER_GUIDE_ENDPOINT,
-    Lesson, LessonPlacement, Presentation, PresentationKind, Stage, Tier,
+    Author, Category, CheckMode, ConfigurationType, Connection, DEFAULT_CHECK_TIMEOUT, Endpoint,
+    GuideType, JUPYTER_GUIDE_ENDPOINT, Lesson, LessonPlacement, Presentation, PresentationKind,
+    Stage, Tier,
 };
 use super::source::Source;
 use super::stage;
@@ -52,6 +53,7 @@ const LESSON_KEYS: &[&str] = &[
     "video",
     "readyDelay",
     "configTimeout",
+    "checkTimeout",
     "endpoints",
     "stages",
     "connections",
@@ -99,6 +101,7 @@ pub(super) fn read(
     let video = node.string("video", report);
     let ready_delay = ready_delay(&node, report);
     let config_timeout = config_timeout(&node, report);
+    let check_timeout = check_timeout(&node, report);
     let (endpoints, endpoint_names) = endpoints(&node, known, report);
     let connections = connections(&node, &endpoint_names, report);
     let stages = stages(source, dir, &node, &endpoints, report);
@@ -138,6 +141,7 @@ pub(super) fn read(
                 video,
                 ready_delay,
                 config_timeout,
+                check_timeout,
                 endpoints: endpoints
                     .into_iter()
                     .map(|(_, endpoint)| endpoint)
@@ -221,6 +225,27 @@ fn config_timeout(node: &Node<'_>, report: &mut Report) -> Option<Duration> {
     }
     // In range, so positive.
     Some(Duration::from_secs(seconds.unsigned_abs()))
+}
+
+/// The longest `checkTimeout` a lesson may ask for, in seconds: a learner waits for the
+/// answer.
+pub const MAX_CHECK_TIMEOUT: i64 = 600;
+
+/// `checkTimeout`, in whole seconds (1 to [`MAX_CHECK_TIMEOUT`]); absent:
+/// [`DEFAULT_CHECK_TIMEOUT`].
+fn check_timeout(node: &Node<'_>, report: &mut Report) -> Duration {
+    let Some(seconds) = node.integer("checkTimeout", report) else {
+        return DEFAULT_CHECK_TIMEOUT;
+    };
+    if !(1..=MAX_CHECK_TIMEOUT).contains(&seconds) {
+        report.error(
+            node.field("checkTimeout"),
+            format!("`{seconds}` must be from 1 to {MAX_CHECK_TIMEOUT} seconds"),
+        );
+        return DEFAULT_CHECK_TIMEOUT;
+    }
+    // In range, so positive.
+    Duration::from_secs(seconds.unsigned_abs())
 }
 
 /// Whether `name` can name an endpoint: backends use it as a host name, a Kubernetes object
@@ -437,7 +462,7 @@ fn stages(
     endpoints: &[(String, Endpoint)],
     report: &mut Report,
 ) -> Vec<Stage> {
-    const KEYS: &[&str] = &["description", "guideType", "stageVideo"];
+    const KEYS: &[&str] = &["description", "guideType", "stageVideo", "checks"];
     let items = node.items("stages", report);
     if items.is_empty() {
         report.error(node.field("stages"), "a lesson needs at least one stage");
@@ -450,6 +475,9 @@ fn stages(
         let description = stage.text("description", report);
         let guide_type = stage.choice::<GuideType>("guideType", true, report);
         let stage_video = stage.string("stageVideo", report);
+        let check_mode = stage
+            .choice::<CheckMode>("checks", false, report)
+            .unwrap_or(CheckMode::Advisory);
         let Some(guide_type) = guide_type else {
             continue;
         };
@@ -464,6 +492,13 @@ fn stages(
         ) else {
             continue;
         };
+        if check_mode == CheckMode::Gate && files.checks.is_empty() {
+            report.error(
+                stage.field("checks"),
+                format!("`gate` needs a check, and `stage{index}/checks/` holds none"),
+            );
+            continue;
+        }
         stages.push(Stage {
             index,
             description,
@@ -472,6 +507,9 @@ fn stages(
             notebook: files.notebook,
             stage_video,
             configs: files.configs,
+            checks: files.checks,
+            solutions: files.solutions,
+            check_mode,
         });
     }
     stages

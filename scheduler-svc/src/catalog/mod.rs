@@ -10,12 +10,16 @@
 //! lessons/<dir>/lesson.meta.yaml
 //! lessons/<dir>/stage<N>/guide.md | guide.ipynb
 //! lessons/<dir>/stage<N>/configs/<endpoint>.py | .yml | .sh | -<driver>.txt
+//! lessons/<dir>/stage<N>/checks/<endpoint>.sh | .py      (optional)
+//! lessons/<dir>/stage<N>/solutions/<endpoint>.sh | .py   (optional)
 //! ```
 //!
 //! As in Antidote, `<dir>` may be nested (`lessons/fundamentals/intro/`): every directory that
 //! holds the meta file is an item, and the search does not descend into an item's own
-//! directory. Hidden directories (`.git`) are not searched. The one addition to the format is
-//! configuration type `shell` (`<endpoint>.sh`), for busybox-only images.
+//! directory. Hidden directories (`.git`) are not searched. The additions to the format:
+//! configuration type `shell` (`<endpoint>.sh`), for busybox-only images; per stage, check
+//! files (the stage's check passes when every one exits 0) and solution files of the same two
+//! kinds, a stage's `checks: gate|advisory` and a lesson's `checkTimeout`.
 //!
 //! # Validation
 //!
@@ -59,9 +63,10 @@ use std::path::{Path, PathBuf};
 
 pub use self::error::{CatalogError, CatalogErrors, UnknownVariant};
 pub use self::model::{
-    Author, Category, Collection, CollectionType, ConfigurationType, Connection, CurriculumMeta,
-    Endpoint, Flavor, GuideType, Image, JUPYTER_GUIDE_ENDPOINT, JUPYTER_GUIDE_PORT, Lesson,
-    LessonPlacement, NAPALM_DRIVERS, Presentation, PresentationKind, Stage, StageConfig, Tier,
+    Author, Category, CheckMode, Collection, CollectionType, ConfigurationType, Connection,
+    CurriculumMeta, DEFAULT_CHECK_TIMEOUT, Endpoint, Flavor, GuideType, Image,
+    JUPYTER_GUIDE_ENDPOINT, JUPYTER_GUIDE_PORT, Lesson, LessonPlacement, NAPALM_DRIVERS,
+    Presentation, PresentationKind, Script, Stage, StageConfig, Tier,
 };
 
 use self::lesson::Known;

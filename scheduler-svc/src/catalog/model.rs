@@ -108,6 +108,13 @@ impl Lesson {
     }
 }
 
+impl Lesson {
+    /// Whether any stage has a check, so its live lessons show which stages passed.
+    pub fn has_checks(&self) -> bool {
+        self.stages.iter().any(|stage| !stage.checks.is_empty())
+    }
+}
+
 impl GuideType {
     /// The file name, inside `stage<N>/`, that a guide of this type must have.
     pub const fn file_name(self) -> &'static str {
@@ -150,6 +157,9 @@ pub const JUPYTER_GUIDE_ENDPOINT: &str = "jupyter-guide";
 
 /// The port of the guide endpoint's HTTP presentation (Jupyter's own).
 pub const JUPYTER_GUIDE_PORT: u16 = 8888;
+
+/// How long a check or solution file may run when the lesson says nothing (`checkTimeout`).
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The NAPALM drivers a `<endpoint>-<driver>.txt` config file may name, as Antidote accepted.
 pub const NAPALM_DRIVERS: &[&str] = &["junos", "eos", "iosxr", "nxos", "nxos_ssh", "ios"];
@@ -295,6 +305,9 @@ pub struct Lesson {
     /// How long one try of a stage configuration may run (`configTimeout`), when the lesson
     /// says; agents cap it at their own `--config-timeout`.
     pub config_timeout: Option<Duration>,
+    /// How long one check or solution file may run (`checkTimeout`, default
+    /// [`DEFAULT_CHECK_TIMEOUT`]); agents cap it at their own configuration timeout.
+    pub check_timeout: Duration,
     /// What to start, in lesson order (backends keep that order so addresses are stable).
     pub endpoints: Vec<Endpoint>,
     /// The lesson's steps, `stages[i].index == i`; never empty.
@@ -371,6 +384,54 @@ pub struct Stage {
     pub stage_video: Option<String>,
     /// The config file of every endpoint that has a configuration type, by endpoint name.
     pub configs: BTreeMap<String, StageConfig>,
+    /// The stage's check files (`stage<N>/checks/<endpoint>.sh|.py`), by endpoint name: the
+    /// stage's check passes when every one exits 0. Empty: the stage has no check.
+    pub checks: BTreeMap<String, Script>,
+    /// The stage's solution files (`stage<N>/solutions/<endpoint>.sh|.py`), by endpoint name:
+    /// what a learner would do, run by `antidotectl admin test-lesson` to prove the checks.
+    pub solutions: BTreeMap<String, Script>,
+    /// Whether the stage's check must pass before the live lesson may go past it (`checks:` in
+    /// the stage's metadata; advisory when absent).
+    pub check_mode: CheckMode,
+}
+
+impl Stage {
+    /// Whether moving past this stage needs its check to have passed.
+    pub fn gated(&self) -> bool {
+        self.check_mode == CheckMode::Gate && !self.checks.is_empty()
+    }
+}
+
+string_enum! {
+    /// What a stage's check decides (`checks:` in a stage's metadata).
+    pub enum CheckMode as "check mode" {
+        /// The check only tells the learner how they are doing (the default).
+        Advisory = "advisory",
+        /// A later stage is refused until the check has passed in that live lesson.
+        Gate = "gate",
+    }
+}
+
+/// A check or solution file of a stage, for one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Script {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// How it runs: `Shell` inside the endpoint (`<endpoint>.sh`), `Python` from the agent's
+    /// configurator, reaching the endpoint by name (`<endpoint>.py`), as configurations do.
+    pub kind: ConfigurationType,
+    /// The file's text, read at load time.
+    pub contents: String,
+}
+
+impl Script {
+    /// The file's name (`client.sh`), as agents are sent it.
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
 }
 
 /// An endpoint's configuration for one stage.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use antidote_proto::limits::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MAX_NOTEBOOK};
 
-use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, StageConfig};
+use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, Script, StageConfig};
 use super::source::Source;
 use super::yaml::Report;
 
@@ -23,6 +23,10 @@ pub(super) struct StageFiles {
     pub(super) notebook: Option<String>,
     /// Each configured endpoint's config, by endpoint name.
     pub(super) configs: BTreeMap<String, StageConfig>,
+    /// The check files in `checks/`, by endpoint name.
+    pub(super) checks: BTreeMap<String, Script>,
+    /// The solution files in `solutions/`, by endpoint name.
+    pub(super) solutions: BTreeMap<String, Script>,
 }
 
 /// Locates stage `index` of the lesson in `dir`. `field` is the stage's path in the lesson file
@@ -152,11 +156,145 @@ pub(super) fn locate(
         );
     }
 
+    let checks = scripts(
+        source,
+        &stage_dir,
+        &stage_name,
+        "checks",
+        endpoints,
+        field,
+        report,
+    );
+    let solutions = scripts(
+        source,
+        &stage_dir,
+        &stage_name,
+        "solutions",
+        endpoints,
+        field,
+        report,
+    );
+
     (report.count() == before).then_some(StageFiles {
         guide,
         notebook,
         configs,
+        checks,
+        solutions,
     })
+}
+
+/// The check or solution files of a stage (`kind` is the directory: `checks` or `solutions`):
+/// each `<endpoint>.sh` (run inside the endpoint) or `<endpoint>.py` (run from the
+/// configurator), one per endpoint at most, held to the caps of configuration files since
+/// they travel to agents the same way. A missing directory holds none.
+fn scripts(
+    source: &dyn Source,
+    stage_dir: &Path,
+    stage_name: &str,
+    kind: &str,
+    endpoints: &[(String, Endpoint)],
+    field: &str,
+    report: &mut Report,
+) -> BTreeMap<String, Script> {
+    let dir = stage_dir.join(kind);
+    let mut found = BTreeMap::new();
+    if !source.is_dir(&dir) {
+        return found;
+    }
+    let mut entries = match source.list(&dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            report.error(
+                field,
+                format!("cannot list `{stage_name}/{kind}/`: {error}"),
+            );
+            return found;
+        }
+    };
+    entries.sort();
+    let names: Vec<&str> = endpoints.iter().map(|(_, e)| e.name.as_str()).collect();
+    for (file_name, path) in entries {
+        let file_name = file_name.to_string_lossy().into_owned();
+        // Editors' and version control's files (`.gitkeep`, `.swp`) are not scripts.
+        if file_name.starts_with('.') {
+            continue;
+        }
+        let shown = format!("{stage_name}/{kind}/{file_name}");
+        if source.is_dir(&path) {
+            report.error(
+                field,
+                format!("`{shown}/` is a directory; {kind} are files named `<endpoint>.sh` or `<endpoint>.py`"),
+            );
+            continue;
+        }
+        let (endpoint, script_kind) = match file_name.rsplit_once('.') {
+            Some((endpoint, "sh")) => (endpoint, ConfigurationType::Shell),
+            Some((endpoint, "py")) => (endpoint, ConfigurationType::Python),
+            _ => {
+                report.error(
+                    field,
+                    format!("`{shown}` is not named `<endpoint>.sh` or `<endpoint>.py`"),
+                );
+                continue;
+            }
+        };
+        if !names.contains(&endpoint) {
+            report.error(
+                field,
+                format!(
+                    "`{shown}` names no endpoint of this lesson (endpoints: {})",
+                    names.join(", ")
+                ),
+            );
+            continue;
+        }
+        if let Some(other) = found.get(endpoint).map(Script::file_name) {
+            report.error(
+                field,
+                format!(
+                    "`{stage_name}/{kind}/` has both `{other}` and `{file_name}` for endpoint `{endpoint}`: \
+                     one per endpoint"
+                ),
+            );
+            continue;
+        }
+        match source.read(&path) {
+            Ok(contents) if contents.len() > MAX_CONFIGURATION_FILE => report.error(
+                field,
+                format!(
+                    "`{shown}` holds {} bytes, over the {} KiB a file of {kind} may hold",
+                    contents.len(),
+                    MAX_CONFIGURATION_FILE / 1024
+                ),
+            ),
+            Ok(contents) => {
+                found.insert(
+                    endpoint.to_owned(),
+                    Script {
+                        path,
+                        kind: script_kind,
+                        contents,
+                    },
+                );
+            }
+            Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                report.error(field, format!("`{shown}` is not valid utf-8"));
+            }
+            Err(error) => report.error(field, format!("cannot read `{shown}`: {error}")),
+        }
+    }
+    let total: usize = found.values().map(|s| s.contents.len()).sum();
+    if total > MAX_CONFIGURATION_STAGE {
+        report.error(
+            field,
+            format!(
+                "the files of `{stage_name}/{kind}/` hold {total} bytes together, over the {}                  KiB a stage's may hold",
+                MAX_CONFIGURATION_STAGE / 1024
+            ),
+        );
+    }
+    found
 }
 
 /// The extension of `<endpoint>.<extension>` config files, for every type but napalm, whose

@@ -1749,3 +1749,108 @@ fn example_curriculum_loads_the_same_from_memory() {
         );
     }
 }
+
+// ---- stage checks and solutions ----
+
+/// A lesson of two endpoints (`client`, `server`) and two stages, for the checks' cases.
+const CHECKED: &str = "
+    slug: one
+    name: One
+    category: fundamentals
+    tier: prod
+    checkTimeout: 5
+    endpoints:
+    - name: client
+      image: box
+      presentations:
+      - {name: cli, port: 22, type: ssh}
+    - name: server
+      image: box
+      presentations:
+      - {name: cli, port: 22, type: ssh}
+    stages:
+    - {description: add the route, guideType: markdown, checks: gate}
+    - {description: done, guideType: markdown}
+    ";
+
+#[test]
+fn checks_and_solutions_load_with_their_kind_and_mode() {
+    let mut files = one(CHECKED);
+    files.extend([
+        ("lessons/one/stage1/guide.md", "# 1\n"),
+        ("lessons/one/stage0/checks/client.sh", "ping -c1 10.0.0.2\n"),
+        ("lessons/one/stage0/checks/server.py", "print('ok')\n"),
+        ("lessons/one/stage0/checks/.gitkeep", ""),
+        (
+            "lessons/one/stage0/solutions/client.sh",
+            "ip route add ...\n",
+        ),
+    ]);
+    let catalog = load(&files, Tier::Prod);
+    let lesson = catalog.lesson("one").unwrap();
+    assert_eq!(lesson.check_timeout, Duration::from_secs(5));
+    assert!(lesson.has_checks());
+    let stage = &lesson.stages[0];
+    assert_eq!(stage.check_mode, super::CheckMode::Gate);
+    assert!(stage.gated());
+    assert_eq!(stage.checks["client"].kind, ConfigurationType::Shell);
+    assert_eq!(stage.checks["server"].kind, ConfigurationType::Python);
+    assert_eq!(stage.checks["client"].file_name(), "client.sh");
+    assert_eq!(stage.checks["client"].contents, "ping -c1 10.0.0.2\n");
+    assert_eq!(stage.solutions.len(), 1);
+    let last = &lesson.stages[1];
+    assert!(last.checks.is_empty() && !last.gated());
+    assert_eq!(last.check_mode, super::CheckMode::Advisory);
+    // Without checks anywhere, the default timeout and no checks.
+    let plain = load(&one(ONE), Tier::Prod);
+    let plain = plain.lesson("one").unwrap();
+    assert!(!plain.has_checks());
+    assert_eq!(plain.check_timeout, super::DEFAULT_CHECK_TIMEOUT);
+}
+
+#[test]
+fn check_files_are_validated_like_configuration_files() {
+    let big = "#".repeat(256 * 1024 + 1);
+    let mut files = one(CHECKED);
+    files.extend([
+        ("lessons/one/stage1/guide.md", "# 1\n"),
+        ("lessons/one/stage0/checks/client.sh", "true\n"),
+        ("lessons/one/stage0/checks/client.py", "pass\n"),
+        ("lessons/one/stage0/checks/ghost.sh", "true\n"),
+        ("lessons/one/stage0/checks/notes.txt", "hm\n"),
+        ("lessons/one/stage0/solutions/server.sh", big.as_str()),
+        ("lessons/one/stage1/checks/nested/client.sh", "true\n"),
+    ]);
+    check(
+        &files,
+        Tier::Prod,
+        &[
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[0]`: `stage0/checks/` has both `client.py` and `client.sh` for endpoint `client`: one per endpoint",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[0]`: `stage0/checks/ghost.sh` names no endpoint of this lesson (endpoints: client, server)",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[0]`: `stage0/checks/notes.txt` is not named `<endpoint>.sh` or `<endpoint>.py`",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[0]`: `stage0/solutions/server.sh` holds 262146 bytes, over the 256 KiB a file of solutions may hold",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[1]`: `stage1/checks/nested/` is a directory; checks are files named `<endpoint>.sh` or `<endpoint>.py`",
+        ],
+    );
+}
+
+#[test]
+fn a_gate_needs_a_check_and_timeouts_and_modes_are_checked() {
+    let lesson = CHECKED
+        .replace("checkTimeout: 5", "checkTimeout: 601")
+        .replace(
+            "guideType: markdown}",
+            "guideType: markdown, checks: sometimes}",
+        );
+    let mut files = one(&lesson);
+    files.push(("lessons/one/stage1/guide.md", "# 1\n"));
+    check(
+        &files,
+        Tier::Prod,
+        &[
+            "lessons/one/lesson.meta.yaml: lesson `one`: `checkTimeout`: `601` must be from 1 to 600 seconds",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[0].checks`: `gate` needs a check, and `stage0/checks/` holds none",
+            "lessons/one/lesson.meta.yaml: lesson `one`: `stages[1].checks`: unknown check mode `sometimes` (expected one of advisory, gate)",
+        ],
+    );
+}

@@ -51,6 +51,11 @@ pub fn capabilities_for(lesson: &Lesson) -> Vec<&'static str> {
     if lesson.has_jupyter_guide() {
         needs.push(capabilities::GUIDE_JUPYTER);
     }
+    // A gated stage (`checks: gate`) is passed only by a check, which only an agent running
+    // checks can run; advisory checks need nothing (the learner is told the agent cannot).
+    if lesson.stages.iter().any(|stage| stage.gated()) {
+        needs.push(capabilities::CHECKS);
+    }
     needs
 }
 
@@ -899,6 +904,7 @@ mod tests {
             video: None,
             ready_delay: std::time::Duration::ZERO,
             config_timeout: None,
+            check_timeout: crate::catalog::DEFAULT_CHECK_TIMEOUT,
             endpoints: vec![],
             stages: vec![],
             connections: vec![],

@@ -25,6 +25,7 @@ mod agents;
 mod audit;
 mod backend;
 mod changes;
+mod checks;
 mod cluster;
 mod events;
 mod known;

@@ -120,6 +120,9 @@ static SERVER: LazyLock<Server> = LazyLock::new(|| {
         admin_auth: Arc::default(),
         watches: Watches::new(&config.limits),
         entrypoint: Arc::default(),
+        checks: Arc::new(scheduler_svc::api::checks::Checks::new(
+            config.limits.checks_per_minute,
+        )),
     };
     let router = http::router(api, &config.http, Surface::All)
         .layer(MockConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40000))));

@@ -245,6 +245,14 @@ pub const ROUTES: &[Route] = &[
         |api, call| unary(api, call, |api, request| api.set_stage(request)),
     ),
     route(
+        "POST",
+        "/v1/live-lessons/{id}/check",
+        "LiveLessonService.CheckStage",
+        "CheckStageRequest",
+        "StageCheck",
+        |api, call| unary(api, call, |api, request| api.check_stage(request)),
+    ),
+    route(
         "DELETE",
         "/v1/live-lessons/{id}",
         "LiveLessonService.DeleteLiveLesson",
@@ -363,6 +371,14 @@ pub const ROUTES: &[Route] = &[
         "SetPoolRequest",
         "Pool",
         |api, call| unary(api, call, |api, request| api.set_pool(request)),
+    ),
+    route(
+        "POST",
+        "/v1/admin/live-lessons/{live_lesson_id}/test",
+        "AdminService.TestStage",
+        "TestStageRequest",
+        "StageCheck",
+        |api, call| unary(api, call, |api, request| api.test_stage(request)),
     ),
 ];
 

@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use antidote_net::errors;
 use antidote_proto::api::v1::ErrorReason;
 use antidote_proto::api::v1::admin_service_client::AdminServiceClient;
 use antidote_proto::api::v1::curriculum_service_client::CurriculumServiceClient;
 use antidote_proto::api::v1::live_lesson_service_client::LiveLessonServiceClient;
 use antidote_proto::api::v1::session_service_client::SessionServiceClient;
-use antidote_net::errors;
 use tonic::transport::{Channel, Endpoint};
 
 /// A failure worth one line on stderr.
@@ -175,6 +175,11 @@ impl Clients {
             .clone()
             .or_else(|| self.credentials.get(key));
         bearer(self.request(message), token.as_deref())
+    }
+
+    /// A learner's request with a session token of the command's own (a session it made).
+    pub fn as_learner<T>(&self, message: T, token: &str) -> tonic::Request<T> {
+        bearer(self.request(message), Some(token))
     }
 
     /// An operator's request, with `--token`.

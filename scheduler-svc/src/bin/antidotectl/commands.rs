@@ -394,6 +394,56 @@ async fn settle(c: &Clients, out: &Printer, live: api::LiveLesson, no_follow: bo
     }
 }
 
+/// `admin test-lesson`: one lesson, or every lesson of the catalog with `all` (`concurrency`
+/// at a time); a table (or one JSON document) of every stage, and a failure when anything did
+/// not go as it must.
+pub async fn admin_test_lesson(
+    c: &Clients,
+    out: &Printer,
+    lesson: Option<String>,
+    stage: Option<u32>,
+    all: bool,
+    concurrency: usize,
+) -> Result<()> {
+    let slugs = if all {
+        c.curriculum
+            .clone()
+            .list_lessons(c.request(api::ListLessonsRequest::default()))
+            .await?
+            .into_inner()
+            .lessons
+            .into_iter()
+            .map(|l| l.slug)
+            .collect()
+    } else {
+        lesson.into_iter().collect::<Vec<_>>()
+    };
+    let runs = slugs
+        .iter()
+        .map(|slug| crate::test_lesson::run(c, slug, stage));
+    let running =
+        futures::StreamExt::buffer_unordered(futures::stream::iter(runs), concurrency.max(1));
+    let mut reports: Vec<crate::test_lesson::LessonReport> =
+        futures::StreamExt::collect(running).await;
+    reports.sort_by(|a, b| a.lesson.cmp(&b.lesson));
+    out.test_lessons(&reports);
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.ok())
+        .map(|r| r.lesson.as_str())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure(format!(
+            "{} of {} lessons did not pass: {}",
+            failed.len(),
+            reports.len(),
+            failed.join(", ")
+        )))
+    }
+}
+
 /// Follows a live lesson until READY or FAILED (of `generation` or newer, when given): a
 /// progress bar on a terminal, then the live lesson; each state as a JSON line with `--output
 /// json`. FAILED is an error.

@@ -17,6 +17,7 @@ mod client;
 mod commands;
 mod render;
 mod ssh;
+mod test_lesson;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -253,6 +254,23 @@ enum Admin {
     /// Warm pools: lessons kept READY for learners to claim.
     #[command(subcommand)]
     Pool(Pool),
+    /// Start a lesson in a session of its own and prove its checks: at every stage with checks
+    /// and solutions the check must fail, the solution run, the check then pass; every stage
+    /// must come READY. Exits non-zero on any mismatch. Needs admin:write.
+    TestLesson {
+        /// The lesson's slug (or none with `--all`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        lesson: Option<String>,
+        /// Test this stage only (the stages before it are passed through).
+        #[arg(long)]
+        stage: Option<u32>,
+        /// Every lesson of the catalog.
+        #[arg(long, conflicts_with = "stage")]
+        all: bool,
+        /// With `--all`, how many lessons run at once.
+        #[arg(long, default_value_t = 2)]
+        concurrency: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -400,6 +418,12 @@ async fn run(cli: Cli) -> Result<()> {
             size,
             windows,
         })) => commands::admin_pool_set(&c, &out, lesson, stage, size, windows).await,
+        Command::Admin(Admin::TestLesson {
+            lesson,
+            stage,
+            all,
+            concurrency,
+        }) => commands::admin_test_lesson(&c, &out, lesson, stage, all, concurrency).await,
         Command::Agents(Agents::List) => commands::agents_list(&c, &out).await,
     }
 }

@@ -46,6 +46,19 @@ impl Printer {
         }
     }
 
+    /// The reports of `admin test-lesson`: one JSON document, or a table of every stage with
+    /// each lesson's problems below it.
+    pub fn test_lessons(&self, reports: &[crate::test_lesson::LessonReport]) {
+        match self.0 {
+            Output::Json => {
+                let ok = reports.iter().all(|r| r.ok());
+                let document = serde_json::json!({ "ok": ok, "lessons": reports });
+                println!("{document}");
+            }
+            Output::Table => println!("{}", test_lessons_table(reports)),
+        }
+    }
+
     /// What following a live lesson shows until it settles.
     pub fn progress(&self) -> Progress {
         Progress::new(self.0)
@@ -470,6 +483,55 @@ fn peer_cert(a: &api::Agent) -> String {
         "sha256:{}…{expires}",
         a.tls_peer_sha256.get(..16).unwrap_or("")
     )
+}
+
+/// `admin test-lesson`'s table: a row per stage walked (lesson, stage, check before, solution,
+/// check after, time), then each problem on a line of its own.
+pub fn test_lessons_table(reports: &[crate::test_lesson::LessonReport]) -> String {
+    let rows = reports.iter().flat_map(|report| {
+        report.stages.iter().map(move |row| {
+            vec![
+                report.lesson.clone(),
+                row.stage.to_string(),
+                row.check_before.clone(),
+                row.solution.clone(),
+                row.check_after.clone(),
+                format!("{:.1}s", row.seconds),
+                if row.problem.is_some() {
+                    "MISMATCH"
+                } else {
+                    "ok"
+                }
+                .to_owned(),
+            ]
+        })
+    });
+    let mut text = table(
+        [
+            "LESSON",
+            "STAGE",
+            "CHECK BEFORE",
+            "SOLUTION",
+            "CHECK AFTER",
+            "TIME",
+            "RESULT",
+        ],
+        rows,
+    );
+    for report in reports {
+        for row in &report.stages {
+            if let Some(problem) = &row.problem {
+                text.push_str(&format!(
+                    "\n{} stage {}: {problem}",
+                    report.lesson, row.stage
+                ));
+            }
+        }
+        if let Some(error) = &report.error {
+            text.push_str(&format!("\n{}: {error}", report.lesson));
+        }
+    }
+    text
 }
 
 #[cfg(test)]
