@@ -848,7 +848,13 @@ impl Reconciler {
                     .await?
             }
             Some(replica) => match store
-                .observe_fenced(lesson.id, lesson.generation, observation, now, &replica.id)
+                .observe_fenced(
+                    lesson.id,
+                    lesson.generation,
+                    observation,
+                    now,
+                    &replica.fence(lesson.id),
+                )
                 .await?
             {
                 Fenced::Recorded(updated) => Some(*updated),

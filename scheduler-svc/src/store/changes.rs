@@ -62,7 +62,7 @@ impl Store {
     /// Starts listening to every replica's changes; `None` on SQLite (one process per file: its
     /// own changes are all there is).
     pub async fn changes(&self) -> super::Result<Option<Changes>> {
-        let Writer::Postgres(pool) = &self.writer else {
+        let Writer::Postgres(_, pool) = &self.writer else {
             return Ok(None);
         };
         let listener = listen(pool).await.map_err(|err| {

@@ -1,17 +1,19 @@
-//! Leases of scheduler replicas sharing one PostgreSQL database: a row
-//! per leased name (a live lesson's id for its reconcile work, or a duty such as `reaper`) with
-//! its holder (a replica id) and when it expires. A lease is taken by one statement that
-//! inserts it or takes it over when it is expired or already ours, renewed in one statement for
-//! everything a replica still holds unexpired (an expired lease is never revived), and released
-//! when the work is done. Times are the replicas'
-//! clocks ([`Millis`]); a lease outlives clock differences smaller than its TTL's margin.
+//! Named leases of scheduler replicas sharing one PostgreSQL database: a
+//! row per leased name (a duty such as `reaper`, a warm pool's look, or a replica's membership
+//! `replica:ID`, see [`super::shards`]) with its holder (a replica id) and when it expires. A
+//! lease is taken by one statement that inserts it or takes it over when it is expired or
+//! already ours, renewed in one statement for everything a replica still holds unexpired (an
+//! expired lease is never revived), and released when the work is done. Times are the
+//! replicas' clocks ([`Millis`]); a lease outlives clock differences smaller than its TTL's
+//! margin. Lease statements run apart from the batches of other writes
+//! ([`Store::write_apart`]): replicas contend for the same rows.
 //!
 //! The statements run on SQLite too (the store tests run on both), but only PostgreSQL replicas
 //! take leases: an SQLite file has one process.
 
 use super::backend::Statement;
-use super::{Result, Store, parse_lesson_id};
-use crate::model::{LiveLessonId, Millis};
+use super::{Result, Store};
+use crate::model::Millis;
 
 impl Store {
     /// Takes (or keeps) lease `name` for `holder` until `until`, unless another holder has it
@@ -23,20 +25,21 @@ impl Store {
         now: Millis,
         until: Millis,
     ) -> Result<bool> {
-        let row = self
-            .write_optional(
-                Statement::new(
-                    "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
+        let statement = Statement::new(
+            "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
                      ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
                      expires_at = excluded.expires_at \
                      WHERE leases.expires_at < $4 OR leases.holder = excluded.holder \
                      RETURNING holder",
-                )
-                .bind(name)
-                .bind(holder)
-                .bind(until.0)
-                .bind(now.0),
-            )
+        )
+        .bind(name)
+        .bind(holder)
+        .bind(until.0)
+        .bind(now.0);
+        let row = self
+            .write_apart(move |mut conn| {
+                Box::pin(async move { conn.fetch_optional(statement).await })
+            })
             .await?;
         Ok(row.is_some())
     }
@@ -53,7 +56,7 @@ impl Store {
         until: Millis,
     ) -> Result<Vec<String>> {
         let rows = self
-            .write_all(
+            .apart_all(
                 Statement::new(
                     "UPDATE leases SET expires_at = $1 WHERE holder = $2 AND expires_at >= $3 \
                      RETURNING name",
@@ -68,7 +71,7 @@ impl Store {
 
     /// Gives lease `name` up, if `holder` holds it.
     pub async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
-        self.write_execute(
+        self.apart_execute(
             Statement::new("DELETE FROM leases WHERE name = $1 AND holder = $2")
                 .bind(name)
                 .bind(holder),
@@ -91,41 +94,29 @@ impl Store {
         for name in names {
             statement = statement.bind(name.as_str());
         }
-        self.write_execute(statement).await?;
+        self.apart_execute(statement).await?;
         Ok(())
     }
 
-    /// Gives back every lease `holder` holds (it is shutting down).
+    /// Gives back every lease `holder` holds, named and shard leases (it is shutting down), in
+    /// one transaction: its shards are free at once for the other replicas.
     pub async fn release_leases(&self, holder: &str) -> Result<()> {
-        self.write_execute(Statement::new("DELETE FROM leases WHERE holder = $1").bind(holder))
-            .await?;
+        let named = Statement::new("DELETE FROM leases WHERE holder = $1").bind(holder);
+        let shards =
+            Statement::new("UPDATE shards SET expires_at = 0 WHERE holder = $1").bind(holder);
+        self.write_apart(move |mut conn| {
+            Box::pin(async move {
+                conn.execute(named).await?;
+                conn.execute(shards).await
+            })
+        })
+        .await?;
         Ok(())
-    }
-
-    /// Unsettled live lessons (as [`Store::unsettled`]) whose lease nobody holds unexpired at
-    /// `now`: work that no live replica is doing.
-    pub async fn unleased_unsettled(&self, now: Millis) -> Result<Vec<LiveLessonId>> {
-        let rows = self
-            .reader
-            .fetch_all(
-                Statement::new(
-                    "SELECT id FROM live_lessons WHERE (deleting = 1 \
-                     OR observed_generation != generation OR status NOT IN ('READY', 'FAILED')) \
-                     AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.name = live_lessons.id \
-                     AND leases.expires_at >= $1) ORDER BY created_at",
-                )
-                .bind(now.0),
-            )
-            .await?;
-        rows.iter()
-            .map(|row| parse_lesson_id(&row.at::<String>(0)?))
-            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
 
     use super::super::testing::on_both;
     use super::*;
@@ -177,19 +168,6 @@ mod tests {
                 won += usize::from(taken.unwrap());
             }
             assert_eq!(won, 1);
-        }
-
-        async fn unsettled_live_lessons_without_a_live_lease(database, store) {
-            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-            let session = store.create_session(ip, [42; 32], 0, Millis(1)).await.unwrap();
-            let (a, _) = store.request_live_lesson(session.id, "a", 0, 0, Millis(2)).await.unwrap();
-            let (b, _) = store.request_live_lesson(session.id, "b", 0, 0, Millis(3)).await.unwrap();
-            assert_eq!(store.unleased_unsettled(Millis(10)).await.unwrap(), [a.id, b.id]);
-            let id = a.id.to_string();
-            assert!(store.acquire_lease(&id, "r1", Millis(10), Millis(20)).await.unwrap());
-            assert_eq!(store.unleased_unsettled(Millis(15)).await.unwrap(), [b.id]);
-            // Its holder died: the lease expires and the live lesson is anyone's again.
-            assert_eq!(store.unleased_unsettled(Millis(21)).await.unwrap(), [a.id, b.id]);
         }
 
         async fn the_cluster_id_is_created_once(database, store) {

@@ -3,6 +3,7 @@
 
 use super::backend::Statement;
 use super::known::Effect;
+use super::shards::{Fence, shard_of};
 use super::{
     Counts, LESSON_COLUMNS, Result, Store, lesson_from_row, mark_for_deletion, parse_lesson_id,
 };
@@ -365,14 +366,14 @@ impl Store {
         generation: u64,
         mut observation: Observation,
         now: Millis,
-        holder: Option<&str>,
+        fence: Option<&Fence>,
     ) -> Result<Option<LiveLesson>> {
         let decision = observation
             .decision
             .take()
             .map(|decision| super::placements::decision_statement(id, &decision, now))
             .transpose()?;
-        let statement = observe_statement(id, generation, observation, now, holder)?;
+        let statement = observe_statement(id, generation, observation, now, fence)?;
         let Some(decision) = decision else {
             return self.write_lesson(statement).await;
         };
@@ -388,21 +389,23 @@ impl Store {
         .await
     }
 
-    /// [`Store::observe`] by replica `holder`, fenced by the live lesson's lease: written only
-    /// while `holder` holds the lease unexpired at `now`, in the same statement. A replica
-    /// that was frozen (SIGSTOP, a long pause) past its lease and resumes mid-run finds its
-    /// write refused ([`Fenced::NotHolder`]) instead of overwriting what the lease's new
-    /// holder did (a deadline that passed while it was frozen, an older report).
+    /// [`Store::observe`] by a replica, fenced by the lease of the live lesson's shard: written
+    /// only while `fence.holder` holds that lease unexpired at `now` at the epoch `fence`
+    /// names, in the same statement. A replica that was frozen (SIGSTOP, a long pause) past its
+    /// lease, or that handed the shard over, and goes on mid-run finds its write refused
+    /// ([`Fenced::NotHolder`]) instead of overwriting what the shard's new holder did (a
+    /// deadline that passed while it was frozen, an older report), even once it holds the
+    /// shard again (a new epoch).
     pub async fn observe_fenced(
         &self,
         id: LiveLessonId,
         generation: u64,
         observation: Observation,
         now: Millis,
-        holder: &str,
+        fence: &Fence,
     ) -> Result<Fenced> {
         if let Some(lesson) = self
-            .write_observation(id, generation, observation, now, Some(holder))
+            .write_observation(id, generation, observation, now, Some(fence))
             .await?
         {
             return Ok(Fenced::Recorded(Box::new(lesson)));
@@ -412,10 +415,12 @@ impl Store {
             .reader
             .fetch_optional(
                 Statement::new(
-                    "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at >= $3",
+                    "SELECT 1 FROM shards WHERE shard = $1 AND holder = $2 AND epoch = $3 \
+                     AND expires_at >= $4",
                 )
-                .bind(id.to_string())
-                .bind(holder)
+                .bind(shard_of(id))
+                .bind(fence.holder.as_str())
+                .bind(fence.epoch as i64)
                 .bind(now.0),
             )
             .await?
@@ -444,18 +449,19 @@ pub enum Fenced {
     Recorded(Box<LiveLesson>),
     /// Nothing written: the live lesson is gone or its desired state moved on.
     MovedOn,
-    /// Nothing written: the writer does not hold the live lesson's lease (it expired and
-    /// another replica may have taken it); its work on the live lesson must stop.
+    /// Nothing written: the writer does not hold the lease of the live lesson's shard at its
+    /// run's epoch (it expired, or was handed over, and another replica may have taken it);
+    /// its work on the live lesson must stop.
     NotHolder,
 }
 
-/// The statement of an observation, fenced by `holder`'s lease when given.
+/// The statement of an observation, fenced by a shard lease when given.
 fn observe_statement(
     id: LiveLessonId,
     generation: u64,
     observation: Observation,
     now: Millis,
-    holder: Option<&str>,
+    fence: Option<&Fence>,
 ) -> Result<Statement> {
     let endpoints = match &observation.endpoints {
         Some(endpoints) => Some(
@@ -464,9 +470,9 @@ fn observe_statement(
         ),
         None => None,
     };
-    let fence = if holder.is_some() {
-        " AND EXISTS (SELECT 1 FROM leases WHERE leases.name = $8 AND leases.holder = $10 \
-         AND leases.expires_at >= $7)"
+    let fenced = if fence.is_some() {
+        " AND EXISTS (SELECT 1 FROM shards WHERE shards.shard = $11 AND shards.holder = $10 \
+         AND shards.epoch = $12 AND shards.expires_at >= $7)"
     } else {
         ""
     };
@@ -476,7 +482,7 @@ fn observe_statement(
              agent = COALESCE(agent, $5), \
              observed_generation = CASE WHEN $6 THEN generation \
                                    ELSE observed_generation END, \
-             updated_at = $7 WHERE id = $8 AND generation = $9 AND deleting = 0{fence} \
+             updated_at = $7 WHERE id = $8 AND generation = $9 AND deleting = 0{fenced} \
              RETURNING {LESSON_COLUMNS}"
     ))
     .bind(observation.status.as_str())
@@ -488,46 +494,11 @@ fn observe_statement(
     .bind(now.0)
     .bind(id.to_string())
     .bind(generation as i64);
-    Ok(match holder {
-        Some(holder) => statement.bind(holder),
+    Ok(match fence {
+        Some(fence) => statement
+            .bind(fence.holder.as_str())
+            .bind(shard_of(id))
+            .bind(fence.epoch as i64),
         None => statement,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
-
-    use super::super::testing::on_both;
-    use super::*;
-
-    on_both! {
-        async fn observations_are_fenced_by_the_lease(database, store) {
-            let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-            let session = store.create_session(ip, [7; 32], 0, Millis(1)).await.unwrap();
-            let (lesson, _) = store.request_live_lesson(session.id, "a", 0, 0, Millis(2)).await.unwrap();
-            let id = lesson.id;
-            let booting = || Observation::status(Status::Booting, "booting");
-            // Nobody holds the lease: refused.
-            let fenced = store.observe_fenced(id, 1, booting(), Millis(5), "r1").await.unwrap();
-            assert!(matches!(fenced, Fenced::NotHolder), "{fenced:?}");
-            // r1 holds it: written.
-            assert!(store.acquire_lease(&id.to_string(), "r1", Millis(5), Millis(20)).await.unwrap());
-            let fenced = store.observe_fenced(id, 1, booting(), Millis(6), "r1").await.unwrap();
-            assert!(matches!(&fenced, Fenced::Recorded(l) if l.status == Status::Booting), "{fenced:?}");
-            // Another generation: moved on, not a lost lease.
-            let fenced = store.observe_fenced(id, 2, booting(), Millis(7), "r1").await.unwrap();
-            assert!(matches!(fenced, Fenced::MovedOn), "{fenced:?}");
-            // r1's lease expired and r2 took it over: r1's FAILED is refused, r2's READY kept.
-            assert!(store.acquire_lease(&id.to_string(), "r2", Millis(21), Millis(40)).await.unwrap());
-            let failed = Observation::status(Status::Failed, "deadline passed");
-            let fenced = store.observe_fenced(id, 1, failed, Millis(22), "r1").await.unwrap();
-            assert!(matches!(fenced, Fenced::NotHolder), "{fenced:?}");
-            let ready = Observation::status(Status::Ready, "ready");
-            let fenced = store.observe_fenced(id, 1, ready, Millis(23), "r2").await.unwrap();
-            assert!(matches!(&fenced, Fenced::Recorded(l) if l.status == Status::Ready), "{fenced:?}");
-            let now = store.find_live_lesson(id).await.unwrap().unwrap();
-            assert_eq!(now.status, Status::Ready);
-        }
-    }
 }

@@ -35,6 +35,7 @@ mod placements;
 mod pools;
 mod reaper;
 mod sessions;
+mod shards;
 
 use std::fmt;
 use std::fs::File;
@@ -210,8 +211,31 @@ pub struct Store {
 enum Writer {
     /// Hands write jobs to the writer task, which owns the only writing connection.
     Sqlite(mpsc::UnboundedSender<Job>),
-    /// Each write job is a transaction of its own on a connection of this pool (the reader's).
-    Postgres(sqlx::PgPool),
+    /// Hands write jobs to the PostgreSQL writer tasks ([`pg_write_loop`]), which commit
+    /// whatever is waiting together, on connections of this pool (the reader's).
+    Postgres(mpsc::UnboundedSender<PgJob>, sqlx::PgPool),
+}
+
+/// A write job for a PostgreSQL writer task: statements to run inside the current batch's
+/// transaction, or `None` when the batch could not begin (or was aborted before it) and the
+/// job must not run. What it hands back says whether it succeeded and how to deliver its
+/// result once the batch's fate is known.
+type PgJob = Box<
+    dyn for<'c> FnOnce(
+            Option<&'c mut sqlx::PgConnection>,
+        ) -> Pin<Box<dyn Future<Output = PgRan> + Send + 'c>>
+        + Send,
+>;
+
+/// Delivers a PostgreSQL job's result: its batch committed (`None`) or failed (`Some`, why).
+type PgDeliver = Box<dyn FnOnce(Option<&str>) + Send>;
+
+/// What a PostgreSQL job hands back to its writer.
+struct PgRan {
+    /// Delivers its result.
+    deliver: PgDeliver,
+    /// Whether it succeeded: a failed job is rolled back to its savepoint.
+    ok: bool,
 }
 
 /// What a write job hands back after it ran (or was refused): a function that delivers its
@@ -260,6 +284,16 @@ const WRITER_CHECKPOINT_PAGES: u32 = 2_000;
 /// PostgreSQL connections per scheduler: the reconcile workers' and API's writes and reads.
 const POSTGRES_CONNECTIONS: u32 = 16;
 
+/// PostgreSQL writer tasks, each committing one batch at a time on a connection of its own:
+/// while some commit (waiting for the WAL's flush), another gathers the jobs that came
+/// meanwhile.
+const POSTGRES_WRITERS: usize = 4;
+
+/// Most jobs one PostgreSQL transaction commits together. Each writing job is a
+/// subtransaction, and PostgreSQL caches 64 of them per transaction; beyond that every other
+/// session's snapshots must look subtransactions up on disk.
+const POSTGRES_MAX_BATCH: usize = 48;
+
 /// How long a call waits for a free PostgreSQL connection (or a new one) before it fails as
 /// UNAVAILABLE.
 const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -269,6 +303,7 @@ pub use changes::{Change, Changes};
 pub use live_lessons::{Fenced, LessonFilter, Observation, Requested};
 pub use pools::{Claim, Declined, PoolCount, WarmPool};
 pub use sessions::network;
+pub use shards::{Fence, Renewal, SHARDS, ShardLease, ShardRow, shard_of};
 
 impl Store {
     /// Opens (creating if needed) the database and applies migrations.
@@ -378,8 +413,13 @@ impl Store {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations-postgres").run(&pool).await?;
+        let (writer, jobs) = mpsc::unbounded_channel();
+        let jobs = Arc::new(tokio::sync::Mutex::new(jobs));
+        for _ in 0..POSTGRES_WRITERS {
+            tokio::spawn(pg_write_loop(pool.clone(), jobs.clone()));
+        }
         Ok(Store {
-            writer: Writer::Postgres(pool.clone()),
+            writer: Writer::Postgres(writer, pool.clone()),
             reader: Pool::Postgres(pool),
             writer_done: Arc::new(tokio::sync::Mutex::new(None)),
             known: None,
@@ -396,7 +436,7 @@ impl Store {
     pub fn backend(&self) -> &'static str {
         match self.writer {
             Writer::Sqlite(_) => "sqlite",
-            Writer::Postgres(_) => "postgres",
+            Writer::Postgres(..) => "postgres",
         }
     }
 
@@ -413,9 +453,8 @@ impl Store {
     }
 
     /// Runs `job` on the writing side and returns its result once it is committed: in the
-    /// SQLite writer's next batch, or as a PostgreSQL transaction of its own. A job that fails
-    /// changes nothing. The job runs to its end even if the caller goes away, as it would in
-    /// the SQLite writer.
+    /// SQLite writer's next batch, or in the next batch of a PostgreSQL writer task. A job that
+    /// fails changes nothing. The job runs to its end even if the caller goes away.
     async fn write<T, F>(&self, job: F) -> Result<T>
     where
         T: Send + 'static,
@@ -450,34 +489,75 @@ impl Store {
                 writer.send(job).map_err(|_| Error::WriterStopped)?;
                 rx.await.map_err(|_| Error::WriterStopped)?
             }
-            Writer::Postgres(pool) => {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    let mut tx = pool.begin().await?;
-                    let result = job(Conn::Postgres(&mut tx)).await;
-                    match result {
-                        Ok(value) => {
-                            tx.commit()
-                                .await
-                                .map_err(|err| Error::Commit(err.to_string()))?;
-                            Ok(value)
-                        }
-                        Err(err) => {
-                            // Dropping the transaction would roll it back too, later.
-                            let _ = tx.rollback().await;
-                            Err(err)
-                        }
-                    }
-                })
-                .await
-                .map_err(|_| Error::WriterStopped)?
+            Writer::Postgres(writer, _) => {
+                let (tx, rx) = oneshot::channel();
+                let job: PgJob = Box::new(move |conn| {
+                    Box::pin(async move {
+                        let result = match conn {
+                            Some(conn) => Some(job(Conn::Postgres(conn)).await),
+                            None => None,
+                        };
+                        let ok = matches!(result, Some(Ok(_)));
+                        let deliver = Box::new(move |failed: Option<&str>| {
+                            let result = match (failed, result) {
+                                (None, Some(result)) => result,
+                                (Some(why), _) => Err(Error::Commit(why.to_owned())),
+                                (None, None) => Err(Error::Commit("the job did not run".into())),
+                            };
+                            let _ = tx.send(result);
+                        });
+                        PgRan { deliver, ok }
+                    })
+                });
+                writer.send(job).map_err(|_| Error::WriterStopped)?;
+                rx.await.map_err(|_| Error::WriterStopped)?
             }
         }
     }
 
-    /// One statement on the writing side, its rows.
-    async fn write_all(&self, statement: Statement) -> Result<Vec<Row>> {
-        self.write(move |mut conn| Box::pin(async move { conn.fetch_all(statement).await }))
+    /// [`Store::write`], but on PostgreSQL as a transaction of its own, never in a batch: for
+    /// writes that replicas contend for (leases), whose row locks, held until a batch's
+    /// commit, would make batches of different replicas wait on each other in a cycle (a
+    /// deadlock, which PostgreSQL breaks only after `deadlock_timeout`).
+    async fn write_apart<T, F>(&self, job: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(Conn<'c>) -> Work<'c, T> + Send + 'static,
+    {
+        let Writer::Postgres(_, pool) = &self.writer else {
+            return self.write(job).await;
+        };
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await?;
+            match job(Conn::Postgres(&mut tx)).await {
+                Ok(value) => {
+                    tx.commit()
+                        .await
+                        .map_err(|err| Error::Commit(err.to_string()))?;
+                    Ok(value)
+                }
+                Err(err) => {
+                    // Dropping the transaction would roll it back too, later.
+                    let _ = tx.rollback().await;
+                    Err(err)
+                }
+            }
+        })
+        .await
+        .map_err(|_| Error::WriterStopped)?
+    }
+
+    /// One statement written apart from batches ([`Store::write_apart`]), its rows.
+    async fn apart_all(&self, statement: Statement) -> Result<Vec<Row>> {
+        self.write_apart(move |mut conn| Box::pin(async move { conn.fetch_all(statement).await }))
+            .await
+    }
+
+    /// One statement written apart from batches ([`Store::write_apart`]), how many rows it
+    /// changed.
+    async fn apart_execute(&self, statement: Statement) -> Result<u64> {
+        self.write_apart(move |mut conn| Box::pin(async move { conn.execute(statement).await }))
             .await
     }
 
@@ -748,6 +828,124 @@ async fn write_loop(
     }
     if let Err((_, err)) = connection.close() {
         tracing::warn!(error = %err, "the store writer's connection did not close cleanly");
+    }
+}
+
+/// A PostgreSQL writer task: takes every job waiting (up to [`POSTGRES_MAX_BATCH`]; the
+/// receiver is shared by [`POSTGRES_WRITERS`] tasks, one gathering while the others commit)
+/// and runs them in one transaction on a pooled connection, as the SQLite writer does: each
+/// job in a savepoint of its own when the batch has several (a job that fails is rolled back
+/// to it and changes nothing, the others stay), one commit (one WAL flush) for all. Results
+/// are delivered after the commit. A batch that cannot begin runs none of its jobs; a batch
+/// whose transaction breaks under a job (the connection lost, the savepoint gone) runs none
+/// after it and fails whole; either way its callers get UNAVAILABLE and nothing was written
+/// behind their backs. Savepoint changes travel with the statement that ends the previous
+/// job or begins the batch (one round trip: `RELEASE ...; SAVEPOINT ...` in one simple query).
+async fn pg_write_loop(
+    pool: sqlx::PgPool,
+    jobs: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<PgJob>>>,
+) {
+    let mut batch = Vec::with_capacity(POSTGRES_MAX_BATCH);
+    loop {
+        let taken = jobs
+            .lock()
+            .await
+            .recv_many(&mut batch, POSTGRES_MAX_BATCH)
+            .await;
+        if taken == 0 {
+            return;
+        }
+        pg_batch(&pool, &mut batch).await;
+    }
+}
+
+/// Why a batch of one job was rolled back: the job failed (its error is its result).
+const LONE_JOB_FAILED: &str = "the batch's only job failed";
+
+/// Runs one batch of jobs in one PostgreSQL transaction (see [`pg_write_loop`]).
+async fn pg_batch(pool: &sqlx::PgPool, batch: &mut Vec<PgJob>) {
+    use sqlx::Executor as _;
+    let alone = batch.len() == 1;
+    let began = match pool.acquire().await {
+        Ok(mut conn) => {
+            let begin = if alone {
+                "BEGIN"
+            } else {
+                "BEGIN; SAVEPOINT job"
+            };
+            match conn.execute(begin).await {
+                Ok(_) => Ok(conn),
+                Err(err) => {
+                    conn.close_on_drop();
+                    Err(err.to_string())
+                }
+            }
+        }
+        Err(err) => Err(err.to_string()),
+    };
+    let mut conn = match began {
+        Ok(conn) => conn,
+        Err(why) => {
+            tracing::error!(error = %why, jobs = batch.len(), "store batch cannot begin");
+            for job in batch.drain(..) {
+                (job(None).await.deliver)(Some(&why));
+            }
+            return;
+        }
+    };
+    let mut delivers = Vec::with_capacity(batch.len());
+    let count = batch.len();
+    // Set when the transaction broke under a job: the jobs after it do not run.
+    let mut aborted: Option<String> = None;
+    for (at, job) in batch.drain(..).enumerate() {
+        if aborted.is_some() {
+            delivers.push(job(None).await.deliver);
+            continue;
+        }
+        let ran = job(Some(&mut *conn)).await;
+        delivers.push(ran.deliver);
+        let last = at + 1 == count;
+        // What ends this job and begins the next, in one round trip; the last job's end is the
+        // commit (or the rollback of a batch of one that failed).
+        let next = match (alone, ran.ok, last) {
+            (true, true, _) => continue,
+            (true, false, _) => {
+                aborted = Some(LONE_JOB_FAILED.into());
+                continue;
+            }
+            (false, true, true) => continue,
+            (false, false, true) => "ROLLBACK TO SAVEPOINT job",
+            (false, true, false) => "RELEASE SAVEPOINT job; SAVEPOINT job",
+            (false, false, false) => {
+                "ROLLBACK TO SAVEPOINT job; RELEASE SAVEPOINT job; SAVEPOINT job"
+            }
+        };
+        if let Err(err) = conn.execute(next).await {
+            aborted = Some(format!("the batch's transaction broke: {err}"));
+        }
+    }
+    let failed = match aborted {
+        Some(why) => {
+            if conn.execute("ROLLBACK").await.is_err() {
+                conn.close_on_drop();
+            }
+            Some(why)
+        }
+        None => match conn.execute("COMMIT").await {
+            Ok(_) => None,
+            Err(err) => {
+                conn.close_on_drop();
+                Some(err.to_string())
+            }
+        },
+    };
+    // A lone job's own failure is its result, not the batch's.
+    let failed = failed.filter(|why| !(alone && why == LONE_JOB_FAILED));
+    if let Some(why) = &failed {
+        tracing::error!(error = %why, jobs = delivers.len(), "store batch failed");
+    }
+    for deliver in delivers {
+        deliver(failed.as_deref());
     }
 }
 
@@ -1343,6 +1541,142 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert_eq!(rows, [1, 3], "the failed job's first row was rolled back");
+    }
+
+    /// The PostgreSQL test server's pool on a fresh database with table `t`, or `None` when no
+    /// server is given.
+    async fn pg_table() -> Option<(testing::Scratch, sqlx::PgPool)> {
+        let scratch = testing::Scratch::postgres_if_given().await?;
+        let Database::Postgres(url) = &scratch.database else {
+            unreachable!("a PostgreSQL scratch")
+        };
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::raw_sql("CREATE TABLE t (n INTEGER UNIQUE)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        Some((scratch, pool))
+    }
+
+    /// The rows of `t`, in order.
+    async fn pg_rows(pool: &sqlx::PgPool) -> Vec<i32> {
+        sqlx::query_scalar("SELECT n FROM t ORDER BY n")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
+    /// A PostgreSQL job running `statements` in order (stopping at the first that fails), and
+    /// where its result arrives.
+    fn pg_sql_job(statements: &'static [&'static str]) -> (PgJob, oneshot::Receiver<Result<()>>) {
+        use sqlx::Executor as _;
+        let (tx, rx) = oneshot::channel();
+        let job: PgJob = Box::new(move |conn| {
+            Box::pin(async move {
+                let result = match conn {
+                    Some(conn) => {
+                        let mut result = Ok(());
+                        for sql in statements {
+                            if let Err(err) = conn.execute(*sql).await {
+                                result = Err(Error::from(err));
+                                break;
+                            }
+                        }
+                        Some(result)
+                    }
+                    None => None,
+                };
+                let ok = matches!(result, Some(Ok(())));
+                let deliver = Box::new(move |failed: Option<&str>| {
+                    let _ = tx.send(match (failed, result) {
+                        (Some(why), _) => Err(Error::Commit(why.to_owned())),
+                        (None, Some(result)) => result,
+                        (None, None) => Err(Error::Commit("did not run".into())),
+                    });
+                });
+                PgRan { deliver, ok }
+            })
+        });
+        (job, rx)
+    }
+
+    /// A PostgreSQL batch: a job that fails after its first statement leaves nothing of it
+    /// (rolled back to its savepoint), the others commit in the same transaction; a batch of
+    /// one failing job hands back the job's own error and writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_postgres_job_is_rolled_back_alone() {
+        let Some((_scratch, pool)) = pg_table().await else {
+            return;
+        };
+        let mut batch = Vec::new();
+        let mut results = Vec::new();
+        for statements in [
+            &["INSERT INTO t (n) VALUES (1)"][..],
+            &[
+                "INSERT INTO t (n) VALUES (2)",
+                "INSERT INTO t (n) VALUES (1)",
+            ],
+            &["INSERT INTO t (n) VALUES (3)"],
+            &["INSERT INTO t (n) VALUES (4)", "SELECT 1/0"],
+        ] {
+            let (job, rx) = pg_sql_job(statements);
+            batch.push(job);
+            results.push(rx);
+        }
+        pg_batch(&pool, &mut batch).await;
+        let mut outcomes = Vec::new();
+        for result in results {
+            outcomes.push(result.await.unwrap().is_ok());
+        }
+        assert_eq!(outcomes, [true, false, true, false]);
+        assert_eq!(
+            pg_rows(&pool).await,
+            [1, 3],
+            "the failed jobs' rows were rolled back"
+        );
+
+        let (job, rx) = pg_sql_job(&[
+            "INSERT INTO t (n) VALUES (5)",
+            "INSERT INTO t (n) VALUES (3)",
+        ]);
+        pg_batch(&pool, &mut vec![job]).await;
+        let err = rx.await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::Store(_)), "the job's own error: {err}");
+        assert_eq!(pg_rows(&pool).await, [1, 3]);
+    }
+
+    /// A PostgreSQL batch whose connection dies under a job (its backend terminated, as a
+    /// server restart does): the jobs after it do not run, every caller gets UNAVAILABLE, and
+    /// nothing of the batch is written, also what ran before; the next batch commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_postgres_batch_whose_connection_dies_fails_whole() {
+        let Some((_scratch, pool)) = pg_table().await else {
+            return;
+        };
+        let mut batch = Vec::new();
+        let mut results = Vec::new();
+        for statements in [
+            &["INSERT INTO t (n) VALUES (1)"][..],
+            &["SELECT pg_terminate_backend(pg_backend_pid())"],
+            &["INSERT INTO t (n) VALUES (2)"],
+        ] {
+            let (job, rx) = pg_sql_job(statements);
+            batch.push(job);
+            results.push(rx);
+        }
+        pg_batch(&pool, &mut batch).await;
+        for result in results {
+            let err = result.await.unwrap().unwrap_err();
+            assert_eq!(err.code(), Code::Unavailable, "{err}");
+        }
+        assert!(
+            pg_rows(&pool).await.is_empty(),
+            "nothing of the batch committed"
+        );
+        let (job, rx) = pg_sql_job(&["INSERT INTO t (n) VALUES (3)"]);
+        pg_batch(&pool, &mut vec![job]).await;
+        rx.await.unwrap().unwrap();
+        assert_eq!(pg_rows(&pool).await, [3]);
     }
 
     /// A job inserting a row into `t` and counting its runs, and where its result arrives.

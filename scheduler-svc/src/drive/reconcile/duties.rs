@@ -84,8 +84,12 @@ impl Reconciler {
     #[tracing::instrument(skip_all, level = "debug")]
     pub(super) async fn resync(&self) {
         let inner = &self.inner;
-        let ids = match inner.store.unleased_unsettled(Millis::now()).await {
-            Ok(ids) => ids,
+        let ids = match inner.store.unsettled().await {
+            // On PostgreSQL, the live lessons of this replica's shards.
+            Ok(ids) => ids
+                .into_iter()
+                .filter(|id| inner.replica.as_ref().is_none_or(|r| r.owns(*id)))
+                .collect::<Vec<_>>(),
             Err(err) => {
                 tracing::warn!(error = %err, "resync: cannot read unsettled live lessons");
                 return;
@@ -122,10 +126,10 @@ impl Reconciler {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => match replica.renew(store).await {
-                    Ok(lost) => for id in lost {
-                        tracing::warn!(live_lesson.id = %id, "lease lost to another replica; stopping");
-                        // Its worker is told to stop waiting and runs again, finding the lease
-                        // taken.
+                    Ok(moved) => for id in moved {
+                        tracing::info!(live_lesson.id = %id, "its shard moved; running it again");
+                        // Its worker stops waiting (a shard gone) or takes the work up (a shard
+                        // taken).
                         self.inner.queue.add(id);
                     },
                     Err(err) => tracing::warn!(error = %err, "cannot renew leases"),
