@@ -10,8 +10,10 @@
 mod architecture;
 mod config;
 mod flags;
+mod history;
 mod metrics;
 mod proto;
+mod readme;
 
 use std::path::{Path, PathBuf};
 
