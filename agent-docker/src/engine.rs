@@ -425,12 +425,21 @@ pub async fn exec_shell(
     script: &str,
     timeout: std::time::Duration,
 ) -> Result<(Run, Tail), EngineError> {
-    exec_command(
+    // The script goes on the shell's standard input, never as an argument: Linux refuses one
+    // argument over 128 KiB and a script may hold 256 KiB (PROTOCOL.md [V5]). The shell reads
+    // it whole before running it, so that what the script runs finds its stdin at its end, as
+    // it would have with `sh -c`.
+    exec_run(
         docker,
         container,
-        &["sh".to_owned(), "-c".to_owned(), script.to_owned()],
+        &[
+            "sh".to_owned(),
+            "-c".to_owned(),
+            "script=$(cat) && eval \"$script\"".to_owned(),
+        ],
         vec![],
         None,
+        Some(script.as_bytes().to_vec()),
         timeout,
     )
     .await
@@ -448,6 +457,19 @@ pub async fn exec_command(
     working_dir: Option<String>,
     timeout: std::time::Duration,
 ) -> Result<(Run, Tail), EngineError> {
+    exec_run(docker, container, argv, env, working_dir, None, timeout).await
+}
+
+/// [`exec_command`], with `stdin` written to the run's standard input (then closed) when given.
+async fn exec_run(
+    docker: &Docker,
+    container: &str,
+    argv: &[String],
+    env: Vec<String>,
+    working_dir: Option<String>,
+    stdin: Option<Vec<u8>>,
+    timeout: std::time::Duration,
+) -> Result<(Run, Tail), EngineError> {
     let mut cmd = vec![
         "sh".to_owned(),
         "-c".to_owned(),
@@ -461,6 +483,7 @@ pub async fn exec_command(
             ExecConfig {
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
+                attach_stdin: Some(stdin.is_some()),
                 cmd: Some(cmd),
                 env: (!env.is_empty()).then_some(env),
                 working_dir,
@@ -472,9 +495,16 @@ pub async fn exec_command(
     let mut pid = PidLine::new();
     let streamed = async {
         if let bollard::exec::StartExecResults::Attached {
-            output: mut stream, ..
+            output: mut stream,
+            mut input,
         } = docker.start_exec(&exec.id, None).await?
         {
+            if let Some(bytes) = &stdin {
+                use tokio::io::AsyncWriteExt as _;
+                input.write_all(bytes).await.map_err(DockerError::from)?;
+                // Closing our side is the run's end of input.
+                input.shutdown().await.map_err(DockerError::from)?;
+            }
             while let Some(chunk) = stream.next().await {
                 match chunk? {
                     bollard::container::LogOutput::StdErr { message } => {
