@@ -416,30 +416,42 @@ async fn the_reaper_runs_its_duties_on_one_replica_per_tick() {
     }
 }
 
-/// A replica's id as a lease holder, from its start-up line (`store open ... replica=ID`).
-fn replica_id(replica: &Scheduler) -> String {
-    let log = replica.process.log_text();
-    // Without the terminal's colour codes, if any.
-    let mut plain = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
+/// A replica's id as a lease holder, from its start-up line (`store open ... replica="ID"`),
+/// waiting for the line to reach its log.
+async fn replica_id(replica: &Scheduler) -> String {
+    let start = Instant::now();
+    loop {
+        let log = replica.process.log_text();
+        // Without the terminal's colour codes, if any.
+        let mut plain = String::with_capacity(log.len());
+        let mut chars = log.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
                 }
+            } else {
+                plain.push(c);
             }
-        } else {
-            plain.push(c);
         }
+        if let Some(at) = plain.find("replica=") {
+            let id: String = plain[at + "replica=".len()..]
+                .trim_start_matches('"')
+                .chars()
+                .take_while(|c| c.is_ascii_hexdigit() || *c == '-')
+                .collect();
+            if id.len() == 36 {
+                return id;
+            }
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "no replica id in the log:\n{plain}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let at = plain
-        .find("replica=")
-        .unwrap_or_else(|| panic!("no replica id in the log:\n{plain}"));
-    plain[at + "replica=".len()..]
-        .chars()
-        .take_while(|c| c.is_ascii_hexdigit() || *c == '-')
-        .collect()
 }
 
 /// Who holds each shard's lease unexpired now, read from the store (`None`: nobody).
@@ -512,7 +524,10 @@ async fn shards_follow_replicas_that_die_and_join_and_no_lesson_is_lost() {
     ))
     .await
     .expect("the store");
-    let ids: Vec<String> = replicas.iter().map(replica_id).collect();
+    let mut ids = Vec::new();
+    for replica in &replicas {
+        ids.push(replica_id(replica).await);
+    }
     let first = shards_settle_on(&store, &ids, || logs(&replicas, &agent)).await;
     println!("shards: balanced over 3 replicas {first:?} after the last started");
 
@@ -549,7 +564,10 @@ async fn shards_follow_replicas_that_die_and_join_and_no_lesson_is_lost() {
     let mut joined = start_on(dir.path(), &database.url, &config).await;
     joined.clients.tokens = tokens.clone();
     replicas.push(joined);
-    let live: Vec<String> = replicas[1..].iter().map(replica_id).collect();
+    let mut live = Vec::new();
+    for replica in &replicas[1..] {
+        live.push(replica_id(replica).await);
+    }
     lessons.extend(wave(replicas[1..].iter().map(|r| r.clients.clone()).collect()).await);
     shards_settle_on(&store, &live, || logs(&replicas, &agent)).await;
     println!(
