@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_sdk::probe::{self, Expect};
-use antidote_sdk::{self as sdk, Backend, Description, Reporter, Start, StateBook, capabilities};
+use antidote_sdk::pipeline::{Attempt, Limits, Placement, Steps};
+use antidote_sdk::{Backend, Description, Error, Lesson, Reporter, StateBook, capabilities};
 use futures::StreamExt;
-use proto::{Phase, PresentationType};
+use proto::Phase;
 use tonic::Status;
 
 use crate::configurator;
-use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON, Run};
+use crate::engine::{self, EngineError, LABEL_ENDPOINT, LABEL_LIVE_LESSON};
 use crate::firewall::{Confinement, Firewall};
 use crate::settings::Settings;
 
@@ -43,8 +43,6 @@ pub struct Docker {
     settings: Arc<Settings>,
     /// The host firewall confining lesson networks (or why it cannot).
     firewall: Arc<Firewall>,
-    /// The runtime's state book, for changes that happen on their own (a container dies).
-    book: Arc<StateBook>,
     /// Whether the configurator image is there, so python, ansible and napalm run.
     configurator: bool,
     /// Whether the Jupyter image is there, so Jupyter guide endpoints run.
@@ -101,19 +99,57 @@ impl Direct {
 }
 
 impl Docker {
-    /// A backend driving `docker`, confining lesson networks with `firewall`, reporting
-    /// through `book` (give the same book to [`sdk::Agent::with_book`]).
-    pub fn new(
-        docker: bollard::Docker,
-        settings: Settings,
-        firewall: Firewall,
-        book: Arc<StateBook>,
-    ) -> Docker {
+    /// The backend of the engine Docker's own clients would use (`DOCKER_HOST`, else the
+    /// default socket), its lesson networks confined as `settings` ask (see [`Firewall`];
+    /// rules of lesson networks that are gone swept), offering the configuration types and
+    /// Jupyter guides whose images the engine has.
+    pub async fn start(settings: Settings) -> Result<Docker, Error> {
+        let host = std::env::var("DOCKER_HOST").ok();
+        let named = host.as_deref().unwrap_or("unix:///var/run/docker.sock");
+        let docker = bollard::Docker::connect_with_defaults().map_err(|err| {
+            Error::unavailable(format!("cannot use the Docker engine at {named}: {err}"))
+        })?;
+        let docker = docker.negotiate_version().await.map_err(|err| {
+            Error::unavailable(format!(
+                "no Docker engine answers at {named}: start one (tests/docker/dockerd.sh start prints a DOCKER_HOST for a private engine) and set DOCKER_HOST: {err}"
+            ))
+        })?;
+        let version = docker
+            .version()
+            .await
+            .map_err(|err| Error::unavailable(format!("the Docker engine at {named}: {err}")))?;
+        tracing::info!(engine = ?version.version, api = ?version.api_version, "connected to Docker");
+        let firewall =
+            Firewall::detect(settings.firewall, settings.allow_egress, host.as_deref()).await;
+        if let Some(why) = firewall.unavailable() {
+            if firewall.required() {
+                return Err(Error::failed_precondition(format!(
+                    "--firewall required, but lesson networks cannot be confined: {why}"
+                )));
+            }
+            firewall.warn_at_start();
+        }
+        match firewall.sweep().await {
+            Ok(0) => {}
+            Ok(count) => tracing::info!(
+                count,
+                "removed firewall rules of lesson networks that are gone"
+            ),
+            Err(err) => tracing::warn!(error = %err, "could not sweep stale firewall rules"),
+        }
+        let configurator = configurator::available(&docker, &settings).await;
+        let jupyter = crate::guide::available(&docker, &settings).await;
+        Ok(Docker::new(docker, settings, firewall)
+            .with_configurator(configurator)
+            .with_jupyter(jupyter))
+    }
+
+    /// A backend driving `docker`, confining lesson networks with `firewall`.
+    pub fn new(docker: bollard::Docker, settings: Settings, firewall: Firewall) -> Docker {
         Docker {
             docker,
             settings: Arc::new(settings),
             firewall: Arc::new(firewall),
-            book,
             configurator: false,
             jupyter: false,
             direct: Arc::new(Direct::default()),
@@ -135,8 +171,12 @@ impl Docker {
     }
 
     /// Follows the engine's container events: a container of a READY live lesson that dies
-    /// (or is killed for memory) turns the live lesson FAILED with the reason.
-    pub async fn follow_events(self, shutdown: tokio_util::sync::CancellationToken) {
+    /// (or is killed for memory) turns the live lesson FAILED in `book` with the reason.
+    pub async fn follow_events(
+        self,
+        book: Arc<StateBook>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
         loop {
             let options = bollard::query_parameters::EventsOptions {
                 filters: Some(HashMap::from([
@@ -167,7 +207,7 @@ impl Docker {
                     continue;
                 };
                 let exit = attributes.get("exitCode").cloned().unwrap_or_default();
-                self.book.update(id, |state| {
+                book.update(id, |state| {
                     if state.phase == Phase::Ready as i32 {
                         state.phase = Phase::Failed as i32;
                         state.reason = if action == "oom" {
@@ -191,172 +231,10 @@ impl Docker {
         }
     }
 
-    async fn take_to_ready(
-        &self,
-        spec: &proto::LessonSpec,
-        start: Start,
-        report: &Reporter,
-    ) -> Result<Vec<proto::EndpointState>, String> {
-        let docker = &self.docker;
-        let settings = &self.settings;
-        if start == Start::Create {
-            // A missing image surfaces from the container's creation (404), named there.
-            report.phase(Phase::Booting, "creating networks and containers");
-        }
-        let (placed, confinement) = match start {
-            Start::Create => engine::create(docker, settings, &self.firewall, spec).await,
-            Start::Adopt => self.locate(spec).await,
-            Start::Change => match self.locate(spec).await {
-                // Its containers were removed behind the agent's back (`docker rm -f`): the
-                // live lesson went FAILED, and a newer generation creates them again.
-                Err(EngineError::Docker(err)) if engine::is_not_found(&err) => {
-                    report.phase(Phase::Booting, "endpoints gone; creating them again");
-                    engine::create(docker, settings, &self.firewall, spec).await
-                }
-                located => located,
-            },
-        }
-        .map_err(|err| err.to_string())?;
-        let endpoints = endpoint_states(spec, &placed);
-        report.update(|s| {
-            s.phase = Phase::Configuring as i32;
-            s.reason = format!("configuring stage {}", spec.stage);
-            s.endpoints = endpoints.clone();
-            s.conditions.retain(|c| c.r#type != HOST_CONFINED);
-            if let Confinement::Unconfined(why) = &confinement {
-                s.conditions.push(proto::Condition {
-                    r#type: HOST_CONFINED.into(),
-                    status: false,
-                    reason: "FirewallUnavailable".into(),
-                    message: format!(
-                        "endpoints can reach the engine's host and the metadata address: {why}"
-                    ),
-                    last_transition: Some(std::time::SystemTime::now().into()),
-                });
-            }
-        });
-
-        // The stage's notebook, before anything can fail on configuration: the guide is what
-        // the learner reads while waiting.
-        crate::guide::write(docker, spec)
-            .await
-            .map_err(|err| format!("writing the jupyter guide: {err}"))?;
-
-        // Python, ansible and napalm run from one configurator container for the whole stage,
-        // removed when the stage's configuration is over, whatever its outcome.
-        let mut configurator = None;
-        if spec.endpoints.iter().any(|e| {
-            e.configuration
-                .as_ref()
-                .is_some_and(configurator::runs_here)
-        }) {
-            configurator = Some(
-                configurator::Configurator::start(docker, settings, spec)
-                    .await
-                    .map_err(|err| format!("starting the configurator: {err}"))?,
-            );
-        }
-        let configured = self.configure(spec, configurator.as_ref()).await;
-        if let Some(configurator) = configurator {
-            configurator.finish(docker).await;
-        }
-        configured?;
-
-        // Readiness, from the host through the published ports.
-        let deadline = tokio::time::Instant::now() + settings.probe_timeout;
-        let mut states = endpoints;
-        for (endpoint, state) in spec.endpoints.iter().zip(states.iter_mut()) {
-            for presentation in &endpoint.presentations {
-                let Some(address) = placed
-                    .get(&endpoint.name)
-                    .and_then(|p| p.published.get(&(presentation.port as u16)))
-                else {
-                    return Err(format!(
-                        "endpoint `{}` port {} was not published",
-                        endpoint.name, presentation.port
-                    ));
-                };
-                let expect: Expect = probe::expect(presentation.r#type);
-                probe::until_ready(address, expect, deadline).await.map_err(|last| {
-                    format!(
-                        "endpoint `{}` presentation `{}` ({:?} at {address}) not ready within {:?}: {last}",
-                        endpoint.name, presentation.name, expect, settings.probe_timeout
-                    )
-                })?;
-                state.healthy += 1;
-            }
-        }
-        let delay = sdk::spec::ready_delay(spec) + settings.ready_delay;
-        if !delay.is_zero() {
-            report.update(|s| {
-                s.reason = format!("reachable; waiting the ready delay of {delay:?}");
-                s.endpoints = states.clone();
-            });
-            tokio::time::sleep(delay).await;
-        }
-        Ok(states)
-    }
-
-    /// Runs the stage's configuration of every endpoint, in lesson order: shell scripts by exec
-    /// in the endpoint, the other types in `configurator`. Each is tried `--config-tries` times
-    /// ([R3]), each try killed at the lesson's configuration timeout capped by
-    /// `--config-timeout`; the error names the file and ends with the last try's output.
-    async fn configure(
-        &self,
-        spec: &proto::LessonSpec,
-        configurator: Option<&configurator::Configurator>,
-    ) -> Result<(), String> {
-        let docker = &self.docker;
-        let settings = &self.settings;
-        let id = &spec.live_lesson_id;
-        let tries = settings.config_tries.max(1);
-        let timeout = sdk::spec::configuration_timeout(spec, settings.config_timeout);
-        for endpoint in &spec.endpoints {
-            let Some(configuration) = &endpoint.configuration else {
-                continue;
-            };
-            let mut last = String::new();
-            let mut done = false;
-            for attempt in 1..=tries {
-                let run = match configurator {
-                    Some(configurator) if configurator::runs_here(configuration) => {
-                        configurator
-                            .run(docker, endpoint, configuration, spec.stage, timeout)
-                            .await
-                    }
-                    _ => {
-                        let script = String::from_utf8_lossy(&configuration.contents);
-                        let container = engine::container_name(id, &endpoint.name);
-                        engine::exec_shell(docker, &container, &script, timeout).await
-                    }
-                };
-                match run {
-                    Ok((Run::Exited(0), _)) => {
-                        done = true;
-                        break;
-                    }
-                    Ok((run, output)) => last = sdk::output::failed_try(run, &output, timeout),
-                    Err(err) => last = err.to_string(),
-                }
-                tracing::warn!(live_lesson.id = %id, endpoint = %endpoint.name, attempt, "configuration failed");
-                if attempt < tries {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-            if !done {
-                return Err(format!(
-                    "configuration {} of endpoint `{}` for stage {} failed {tries} times; last: {last}",
-                    configuration.file_name, endpoint.name, spec.stage,
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Where an existing live lesson's endpoints are (for stage changes and recovery), with its
     /// networks' firewall rules put back if they went missing (a host reboot, an agent killed
     /// between creating a network and confining it).
-    async fn locate(
+    async fn find(
         &self,
         spec: &proto::LessonSpec,
     ) -> Result<(HashMap<String, engine::Placed>, Confinement), EngineError> {
@@ -380,48 +258,163 @@ impl Docker {
     }
 }
 
-/// Endpoint states with published addresses (healthy counts start at 0).
-fn endpoint_states(
-    spec: &proto::LessonSpec,
-    placed: &HashMap<String, engine::Placed>,
-) -> Vec<proto::EndpointState> {
-    spec.endpoints
-        .iter()
-        .map(|endpoint| {
-            let place = placed.get(&endpoint.name).cloned().unwrap_or_default();
-            proto::EndpointState {
-                name: endpoint.name.clone(),
-                presentations: endpoint
-                    .presentations
-                    .iter()
-                    .map(|p| {
-                        let address = place
-                            .published
-                            .get(&(p.port as u16))
-                            .cloned()
-                            .unwrap_or_default();
-                        proto::PresentationState {
-                            name: p.name.clone(),
-                            r#type: p.r#type,
-                            url: if p.r#type == PresentationType::Http as i32 {
-                                format!("http://{address}/")
-                            } else {
-                                String::new()
-                            },
-                            address,
-                        }
-                    })
-                    .collect(),
-                healthy: 0,
-                total: endpoint.presentations.len() as u32,
-                internal_address: place.internal_address,
-            }
-        })
-        .collect()
+/// What a live lesson is on the engine, between the pipeline's steps.
+pub struct Objects {
+    /// Every endpoint's container: its addresses on the lesson network and published ports.
+    placed: HashMap<String, engine::Placed>,
+    /// The stage's configurator container, while its configurations run.
+    configurator: Option<configurator::Configurator>,
 }
 
-fn unavailable(err: EngineError) -> Status {
-    Status::unavailable(err.to_string())
+/// The `HostConfined` condition of a live lesson confined as `confinement` says.
+fn report_confinement(report: &Reporter, confinement: &Confinement) {
+    let unconfined = match confinement {
+        Confinement::Unconfined(why) => Some((
+            false,
+            "FirewallUnavailable",
+            format!("endpoints can reach the engine's host and the metadata address: {why}"),
+        )),
+        _ => None,
+    };
+    report.condition(HOST_CONFINED, unconfined);
+}
+
+fn failed(err: EngineError) -> Error {
+    Error::unavailable(err.to_string())
+}
+
+/// The pipeline's steps on a Docker engine: containers created (a missing image is a FAILED
+/// reason naming it, there is no pull) or found, configured by exec (shell) or in a
+/// configurator container (python, ansible, napalm), probed from the host through their
+/// published ports.
+#[tonic::async_trait]
+impl Steps for Docker {
+    type Objects = Objects;
+
+    fn limits(&self) -> Limits {
+        Limits {
+            probe_timeout: self.settings.probe_timeout,
+            configuration_tries: self.settings.config_tries,
+            configuration_timeout: self.settings.config_timeout,
+            extra_ready_delay: self.settings.ready_delay,
+            ..Limits::default()
+        }
+    }
+
+    async fn create(&self, lesson: &Lesson, report: &Reporter) -> Result<Objects, Error> {
+        let (placed, confinement) =
+            engine::create(&self.docker, &self.settings, &self.firewall, lesson.spec())
+                .await
+                .map_err(failed)?;
+        report_confinement(report, &confinement);
+        Ok(Objects {
+            placed,
+            configurator: None,
+        })
+    }
+
+    /// A live lesson whose containers were removed behind the agent's back (`docker rm -f`)
+    /// is gone: it went FAILED, and a newer generation creates them again.
+    async fn locate(&self, lesson: &Lesson, report: &Reporter) -> Result<Option<Objects>, Error> {
+        match self.find(lesson.spec()).await {
+            Ok((placed, confinement)) => {
+                report_confinement(report, &confinement);
+                Ok(Some(Objects {
+                    placed,
+                    configurator: None,
+                }))
+            }
+            Err(EngineError::Docker(err)) if engine::is_not_found(&err) => Ok(None),
+            Err(err) => Err(failed(err)),
+        }
+    }
+
+    /// The published ports (probed from the host, where learners' entrypoint connects).
+    async fn addresses(
+        &self,
+        lesson: &Lesson,
+        objects: &Objects,
+        _report: &Reporter,
+    ) -> Result<Vec<Placement>, Error> {
+        Ok(lesson
+            .endpoints
+            .iter()
+            .map(|endpoint| {
+                let place = objects
+                    .placed
+                    .get(&endpoint.name)
+                    .cloned()
+                    .unwrap_or_default();
+                endpoint.presentations.iter().fold(
+                    Placement::new(place.internal_address.clone()),
+                    |placement, p| match place.published.get(&p.port.get()) {
+                        Some(address) => placement.reach(p.name.clone(), address.clone()),
+                        None => placement,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// The stage's notebook first (the guide is what the learner reads while waiting), then
+    /// one configurator container for the stage's python, ansible and napalm configurations.
+    async fn prepare(&self, lesson: &Lesson, objects: &mut Objects) -> Result<(), Error> {
+        let spec = lesson.spec();
+        crate::guide::write(&self.docker, spec)
+            .await
+            .map_err(|err| Error::unavailable(format!("writing the jupyter guide: {err}")))?;
+        if spec.endpoints.iter().any(|e| {
+            e.configuration
+                .as_ref()
+                .is_some_and(configurator::runs_here)
+        }) {
+            objects.configurator = Some(
+                configurator::Configurator::start(&self.docker, &self.settings, spec)
+                    .await
+                    .map_err(|err| {
+                        Error::unavailable(format!("starting the configurator: {err}"))
+                    })?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Shell scripts by exec in the endpoint, the other types in the configurator; output kept
+    /// to its last 64 KiB.
+    async fn configure(
+        &self,
+        lesson: &Lesson,
+        objects: &Objects,
+        index: usize,
+        timeout: Duration,
+    ) -> Result<Attempt, Error> {
+        let spec = lesson.spec();
+        let endpoint = &spec.endpoints[index];
+        let Some(configuration) = &endpoint.configuration else {
+            return Ok(Attempt::Settled(Ok(())));
+        };
+        let run = match &objects.configurator {
+            Some(configurator) if configurator::runs_here(configuration) => {
+                configurator
+                    .run(&self.docker, endpoint, configuration, spec.stage, timeout)
+                    .await
+            }
+            _ => {
+                let script = String::from_utf8_lossy(&configuration.contents);
+                let container = engine::container_name(&spec.live_lesson_id, &endpoint.name);
+                engine::exec_shell(&self.docker, &container, &script, timeout).await
+            }
+        };
+        let (run, output) = run.map_err(failed)?;
+        Ok(Attempt::Ran(run, output))
+    }
+
+    /// The configurator goes when the stage's configuration is over, whatever its outcome.
+    async fn finish(&self, _lesson: &Lesson, objects: &mut Objects) {
+        if let Some(configurator) = objects.configurator.take() {
+            configurator.finish(&self.docker).await;
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -438,13 +431,8 @@ impl Backend for Docker {
         description
     }
 
-    async fn realise(
-        &self,
-        spec: proto::LessonSpec,
-        start: Start,
-        report: Reporter,
-    ) -> Result<Vec<proto::EndpointState>, String> {
-        self.take_to_ready(&spec, start, &report).await
+    fn background(&self, book: &Arc<StateBook>, shutdown: &tokio_util::sync::CancellationToken) {
+        tokio::spawn(self.clone().follow_events(book.clone(), shutdown.clone()));
     }
 
     async fn reach(
@@ -469,26 +457,26 @@ impl Backend for Docker {
             .next()
     }
 
-    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Error> {
         engine::remove(&self.docker, &self.firewall, live_lesson_id)
             .await
-            .map_err(unavailable)
+            .map_err(failed)
     }
 
     async fn discover(
         &self,
         selector: &HashMap<String, String>,
-    ) -> Result<Vec<HashMap<String, String>>, Status> {
+    ) -> Result<Vec<HashMap<String, String>>, Error> {
         // Containers and networks both count: a creation may have stopped between them.
         let mut found: HashMap<String, HashMap<String, String>> = HashMap::new();
         let containers = engine::containers(&self.docker, selector)
             .await
-            .map_err(unavailable)?
+            .map_err(failed)?
             .into_iter()
             .map(|(_, labels, _)| labels);
         let networks = engine::network_lessons(&self.docker, selector)
             .await
-            .map_err(unavailable)?;
+            .map_err(failed)?;
         for mut labels in containers.chain(networks) {
             labels.remove(LABEL_ENDPOINT);
             labels.remove(engine::LABEL_MANAGED);

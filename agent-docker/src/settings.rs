@@ -1,6 +1,5 @@
 //! The agent's configuration, from flags and `ANTIDOTE_DOCKER_*` environment variables.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::firewall::Mode;
@@ -10,27 +9,17 @@ use crate::firewall::Mode;
 #[command(
     name = "agent-docker",
     version,
-    about = "Antidote's Docker backend agent"
+    about = "Antidote's Docker backend agent",
+    mut_arg("listen", |a| a.env("ANTIDOTE_DOCKER_LISTEN").default_value("127.0.0.1:7071")),
+    mut_arg("metrics_listen", |a| a.env("ANTIDOTE_DOCKER_METRICS_LISTEN"))
 )]
 pub struct Settings {
-    /// Where to serve antidote.agent.v1 (port 0: any; the bound address is printed).
-    #[arg(long, env = "ANTIDOTE_DOCKER_LISTEN", default_value = "127.0.0.1:7071")]
-    pub listen: SocketAddr,
-    /// Where to serve Prometheus `/metrics` (off when unset; port 0: any, printed).
-    #[arg(long, env = "ANTIDOTE_DOCKER_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// mTLS towards the scheduler (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
-    /// `--tls-require-identity`; `ANTIDOTE_AGENT_TLS_*`), or `--insecure-plaintext` off loopback.
+    /// The flags every agent takes: `--listen` (`ANTIDOTE_DOCKER_LISTEN`, default
+    /// 127.0.0.1:7071), `--metrics-listen` (`ANTIDOTE_DOCKER_METRICS_LISTEN`), mTLS, `--connect`
+    /// and the entrypoint (reaching containers at their own addresses when the agent runs on
+    /// the engine's host, at their published ports otherwise).
     #[command(flatten)]
-    pub tls: antidote_sdk::tls::TlsArgs,
-    /// Dial in to the scheduler instead of listening (`--connect https://SCHEDULER:PORT`,
-    /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
-    #[command(flatten)]
-    pub connect: antidote_sdk::dial::ConnectArgs,
-    /// Learners' way in (`--entrypoint-listen ADDR`, its TLS and keys): web terminals and
-    /// proxied HTTP presentations, reaching containers at their published ports.
-    #[command(flatten)]
-    pub entrypoint: antidote_sdk::entrypoint::EntrypointArgs,
+    pub agent: antidote_sdk::AgentArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,

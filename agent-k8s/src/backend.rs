@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_sdk::output::Run;
+use antidote_sdk::pipeline::{Attempt, Limits, Placement, Reach, Steps};
 use antidote_sdk::probe;
-use antidote_sdk::{self as sdk, Backend, Description, Reporter, Start, capabilities, labels};
-use futures::FutureExt as _;
+use antidote_sdk::{
+    self as sdk, Backend, Description, Error, Lesson, Reporter, capabilities, labels,
+};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
@@ -79,6 +80,21 @@ pub struct Kubernetes {
 }
 
 impl Kubernetes {
+    /// The backend of the cluster kubectl would use (`KUBECONFIG` or `~/.kube/config`, else the
+    /// in-cluster service account), once its API server answers.
+    pub async fn start(settings: Settings) -> Result<Kubernetes, Error> {
+        let client = kube::Client::try_default().await.map_err(|err| {
+            Error::unavailable(format!(
+                "no Kubernetes cluster configured: set KUBECONFIG or run in a pod: {err}"
+            ))
+        })?;
+        let version = client.apiserver_version().await.map_err(|err| {
+            Error::unavailable(format!("the Kubernetes API server does not answer: {err}"))
+        })?;
+        tracing::info!(version = %version.git_version, "connected to Kubernetes");
+        Ok(Kubernetes::new(client, settings))
+    }
+
     /// A backend on `client`.
     pub fn new(client: kube::Client, settings: Settings) -> Kubernetes {
         Kubernetes {
@@ -117,7 +133,7 @@ impl Kubernetes {
     /// attachments, Services, pods in lesson order (never changed once made: a pod's spec is
     /// immutable, see [`cluster::create_pod`]), Ingresses.
     ///
-    /// `fresh` ([`Start::Create`]): the objects are created rather than applied (see
+    /// `fresh` (a new live lesson, or one whose namespace was deleted): the objects are created rather than applied (see
     /// [`cluster::create_or_apply`]).
     async fn apply_objects(
         &self,
@@ -219,9 +235,7 @@ impl Kubernetes {
             if let Some(why) = unschedulable_reason(status) {
                 let mut seen = unschedulable.lock().unwrap_or_else(|e| e.into_inner());
                 if seen.as_deref() != Some(why.as_str()) {
-                    report.update(|s| {
-                        s.reason = format!("pod `{name}` waits for a node: {why}");
-                    });
+                    report.reason(format!("pod `{name}` waits for a node: {why}"));
                     *seen = Some(why);
                 }
             }
@@ -370,66 +384,205 @@ impl Kubernetes {
         Ok(())
     }
 
-    /// Runs an endpoint's shell configuration inside its container (pods/exec), as agent-docker
-    /// does by `docker exec`: up to `--config-backoff-limit` + 1 tries ([R3]), each killed at the
-    /// lesson's configuration timeout capped by `--config-timeout`; the error names the file and
-    /// ends with the last try's exit code and output.
-    async fn shell(
+    /// The configurator's Job for endpoint `index`, watched to Complete or Failed: the Job
+    /// controller tries it `--config-backoff-limit` + 1 times, each pod bounded by
+    /// `activeDeadlineSeconds`; the verdict ends with its last failed pod's exit code and output.
+    async fn job(
         &self,
         spec: &proto::LessonSpec,
-        endpoint: &proto::Endpoint,
-        configuration: &proto::StageConfiguration,
-    ) -> Result<(), String> {
-        let pods: Api<Pod> = self.api(spec);
-        let tries = self.settings.config_backoff_limit + 1;
-        let timeout = sdk::spec::configuration_timeout(spec, self.settings.config_timeout);
-        let stage = spec.stage.to_string();
-        let mut last = String::new();
-        for attempt in 1..=tries {
-            let run = exec::shell(
-                &pods,
-                &endpoint.name,
-                &endpoint.name,
-                &configuration.contents,
-                (&endpoint.name, &stage),
-                timeout,
-            )
-            .await;
-            match run {
-                Ok((Run::Exited(0), _)) => return Ok(()),
-                Ok((run, output)) => last = sdk::output::failed_try(run, &output, timeout),
-                Err(err) => last = err.to_string(),
-            }
-            tracing::warn!(live_lesson.id = %spec.live_lesson_id, endpoint = %endpoint.name, attempt, "configuration failed");
-            if attempt < tries {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-        Err(format!(
-            "configuration {} of endpoint `{}` for stage {} failed {tries} times; last: {last}",
-            configuration.file_name, endpoint.name, spec.stage,
-        ))
-    }
-
-    /// Runs the stage's configuration, every endpoint at once: shell scripts inside the
-    /// endpoints ([`Kubernetes::shell`]), the configurator's types as Jobs (old Jobs removed
-    /// first, one per configured endpoint, each watched to completion or failure). On [`Start::Create`] no older generation's Jobs
-    /// or files can exist (they are made after the pods run, and a generation that got that far
-    /// is changed, not created, by the next one; a restarted agent adopts), so nothing is listed.
-    async fn configure(
-        &self,
-        spec: &proto::LessonSpec,
-        start: Start,
+        index: usize,
         service_ips: &BTreeMap<String, String>,
     ) -> Result<(), String> {
+        let endpoint = &spec.endpoints[index];
+        let file = endpoint
+            .configuration
+            .as_ref()
+            .map(|c| c.file_name.clone())
+            .unwrap_or_default();
+        // The configurator logs in to the endpoint's SSH server through its Service: when the
+        // endpoint serves SSH on port 22, wait until that server answers (a running container
+        // is not yet a listening one), so that a slow start costs no try of the configuration.
+        let serves_ssh = endpoint
+            .presentations
+            .iter()
+            .any(|p| p.port == 22 && p.r#type == proto::PresentationType::Ssh as i32);
+        if let Some(ip) = service_ips.get(&endpoint.name).filter(|_| serves_ssh) {
+            let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
+            probe::until_ready(&format!("{ip}:22"), probe::Expect::SshBanner, deadline)
+                .await
+                .map_err(|last| {
+                    format!(
+                        "endpoint `{}` answered no SSH on port 22 within {:?}, so its {file} \
+                         could not be applied: {last}",
+                        endpoint.name, self.settings.probe_timeout
+                    )
+                })?;
+        }
+        let jobs: Api<Job> = self.api(spec);
+        let name = cluster::job_name(&endpoint.name, spec.generation);
+        let manifest = configurator::job_manifest(&self.settings, spec, index, service_ips);
+        cluster::apply(&jobs, &name, &manifest)
+            .await
+            .map_err(|e| explain(&format!("Job {name}"), &e))?;
+        let pods: Api<Pod> = self.api(spec);
+        // The Job controller ends the Job at its deadline; the agent waits a little longer so
+        // that the controller's verdict (and its reason) is what the learner sees.
+        let deadline = self.settings.config_job_deadline(spec);
+        let run = Duration::from_secs(self.settings.config_run_seconds(spec));
+        let patience = deadline + JOB_VERDICT_GRACE;
+        let tries = self.settings.config_backoff_limit + 1;
+        let what = format!(
+            "configuration {file} of endpoint `{}` for stage {}",
+            endpoint.name, spec.stage
+        );
+        let finished = |job: Option<&Job>| job_outcome(job).is_some();
+        let job = tokio::time::timeout(patience, await_condition(jobs, &name, finished))
+            .await
+            .map_err(|_| {
+                format!("{what} did not finish within {deadline:?} (Job {name} was not ended by its deadline)")
+            })?
+            .map_err(|e| format!("watching Job {name}: {e}"))?;
+        match job_outcome(job.as_ref()) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(why)) if why.starts_with("DeadlineExceeded") => Err(format!(
+                "{what} did not finish within {deadline:?} (up to {tries} tries of {run:?}, Job {name}): {why}{}",
+                last_try(&pods, &name).await
+            )),
+            Some(Err(why)) => Err(format!(
+                "{what} failed ({tries} tries of at most {run:?}, Job {name}): {why}{}",
+                last_try(&pods, &name).await
+            )),
+            None => Err(format!("Job {name} disappeared")),
+        }
+    }
+
+    /// The objects applied (`fresh`: created, see [`Kubernetes::apply_objects`]), with the
+    /// `ConnectionsRealised` condition when the connections could not be.
+    async fn apply(
+        &self,
+        lesson: &Lesson,
+        fresh: bool,
+        report: &Reporter,
+    ) -> Result<Objects, Error> {
+        let spec = lesson.spec();
+        let applied = self.apply_objects(spec, fresh).await?;
+        tracing::debug!("objects applied");
+        if !spec.connections.is_empty() && !applied.attached {
+            report.condition(
+                "ConnectionsRealised",
+                Some((
+                    false,
+                    "MultusMissing",
+                    "the cluster has no NetworkAttachmentDefinition CRD (Multus): connections are not realised as separate links; endpoints reach each other on the pod network".into(),
+                )),
+            );
+        }
+        Ok(Objects { applied, fresh })
+    }
+}
+
+/// What a live lesson is in the cluster, between the pipeline's steps.
+pub struct Objects {
+    /// What was applied.
+    applied: Applied,
+    /// Whether it was all created just now: then no older generation's configuration exists.
+    fresh: bool,
+}
+
+/// The pipeline's steps on a Kubernetes cluster: objects created (new live lesson) or
+/// server-side applied (stage change, adoption), pods watched until they run, configured by
+/// `pods/exec` (shell) or as configurator Jobs, all endpoints at once, probed on the pods'
+/// addresses from inside the cluster's network.
+#[tonic::async_trait]
+impl Steps for Kubernetes {
+    type Objects = Objects;
+
+    fn limits(&self) -> Limits {
+        Limits {
+            probe_timeout: self.settings.probe_timeout,
+            configuration_tries: self.settings.config_backoff_limit + 1,
+            configuration_timeout: self.settings.config_timeout,
+            extra_ready_delay: self.settings.ready_delay,
+            configure_at_once: true,
+            ..Limits::default()
+        }
+    }
+
+    async fn create(&self, lesson: &Lesson, report: &Reporter) -> Result<Objects, Error> {
+        self.apply(lesson, true, report).await
+    }
+
+    /// A namespace deleted behind the agent's back (the live lesson went FAILED) is waited
+    /// for to go: then everything is gone, and created again.
+    async fn locate(&self, lesson: &Lesson, report: &Reporter) -> Result<Option<Objects>, Error> {
+        if self.await_deleted_namespace(lesson.spec(), report).await? {
+            return Ok(None);
+        }
+        self.apply(lesson, false, report).await.map(Some)
+    }
+
+    /// Every pod watched at once until it runs (the kubelet starts them together, and a watch
+    /// opened only after the previous pod ran would add its round trips to the lesson's time);
+    /// presentations at the pods' own addresses, HTTP ones' URLs at their Ingress hosts.
+    async fn addresses(
+        &self,
+        lesson: &Lesson,
+        objects: &Objects,
+        report: &Reporter,
+    ) -> Result<Vec<Placement>, Error> {
+        let spec = lesson.spec();
+        let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
+        let pods = futures::future::try_join_all(
+            spec.endpoints
+                .iter()
+                .map(|endpoint| self.running(spec, &endpoint.name, deadline, report)),
+        )
+        .await?;
+        tracing::debug!("pods running");
+        let scheme = if self.settings.ingress_tls_secret.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        Ok(lesson
+            .endpoints
+            .iter()
+            .zip(pods)
+            .map(|(endpoint, pod)| {
+                let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
+                let mut placement = Placement::new(ip.clone());
+                for p in &endpoint.presentations {
+                    let host = objects
+                        .applied
+                        .hosts
+                        .get(&cluster::ingress_name(&endpoint.name, &p.name));
+                    placement.presentations.insert(
+                        p.name.clone(),
+                        Reach {
+                            address: format!("{ip}:{}", p.port),
+                            url: host.map(|host| format!("{scheme}://{host}/")),
+                        },
+                    );
+                }
+                placement
+            })
+            .collect())
+    }
+
+    /// The stage's Jupyter notebook into the guide's pod, then what the configurator's Jobs
+    /// mount: old generations' Jobs and files removed (none can exist on objects just created:
+    /// they are made after the pods run, and a generation that got that far is changed, not
+    /// created, by the next one), this generation's files and credentials applied.
+    async fn prepare(&self, lesson: &Lesson, objects: &mut Objects) -> Result<(), Error> {
+        let spec = lesson.spec();
+        self.put_guide(spec).await?;
         let jobs: Api<Job> = self.api(spec);
         let configmaps: Api<ConfigMap> = self.api(spec);
         let current_files = configurator::configmap_name(spec.generation);
-        if start != Start::Create {
+        if !objects.fresh {
             self.remove_old_configuration(spec, &jobs, &configmaps, &current_files)
                 .await?;
         }
-        // The configurator's files and credentials, before the Jobs that mount them.
         if configurator::needed(spec) {
             cluster::apply(
                 &configmaps,
@@ -447,184 +600,47 @@ impl Kubernetes {
             .await
             .map_err(|e| explain(&format!("Secret {}", configurator::SECRET), &e))?;
         }
-        let mut waits = Vec::new();
-        for (i, endpoint) in spec.endpoints.iter().enumerate() {
-            let Some(configuration) = &endpoint.configuration else {
-                continue;
-            };
-            if !configurator::runs_here(configuration) {
-                waits.push(self.shell(spec, endpoint, configuration).boxed());
-                continue;
-            }
-            // The configurator logs in to the endpoint's SSH server through its Service: when
-            // the endpoint serves SSH on port 22, wait until that server answers (a running
-            // container is not yet a listening one), so that a slow start costs no try of the
-            // configuration.
-            let serves_ssh = endpoint
-                .presentations
-                .iter()
-                .any(|p| p.port == 22 && p.r#type == proto::PresentationType::Ssh as i32);
-            if let Some(ip) = service_ips.get(&endpoint.name).filter(|_| serves_ssh) {
-                let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
-                probe::until_ready(&format!("{ip}:22"), probe::Expect::SshBanner, deadline)
-                    .await
-                    .map_err(|last| {
-                        format!(
-                            "endpoint `{}` answered no SSH on port 22 within {:?}, so its {} \
-                             could not be applied: {last}",
-                            endpoint.name, self.settings.probe_timeout, configuration.file_name
-                        )
-                    })?;
-            }
-            let name = cluster::job_name(&endpoint.name, spec.generation);
-            let manifest = configurator::job_manifest(&self.settings, spec, i, service_ips);
-            cluster::apply(&jobs, &name, &manifest)
-                .await
-                .map_err(|e| explain(&format!("Job {name}"), &e))?;
-            let file = configuration.file_name.clone();
-            let endpoint_name = endpoint.name.clone();
-            let jobs = jobs.clone();
-            let pods: Api<Pod> = self.api(spec);
-            // The Job controller ends the Job at its deadline; the agent waits a little longer
-            // so that the controller's verdict (and its reason) is what the learner sees.
-            let deadline = self.settings.config_job_deadline(spec);
-            let run = Duration::from_secs(self.settings.config_run_seconds(spec));
-            let patience = deadline + JOB_VERDICT_GRACE;
-            let tries = self.settings.config_backoff_limit + 1;
-            let stage = spec.stage;
-            waits.push(async move {
-                let what = format!("configuration {file} of endpoint `{endpoint_name}` for stage {stage}");
-                let finished = |job: Option<&Job>| job_outcome(job).is_some();
-                let job = tokio::time::timeout(patience, await_condition(jobs, &name, finished))
-                    .await
-                    .map_err(|_| format!("{what} did not finish within {deadline:?} (Job {name} was not ended by its deadline)"))?
-                    .map_err(|e| format!("watching Job {name}: {e}"))?;
-                let last = || last_try(&pods, &name);
-                match job_outcome(job.as_ref()) {
-                    Some(Ok(())) => Ok(()),
-                    Some(Err(why)) if why.starts_with("DeadlineExceeded") => Err(format!(
-                        "{what} did not finish within {deadline:?} (up to {tries} tries of {run:?}, Job {name}): {why}{}",
-                        last().await
-                    )),
-                    Some(Err(why)) => Err(format!(
-                        "{what} failed ({tries} tries of at most {run:?}, Job {name}): {why}{}",
-                        last().await
-                    )),
-                    None => Err(format!("Job {name} disappeared")),
-                }
-            }.boxed());
-        }
-        for result in futures::future::join_all(waits).await {
-            result?;
-        }
         Ok(())
     }
 
-    async fn take_to_ready(
+    /// A shell script inside the endpoint's container (pods/exec), as agent-docker does by
+    /// `docker exec`, one try; the configurator's types as a Job, which tries by itself.
+    async fn configure(
         &self,
-        spec: &proto::LessonSpec,
-        start: Start,
-        report: &Reporter,
-    ) -> Result<Vec<proto::EndpointState>, String> {
-        if start == Start::Create {
-            report.phase(
-                Phase::Booting,
-                "applying namespace, policy, pods and services",
-            );
+        lesson: &Lesson,
+        objects: &Objects,
+        index: usize,
+        timeout: Duration,
+    ) -> Result<Attempt, Error> {
+        let spec = lesson.spec();
+        let endpoint = &spec.endpoints[index];
+        let Some(configuration) = &endpoint.configuration else {
+            return Ok(Attempt::Settled(Ok(())));
+        };
+        if configurator::runs_here(configuration) {
+            let verdict = self.job(spec, index, &objects.applied.service_ips).await;
+            return Ok(Attempt::Settled(verdict));
         }
-        // A namespace deleted behind the agent's back (the live lesson went FAILED) goes
-        // before a newer generation creates everything again.
-        let recreate = start == Start::Change && self.await_deleted_namespace(spec, report).await?;
-        let Applied {
-            hosts,
-            attached,
-            service_ips,
-        } = self
-            .apply_objects(spec, start == Start::Create || recreate)
-            .await?;
-        tracing::debug!("objects applied");
-        if !spec.connections.is_empty() && !attached {
-            report.update(|s| {
-                s.conditions.push(proto::Condition {
-                    r#type: "ConnectionsRealised".into(),
-                    status: false,
-                    reason: "MultusMissing".into(),
-                    message: "the cluster has no NetworkAttachmentDefinition CRD (Multus): connections are not realised as separate links; endpoints reach each other on the pod network".into(),
-                    last_transition: Some(std::time::SystemTime::now().into()),
-                });
-            });
-        }
-        let deadline = tokio::time::Instant::now() + self.settings.probe_timeout;
-        // Every pod watched at once: the kubelet starts them together, and a watch opened only
-        // after the previous pod ran would add its round trips to the lesson's time.
-        let pods = futures::future::try_join_all(
-            spec.endpoints
-                .iter()
-                .map(|endpoint| self.running(spec, &endpoint.name, deadline, report)),
+        let pods: Api<Pod> = self.api(spec);
+        let stage = spec.stage.to_string();
+        let (run, output) = exec::shell(
+            &pods,
+            &endpoint.name,
+            &endpoint.name,
+            &configuration.contents,
+            (&endpoint.name, &stage),
+            timeout,
         )
-        .await?;
-        let mut states = Vec::new();
-        for (endpoint, pod) in spec.endpoints.iter().zip(pods) {
-            let ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
-            let presentations = endpoint
-                .presentations
-                .iter()
-                .map(|p| {
-                    let address = format!("{ip}:{}", p.port);
-                    let mut state = sdk::spec::presentation_state(&p.name, p.r#type, address);
-                    if let Some(host) = hosts.get(&cluster::ingress_name(&endpoint.name, &p.name)) {
-                        let scheme = if self.settings.ingress_tls_secret.is_some() {
-                            "https"
-                        } else {
-                            "http"
-                        };
-                        state.url = format!("{scheme}://{host}/");
-                    }
-                    state
-                })
-                .collect();
-            states.push(proto::EndpointState {
-                name: endpoint.name.clone(),
-                presentations,
-                healthy: 0,
-                total: endpoint.presentations.len() as u32,
-                internal_address: ip,
-            });
-        }
-        tracing::debug!("pods running");
-        report.update(|s| {
-            s.phase = Phase::Configuring as i32;
-            s.reason = format!("configuring stage {}", spec.stage);
-            s.endpoints = states.clone();
-        });
-        self.put_guide(spec).await?;
-        self.configure(spec, start, &service_ips).await?;
-        tracing::debug!("configured");
-        // Readiness from inside the cluster's network: the pods' own addresses.
-        for state in &mut states {
-            for p in &state.presentations {
-                let expect = probe::expect(p.r#type);
-                probe::until_ready(&p.address, expect, deadline)
-                    .await
-                    .map_err(|last| {
-                        format!(
-                            "endpoint `{}` presentation `{}` ({:?} at {}) not ready within {:?}: {last}",
-                            state.name, p.name, expect, p.address, self.settings.probe_timeout
-                        )
-                    })?;
-                state.healthy += 1;
-            }
-        }
-        tracing::debug!("presentations answer");
-        let delay = sdk::spec::ready_delay(spec) + self.settings.ready_delay;
-        if !delay.is_zero() {
-            report.update(|s| {
-                s.reason = format!("reachable; waiting the ready delay of {delay:?}");
-                s.endpoints = states.clone();
-            });
-            tokio::time::sleep(delay).await;
-        }
-        Ok(states)
+        .await
+        .map_err(|err| Error::unavailable(err.to_string()))?;
+        Ok(Attempt::Ran(run, output))
+    }
+
+    /// The READY generation's reporter goes to the guard, which turns it FAILED when its
+    /// namespace or a pod is deleted behind the agent's back.
+    fn ready(&self, lesson: &Lesson, report: Reporter) {
+        let names = lesson.endpoints.iter().map(|e| e.name.clone()).collect();
+        self.guard.ready(&lesson.id, report, names);
     }
 }
 
@@ -739,11 +755,11 @@ async fn last_try(pods: &Api<Pod>, job: &str) -> String {
     )
 }
 
-fn unavailable(what: &str, err: kube::Error) -> Status {
+fn unavailable(what: &str, err: kube::Error) -> Error {
     let text = explain(what, &err);
     match err {
-        kube::Error::Api(s) if s.code == 403 => Status::permission_denied(text),
-        _ => Status::unavailable(text),
+        kube::Error::Api(s) if s.code == 403 => Error::permission_denied(text),
+        _ => Error::unavailable(text),
     }
 }
 
@@ -761,20 +777,8 @@ impl Backend for Kubernetes {
         description
     }
 
-    async fn realise(
-        &self,
-        spec: proto::LessonSpec,
-        start: Start,
-        report: Reporter,
-    ) -> Result<Vec<proto::EndpointState>, String> {
-        let endpoints = self.take_to_ready(&spec, start, &report).await?;
-        let names = spec.endpoints.iter().map(|e| e.name.clone()).collect();
-        self.guard.ready(&spec.live_lesson_id, report, names);
-        Ok(endpoints)
-    }
-
     /// Deletes the namespace (everything in it goes with it) and waits until it is gone.
-    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Error> {
         self.guard.forget(live_lesson_id);
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let name = cluster::namespace(live_lesson_id);
@@ -793,7 +797,7 @@ impl Backend for Kubernetes {
             .map(String::as_str)
             != Some("agent-k8s")
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "Namespace {name} is not managed by agent-k8s; left alone"
             )));
         }
@@ -808,8 +812,8 @@ impl Backend for Kubernetes {
             await_condition(namespaces, &name, conditions::is_deleted(&uid)),
         )
         .await
-        .map_err(|_| Status::unavailable(format!("Namespace {name} is still being deleted")))?
-        .map_err(|e| Status::unavailable(format!("watching Namespace {name}: {e}")))?;
+        .map_err(|_| Error::unavailable(format!("Namespace {name} is still being deleted")))?
+        .map_err(|e| Error::unavailable(format!("watching Namespace {name}: {e}")))?;
         Ok(())
     }
 
@@ -817,7 +821,7 @@ impl Backend for Kubernetes {
     async fn discover(
         &self,
         selector: &HashMap<String, String>,
-    ) -> Result<Vec<HashMap<String, String>>, Status> {
+    ) -> Result<Vec<HashMap<String, String>>, Error> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let labels_of = |ns: Namespace| {
             let mut found: HashMap<String, String> = ns.metadata.labels?.into_iter().collect();

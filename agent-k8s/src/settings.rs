@@ -1,6 +1,5 @@
 //! The agent's configuration, from flags and `ANTIDOTE_K8S_*` environment variables.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use antidote_proto::agent::v1::LessonSpec;
@@ -11,28 +10,17 @@ use antidote_sdk::spec::configuration_timeout;
 #[command(
     name = "agent-k8s",
     version,
-    about = "Antidote's Kubernetes backend agent"
+    about = "Antidote's Kubernetes backend agent",
+    mut_arg("listen", |a| a.env("ANTIDOTE_K8S_LISTEN").default_value("127.0.0.1:7072")),
+    mut_arg("metrics_listen", |a| a.env("ANTIDOTE_K8S_METRICS_LISTEN"))
 )]
 pub struct Settings {
-    /// Where to serve antidote.agent.v1 (port 0: any; the bound address is printed).
-    #[arg(long, env = "ANTIDOTE_K8S_LISTEN", default_value = "127.0.0.1:7072")]
-    pub listen: SocketAddr,
-    /// Where to serve Prometheus `/metrics` (off when unset; port 0: any, printed).
-    #[arg(long, env = "ANTIDOTE_K8S_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// mTLS towards the scheduler (`--tls-cert`, `--tls-key`, `--tls-client-ca`,
-    /// `--tls-require-identity`; `ANTIDOTE_AGENT_TLS_*`), or `--insecure-plaintext` off loopback.
+    /// The flags every agent takes: `--listen` (`ANTIDOTE_K8S_LISTEN`, default
+    /// 127.0.0.1:7072), `--metrics-listen` (`ANTIDOTE_K8S_METRICS_LISTEN`), mTLS, `--connect`
+    /// and the entrypoint (reaching pods at their addresses in the cluster's network; deploy/k8s
+    /// exposes it through the `agent-k8s-entrypoint` Service and an Ingress).
     #[command(flatten)]
-    pub tls: antidote_sdk::tls::TlsArgs,
-    /// Dial in to the scheduler instead of listening (`--connect https://SCHEDULER:PORT`,
-    /// `ANTIDOTE_AGENT_CONNECT`): no listening port at all, for agents behind NAT.
-    #[command(flatten)]
-    pub connect: antidote_sdk::dial::ConnectArgs,
-    /// Learners' way in (`--entrypoint-listen ADDR`, its TLS and keys): web terminals and
-    /// proxied HTTP presentations, reaching pods at their addresses in the cluster's network
-    /// (deploy/k8s exposes it through the `agent-k8s-entrypoint` Service and an Ingress).
-    #[command(flatten)]
-    pub entrypoint: antidote_sdk::entrypoint::EntrypointArgs,
+    pub agent: antidote_sdk::AgentArgs,
     /// Image reference for a curriculum image slug; `{slug}` is replaced.
     #[arg(
         long,

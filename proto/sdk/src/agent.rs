@@ -15,7 +15,10 @@ use proto::{ErrorReason, Phase};
 use super::book::{StateBook, WatchStream};
 #[cfg(feature = "entrypoint")]
 use super::entrypoint::{self, Keys, Lessons};
+use super::error::Error;
+use super::lesson::Lesson;
 use super::metrics::AgentMetrics;
+use super::pipeline::Steps;
 use super::{checks, errors, labels, spec};
 
 /// When a live lesson is removed while its driver was still realising it, the pauses after
@@ -68,9 +71,11 @@ pub enum Start {
     Adopt,
 }
 
-/// What a backend does. [`Agent`] calls it; every protocol rule lives there.
+/// What a backend does. [`Agent`] calls it; every protocol rule lives there, and the
+/// pipeline taking a generation to READY (PROTOCOL.md [R1]–[R8]) in [`crate::pipeline`]: a
+/// backend supplies its [`Steps`].
 #[tonic::async_trait]
-pub trait Backend: Send + Sync + 'static {
+pub trait Backend: Steps {
     /// Who the agent is.
     fn describe(&self) -> Description;
 
@@ -80,23 +85,14 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Takes one generation to READY: create or find the objects, run the stage's
-    /// configuration, probe every presentation, wait the ready delay. Report progress through
-    /// `report`; return the endpoints' final states (READY follows), or a reason a person can act
-    /// on (FAILED follows). The future is dropped when a newer generation arrives or the live
-    /// lesson is deprovisioned, so every step must be safe to repeat. Its first step (up to its
-    /// first wait) runs inside the Provision call, the rest in a task of its own: a backend
-    /// with nothing to wait for answers Provision READY. So do no long blocking work before the
-    /// first `.await`.
-    async fn realise(
-        &self,
-        spec: proto::LessonSpec,
-        start: Start,
-        report: Reporter,
-    ) -> Result<Vec<proto::EndpointState>, String>;
+    /// Work of the backend's own beside the RPCs, started once the agent serves, until
+    /// `shutdown`: following the backend's events to report what happens on its own (a
+    /// container that dies under a READY live lesson, [R7]) through `book`. The default
+    /// starts nothing.
+    fn background(&self, _book: &Arc<StateBook>, _shutdown: &tokio_util::sync::CancellationToken) {}
 
     /// Removes every object of a live lesson; returns once they are gone. OK when nothing exists.
-    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status>;
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Error>;
 
     /// The labels of every live lesson whose objects exist in the backend and carry all the
     /// `selector` labels (one entry per live lesson). This is what makes List the truth and what
@@ -105,7 +101,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn discover(
         &self,
         _selector: &HashMap<String, String>,
-    ) -> Result<Vec<HashMap<String, String>>, Status> {
+    ) -> Result<Vec<HashMap<String, String>>, Error> {
         Ok(vec![])
     }
 
@@ -176,6 +172,15 @@ pub struct Reporter {
 }
 
 impl Reporter {
+    /// The reporter of generation `generation` of live lesson `id` in `book`.
+    pub(crate) fn new(book: Arc<StateBook>, id: String, generation: u64) -> Reporter {
+        Reporter {
+            book,
+            id,
+            generation,
+        }
+    }
+
     /// Changes the reported state (watchers see it).
     pub fn update(&self, change: impl FnOnce(&mut proto::LiveLessonState)) {
         self.book.update(&self.id, |state| {
@@ -197,6 +202,30 @@ impl Reporter {
     /// Reports the endpoints (addresses, health).
     pub fn endpoints(&self, endpoints: Vec<proto::EndpointState>) {
         self.update(|s| s.endpoints = endpoints);
+    }
+
+    /// Says why the live lesson is where it is, in the same phase ("pod `web` waits for a
+    /// node: …").
+    pub fn reason(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.update(|s| s.reason = reason);
+    }
+
+    /// Sets condition `kind` ([R8]: for people and tools that show them; the scheduler decides
+    /// on none), replacing one of the same type; `None` removes it.
+    pub fn condition(&self, kind: &str, condition: Option<(bool, &str, String)>) {
+        self.update(|s| {
+            s.conditions.retain(|c| c.r#type != kind);
+            if let Some((status, reason, message)) = condition {
+                s.conditions.push(proto::Condition {
+                    r#type: kind.to_owned(),
+                    status,
+                    reason: reason.to_owned(),
+                    message,
+                    last_transition: Some(std::time::SystemTime::now().into()),
+                });
+            }
+        });
     }
 
     /// The current reported state.
@@ -458,11 +487,7 @@ impl<B: Backend> Agent<B> {
     /// Returns whether the work goes on in a task (it did not finish on its first step).
     fn drive(self: &Arc<Self>, spec: proto::LessonSpec, start: Start) -> bool {
         let id = spec.live_lesson_id.clone();
-        let report = Reporter {
-            book: self.book.clone(),
-            id: id.clone(),
-            generation: spec.generation,
-        };
+        let report = Reporter::new(self.book.clone(), id.clone(), spec.generation);
         let backend = self.backend.clone();
         let metrics = self.metrics.clone();
         // A child of the calling RPC's span: the work belongs to the scheduler's trace.
@@ -479,7 +504,13 @@ impl<B: Backend> Agent<B> {
                 async move {
                     let stage = spec.stage;
                     let started = std::time::Instant::now();
-                    match backend.realise(spec, start, report.clone()).await {
+                    // The spec passed the protocol's checks: what a domain value cannot hold
+                    // was refused there already, so this is FAILED only in theory.
+                    let realised = match Lesson::try_from(spec) {
+                        Ok(lesson) => backend.realise(lesson, start, report.clone()).await,
+                        Err(status) => Err(status.message().to_owned()),
+                    };
+                    match realised {
                         Ok(endpoints) => {
                             metrics.realised(true, started);
                             report.update(|s| {
@@ -1023,8 +1054,8 @@ fn offered(capabilities: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use antidote_proto::agent::v1::{WatchEvent, WatchRequest, watch_event::Event};
     use crate::book::tests::next;
+    use antidote_proto::agent::v1::{WatchEvent, WatchRequest, watch_event::Event};
 
     /// A backend whose realisation and removal are done at once, or wait for `gate`, or fail
     /// at once, by the lesson's slug.
@@ -1033,27 +1064,61 @@ mod tests {
         gate: Arc<tokio::sync::Notify>,
     }
 
+    /// The runtime is under test, not the pipeline (`pipeline::tests`): its steps are never
+    /// taken.
     #[tonic::async_trait]
-    impl Backend for Scripted {
-        fn describe(&self) -> Description {
-            Description::new("scripted", "0", &[])
+    impl Steps for Scripted {
+        type Objects = ();
+
+        fn limits(&self) -> crate::pipeline::Limits {
+            crate::pipeline::Limits::default()
+        }
+
+        async fn create(&self, _: &Lesson, _: &Reporter) -> Result<(), Error> {
+            unreachable!("realise is the script's")
+        }
+
+        async fn addresses(
+            &self,
+            _: &Lesson,
+            _: &(),
+            _: &Reporter,
+        ) -> Result<Vec<crate::pipeline::Placement>, Error> {
+            unreachable!("realise is the script's")
+        }
+
+        async fn configure(
+            &self,
+            _: &Lesson,
+            _: &(),
+            _: usize,
+            _: std::time::Duration,
+        ) -> Result<crate::pipeline::Attempt, Error> {
+            unreachable!("realise is the script's")
         }
 
         async fn realise(
             &self,
-            spec: proto::LessonSpec,
+            lesson: Lesson,
             _start: Start,
             _report: Reporter,
         ) -> Result<Vec<proto::EndpointState>, String> {
-            match spec.lesson_slug.as_str() {
+            match lesson.slug.as_str() {
                 "waits" => self.gate.notified().await,
                 "fails" => return Err("no such image".into()),
                 _ => {}
             }
             Ok(vec![])
         }
+    }
 
-        async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+    #[tonic::async_trait]
+    impl Backend for Scripted {
+        fn describe(&self) -> Description {
+            Description::new("scripted", "0", &[])
+        }
+
+        async fn remove(&self, live_lesson_id: &str) -> Result<(), Error> {
             if live_lesson_id.starts_with("slow") {
                 self.gate.notified().await;
             }

@@ -38,22 +38,30 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod args;
 pub mod book;
 pub mod checks;
 #[cfg(feature = "entrypoint")]
 pub mod entrypoint;
+mod error;
+pub mod lesson;
 pub mod metrics;
 pub mod output;
+pub mod pipeline;
 pub mod probe;
 mod server;
 pub mod spec;
 
 pub use agent::{Agent, AgentService, Backend, Description, Reporter, Start};
+#[cfg(feature = "dial-in")]
+pub use antidote_net::dial;
 pub use antidote_net::{
     BodyDeadline, BodyTimedOut, Cuttable, Listener, b3, errors, shutdown_signal, tls, trace,
 };
-#[cfg(feature = "dial-in")]
-pub use antidote_net::dial;
 pub use antidote_proto::{capabilities, labels};
+pub use args::{AgentArgs, run};
 pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
-pub use server::{GRACE, Transport, run, run_with_grace, serve, serve_with_grace};
+pub use error::Error;
+pub use lesson::Lesson;
+pub use pipeline::{Attempt, Limits, Placement, Steps};
+pub use server::{GRACE, Transport, run_with_grace, serve, serve_with_grace};

@@ -171,22 +171,11 @@ impl From<super::dial::DialIn> for Transport {
     }
 }
 
-/// What an agent binary does once its backend is built: serves `/metrics` on `metrics` (when
-/// given, see [`super::metrics::bind`]), serves the agent on `transport` (a listener, or the
-/// connections it dials in) until `shutdown` and at most [`GRACE`] after it, then flushes the
-/// spans still queued in `telemetry`.
-pub async fn run<B: Backend>(
-    agent: Arc<Agent<B>>,
-    transport: impl Into<Transport>,
-    metrics: Option<TcpListener>,
-    telemetry: super::trace::Telemetry,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    run_with_grace(agent, transport, metrics, telemetry, shutdown, GRACE).await
-}
-
-/// [`run`] with its own shutdown grace: how long calls and streams may go on once shutdown
-/// began before their connections are cut.
+/// What [`crate::run`] does once the agent is built, for a binary that builds its own: serves
+/// `/metrics` on `metrics` (when given, see [`super::metrics::bind`]), serves the agent on
+/// `transport` (a listener, or the connections it dials in) until `shutdown` and at most `grace`
+/// after it (how long calls and streams may go on once shutdown began before their connections
+/// are cut), then flushes the spans still queued in `telemetry`.
 pub async fn run_with_grace<B: Backend>(
     agent: Arc<Agent<B>>,
     transport: impl Into<Transport>,

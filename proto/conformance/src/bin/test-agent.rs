@@ -25,15 +25,18 @@
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use antidote_proto::agent::v1 as proto;
-use antidote_sdk::{self as sdk, Agent, Backend, Description, Reporter, Start, capabilities, labels};
+use antidote_sdk::output::Run;
+use antidote_sdk::pipeline::{Attempt, Limits, Placement, Steps};
+use antidote_sdk::{
+    self as sdk, Backend, Description, Error, Lesson, Reporter, Start, capabilities, labels,
+};
 use clap::Parser;
-use proto::{Phase, PresentationType};
+use proto::PresentationType;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -45,12 +48,10 @@ use tonic::Status;
     about = "A loopback antidote.agent.v1 backend for tests"
 )]
 struct Args {
-    /// Where to serve antidote.agent.v1.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: SocketAddr,
-    /// Where to serve Prometheus `/metrics` (off when unset).
-    #[arg(long)]
-    metrics_listen: Option<SocketAddr>,
+    /// The flags every agent takes: `--listen` (any loopback port by default),
+    /// `--metrics-listen`, mTLS (`--tls-*`), `--connect`, the entrypoint (off unless asked for).
+    #[command(flatten)]
+    agent: sdk::AgentArgs,
     /// Time each new live lesson spends BOOTING.
     #[arg(long, default_value = "0ms", value_parser = humantime_duration)]
     boot_delay: Duration,
@@ -110,20 +111,11 @@ struct Args {
     /// A label offered in the handshake, `KEY=VALUE` (repeatable), for placement.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
     labels: Vec<(String, String)>,
-    /// mTLS: the agent's certificate, key and the scheduler's CA (`--tls-*`).
-    #[command(flatten)]
-    tls: sdk::tls::TlsArgs,
-    /// Dial in to the scheduler (`--connect URL`) instead of listening.
-    #[command(flatten)]
-    connect: sdk::dial::ConnectArgs,
     /// HTTP presentations answer with the request they got (its head, after the page's usual
     /// line), once its whole body (`content-length`) is in: what tests of the entrypoint
     /// check the backend sees.
     #[arg(long)]
     echo_requests: bool,
-    /// The SDK's entrypoint (`--entrypoint-listen` and the rest), off unless asked for.
-    #[command(flatten)]
-    entrypoint: sdk::entrypoint::EntrypointArgs,
 }
 
 fn label(text: &str) -> Result<(String, String), String> {
@@ -322,53 +314,19 @@ impl Loopback {
         Ok(endpoints)
     }
 
-    /// Waits until every presentation answers like its type, at most `--probe-timeout` each.
-    async fn probe_all(&self, endpoints: &mut [proto::EndpointState]) -> Result<(), String> {
-        let timeout = self.args.probe_timeout;
-        for endpoint in endpoints.iter_mut() {
-            for p in &endpoint.presentations {
-                let expect = sdk::probe::expect(p.r#type);
-                let deadline = tokio::time::Instant::now() + timeout;
-                loop {
-                    let last =
-                        match sdk::probe::probe(&p.address, expect, Duration::from_secs(2)).await {
-                            Ok(_) => break,
-                            Err(err) => err,
-                        };
-                    if tokio::time::Instant::now() > deadline {
-                        return Err(format!(
-                            "endpoint `{}` presentation `{}` ({expect:?} at {}) not ready within {timeout:?}: {last}",
-                            endpoint.name, p.name, p.address
-                        ));
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-            endpoint.healthy = endpoint.total;
+    /// The missing image's FAILED reason, when an endpoint runs one (`--missing-image`).
+    fn missing_image(&self, lesson: &Lesson) -> Result<(), Error> {
+        match lesson
+            .endpoints
+            .iter()
+            .find(|e| e.image.slug.contains(&self.args.missing_image))
+        {
+            Some(endpoint) => Err(Error::failed_precondition(format!(
+                "endpoint `{}`: image `{}` does not start (this test agent treats images named like `{}` as missing)",
+                endpoint.name, endpoint.image.slug, self.args.missing_image
+            ))),
+            None => Ok(()),
         }
-        Ok(())
-    }
-
-    /// "Runs" the stage's configurations: each takes `--configure-delay`; one whose text holds
-    /// `--fail-config` fails every try.
-    async fn configure(&self, spec: &proto::LessonSpec) -> Result<(), String> {
-        tokio::time::sleep(self.args.configure_delay).await;
-        for endpoint in &spec.endpoints {
-            let Some(configuration) = &endpoint.configuration else {
-                continue;
-            };
-            let text = String::from_utf8_lossy(&configuration.contents);
-            if !text.contains(&self.args.fail_config) {
-                continue;
-            }
-            // Every try fails alike: the text is what fails, not the endpoint.
-            let tries = self.args.config_tries.max(1);
-            return Err(format!(
-                "configuration {} of endpoint `{}` for stage {} failed {tries} times; last: exit code 1: it contains `{}`, which this test agent fails",
-                configuration.file_name, endpoint.name, spec.stage, self.args.fail_config
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -380,6 +338,118 @@ struct Record {
     labels: HashMap<String, String>,
     /// The port of each presentation, by `endpoint/presentation`.
     ports: HashMap<String, u16>,
+}
+
+/// The pipeline's steps on loopback: listeners made (after `--boot-delay` on a new live
+/// lesson), a configuration "run" that fails when its text holds `--fail-config`, probes of the
+/// listeners; `--null` skips the pipeline altogether.
+#[tonic::async_trait]
+impl Steps for Loopback {
+    type Objects = Vec<proto::EndpointState>;
+
+    fn limits(&self) -> Limits {
+        Limits {
+            probe_timeout: self.args.probe_timeout,
+            configuration_tries: self.args.config_tries,
+            // Every try fails alike: the text is what fails, not the endpoint.
+            retry_pause: Duration::ZERO,
+            ..Limits::default()
+        }
+    }
+
+    async fn create(&self, lesson: &Lesson, _report: &Reporter) -> Result<Self::Objects, Error> {
+        tokio::time::sleep(self.args.boot_delay).await;
+        self.missing_image(lesson)?;
+        Ok(self.create(lesson.spec()).await?)
+    }
+
+    /// Listeners held are found; a restarted agent's records listen again.
+    async fn locate(
+        &self,
+        lesson: &Lesson,
+        _report: &Reporter,
+    ) -> Result<Option<Self::Objects>, Error> {
+        self.missing_image(lesson)?;
+        Ok(Some(self.create(lesson.spec()).await?))
+    }
+
+    async fn addresses(
+        &self,
+        _lesson: &Lesson,
+        objects: &Self::Objects,
+        _report: &Reporter,
+    ) -> Result<Vec<Placement>, Error> {
+        Ok(objects
+            .iter()
+            .map(|endpoint| {
+                endpoint.presentations.iter().fold(
+                    Placement::new(endpoint.internal_address.clone()),
+                    |placement, p| placement.reach(p.name.clone(), p.address.clone()),
+                )
+            })
+            .collect())
+    }
+
+    /// The stage "configures" for `--configure-delay`; the listeners then name the new stage,
+    /// and a lesson of `--fail-lesson` fails.
+    async fn prepare(&self, lesson: &Lesson, _objects: &mut Self::Objects) -> Result<(), Error> {
+        tokio::time::sleep(self.args.configure_delay).await;
+        if let Some(entry) = self.entries().get(&lesson.id) {
+            *entry.stage.lock().unwrap_or_else(|p| p.into_inner()) = lesson.stage;
+        }
+        if self.args.fail_lesson.contains(&lesson.slug)
+            && (self.args.fail_first == 0
+                || self
+                    .failed
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    < self.args.fail_first)
+        {
+            return Err(Error::failed_precondition(format!(
+                "lesson `{}` is configured to fail in this test agent",
+                lesson.slug
+            )));
+        }
+        Ok(())
+    }
+
+    async fn configure(
+        &self,
+        lesson: &Lesson,
+        _objects: &Self::Objects,
+        index: usize,
+        _timeout: Duration,
+    ) -> Result<Attempt, Error> {
+        let mut output = sdk::output::Tail::new(sdk::output::OUTPUT_KEPT);
+        let fails = lesson.endpoints[index]
+            .configuration
+            .as_ref()
+            .is_some_and(|c| String::from_utf8_lossy(&c.contents).contains(&self.args.fail_config));
+        if !fails {
+            return Ok(Attempt::Ran(Run::Exited(0), output));
+        }
+        output.push(
+            format!(
+                "it contains `{}`, which this test agent fails",
+                self.args.fail_config
+            )
+            .as_bytes(),
+        );
+        Ok(Attempt::Ran(Run::Exited(1), output))
+    }
+
+    /// With `--null`, no work at all: READY at once, no sockets, no probes, no reports on
+    /// the way (the load generator's agent).
+    async fn realise(
+        &self,
+        lesson: Lesson,
+        start: Start,
+        report: Reporter,
+    ) -> Result<Vec<proto::EndpointState>, String> {
+        if self.args.null {
+            return self.create(lesson.spec()).await;
+        }
+        sdk::pipeline::realise(self, &lesson, start, &report).await
+    }
 }
 
 #[tonic::async_trait]
@@ -415,70 +485,7 @@ impl Backend for Loopback {
         description
     }
 
-    async fn realise(
-        &self,
-        spec: proto::LessonSpec,
-        start: Start,
-        report: Reporter,
-    ) -> Result<Vec<proto::EndpointState>, String> {
-        if start == Start::Create && !self.args.null {
-            report.phase(Phase::Booting, "booting");
-            tokio::time::sleep(self.args.boot_delay).await;
-        }
-        if let Some(endpoint) = spec.endpoints.iter().find(|e| {
-            e.image
-                .as_ref()
-                .is_some_and(|i| i.slug.contains(&self.args.missing_image))
-        }) {
-            return Err(format!(
-                "endpoint `{}`: image `{}` does not start (this test agent treats images named like `{}` as missing)",
-                endpoint.name,
-                endpoint
-                    .image
-                    .as_ref()
-                    .map(|i| i.slug.as_str())
-                    .unwrap_or_default(),
-                self.args.missing_image
-            ));
-        }
-        let mut endpoints = self.create(&spec).await?;
-        if self.args.null {
-            return Ok(endpoints);
-        }
-        report.update(|s| {
-            s.phase = Phase::Configuring as i32;
-            s.reason = format!("configuring stage {}", spec.stage);
-            s.endpoints = endpoints.clone();
-        });
-        self.configure(&spec).await?;
-        if let Some(entry) = self.entries().get(&spec.live_lesson_id) {
-            *entry.stage.lock().unwrap_or_else(|p| p.into_inner()) = spec.stage;
-        }
-        if self.args.fail_lesson.contains(&spec.lesson_slug)
-            && (self.args.fail_first == 0
-                || self
-                    .failed
-                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-                    < self.args.fail_first)
-        {
-            return Err(format!(
-                "lesson `{}` is configured to fail in this test agent",
-                spec.lesson_slug
-            ));
-        }
-        self.probe_all(&mut endpoints).await?;
-        let delay = sdk::spec::ready_delay(&spec);
-        if !delay.is_zero() {
-            report.update(|s| {
-                s.reason = format!("reachable; waiting the ready delay of {delay:?}");
-                s.endpoints = endpoints.clone();
-            });
-            tokio::time::sleep(delay).await;
-        }
-        Ok(endpoints)
-    }
-
-    async fn remove(&self, live_lesson_id: &str) -> Result<(), Status> {
+    async fn remove(&self, live_lesson_id: &str) -> Result<(), Error> {
         tokio::time::sleep(self.args.remove_delay).await;
         self.entries().remove(live_lesson_id);
         if let Some(path) = self.record_path(live_lesson_id) {
@@ -486,7 +493,7 @@ impl Backend for Loopback {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
                 Err(err) => {
-                    return Err(Status::internal(format!(
+                    return Err(Error::internal(format!(
                         "cannot remove record {}: {err}",
                         path.display()
                     )));
@@ -499,7 +506,7 @@ impl Backend for Loopback {
     async fn discover(
         &self,
         selector: &HashMap<String, String>,
-    ) -> Result<Vec<HashMap<String, String>>, Status> {
+    ) -> Result<Vec<HashMap<String, String>>, Error> {
         // Matched before anything is copied: with thousands of live lessons, copying all of
         // them for every question would be quadratic.
         let mut found: HashMap<String, HashMap<String, String>> = self
@@ -630,41 +637,18 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
 // (loadgen at concurrency 16: agent CPU per lifecycle 157 -> 113 µs).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    let telemetry = sdk::trace::init_logging("test-agent")?;
     let args = Args::parse();
-    // With --connect the agent dials in and opens no listening socket at all.
-    let transport: sdk::Transport = match args.connect.dial_in(&args.tls)? {
-        Some(dial) => dial.into(),
-        None => args
-            .tls
-            .listener(TcpListener::bind(args.listen).await?)?
-            .into(),
-    };
-    let metrics = sdk::metrics::bind(args.metrics_listen).await?;
-    let entrypoint = args.entrypoint.bind().await?;
-    if let Some(bound) = &entrypoint {
-        println!("entrypoint listening on {}", bound.listener.local_addr()?);
-    }
     if let Some(dir) = &args.state_dir {
         std::fs::create_dir_all(dir)?;
     }
-    let grace = args.shutdown_grace;
-    let agent = Agent::new(Loopback {
+    let mut agent = args.agent.clone();
+    agent.grace = args.shutdown_grace;
+    let backend = Loopback {
         args,
         entries: Mutex::new(HashMap::new()),
         failed: std::sync::atomic::AtomicU64::new(0),
-    });
-    let signal = sdk::shutdown_signal();
-    let stop = tokio_util::sync::CancellationToken::new();
-    if let Some(bound) = entrypoint {
-        agent.serve_entrypoint(bound, stop.clone());
-    }
-    let shutdown = async move {
-        signal.await;
-        stop.cancel();
     };
-    println!("{}", transport.announce());
-    sdk::run_with_grace(agent, transport, metrics, telemetry, shutdown, grace)
+    sdk::run("test-agent", agent, async { Ok::<_, sdk::Error>(backend) })
         .await
         .map_err(|err| anyhow::anyhow!(err))
 }
