@@ -135,4 +135,3 @@ mod tests {
         assert_eq!(timed_out.0, within);
     }
 }
-

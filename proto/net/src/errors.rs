@@ -43,9 +43,9 @@ pub fn status<'a>(
 pub fn code_of(reason: ErrorReason) -> Code {
     match reason {
         ErrorReason::InvalidSpec => Code::InvalidArgument,
-        ErrorReason::GenerationOutdated
-        | ErrorReason::NoCommonMajor
-        | ErrorReason::NotReady => Code::FailedPrecondition,
+        ErrorReason::GenerationOutdated | ErrorReason::NoCommonMajor | ErrorReason::NotReady => {
+            Code::FailedPrecondition
+        }
         ErrorReason::SpecConflict => Code::AlreadyExists,
         ErrorReason::CapacityExhausted | ErrorReason::RequestTooLarge => Code::ResourceExhausted,
         ErrorReason::LiveLessonNotFound => Code::NotFound,

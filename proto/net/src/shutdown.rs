@@ -114,4 +114,3 @@ impl<IO: Connected> Connected for Cuttable<IO> {
         self.io.connect_info()
     }
 }
-
