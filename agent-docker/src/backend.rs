@@ -34,6 +34,7 @@ pub const PROTOCOL_CAPABILITIES: &[&str] = &[
     capabilities::PLAN,
     capabilities::WATCH,
     capabilities::RECOVER,
+    capabilities::CHECKS,
 ];
 
 /// The Docker backend.
@@ -557,5 +558,76 @@ impl Backend for Docker {
             objects,
             diagnostics,
         })
+    }
+
+    /// Check and solution files (PROTOCOL.md, "Checks"): shell files by exec in their
+    /// endpoint's container, python files by exec in a configurator container of their own
+    /// (started for the run, removed after it), one after another in the request's order, each
+    /// bounded by the request's timeout within `--config-timeout` and its output by the exec's
+    /// tail.
+    async fn run_checks(
+        &self,
+        spec: &proto::LessonSpec,
+        files: &[proto::CheckFile],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<proto::CheckResult>, Status> {
+        use antidote_sdk::checks::{self, Ended};
+        use antidote_sdk::output::Run;
+        let docker = &self.docker;
+        let timeout = checks::check_timeout(timeout, self.settings.config_timeout);
+        let python = files
+            .iter()
+            .any(|f| f.r#type == proto::ConfigurationType::Python as i32);
+        let configurator = if python && self.configurator {
+            Some(configurator::Configurator::start_for_checks(docker, &self.settings, spec).await)
+        } else {
+            None
+        };
+        let mut results = Vec::with_capacity(files.len());
+        for file in files {
+            let started = std::time::Instant::now();
+            let script = String::from_utf8_lossy(&file.contents).into_owned();
+            let endpoint = spec.endpoints.iter().find(|e| e.name == file.endpoint);
+            let run = if file.r#type == proto::ConfigurationType::Python as i32 {
+                match (&configurator, endpoint) {
+                    (Some(Ok(configurator)), Some(endpoint)) => {
+                        configurator
+                            .run_python(docker, endpoint, &script, spec.stage, timeout)
+                            .await
+                    }
+                    (Some(Err(err)), _) => {
+                        results.push(checks::not_run(
+                            file,
+                            format!("the configurator did not start: {err}"),
+                        ));
+                        continue;
+                    }
+                    _ => {
+                        results.push(checks::not_run(
+                            file,
+                            "python files need the configurator image, which this agent lacks",
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                let container = engine::container_name(&spec.live_lesson_id, &file.endpoint);
+                engine::exec_shell(docker, &container, &script, timeout).await
+            };
+            results.push(match run {
+                Ok((Run::Exited(code), output)) => {
+                    let code = i32::try_from(code).unwrap_or(-1);
+                    checks::result(file, Ended::Exited(code), &output, started.elapsed())
+                }
+                Ok((Run::TimedOut, output)) => {
+                    checks::result(file, Ended::TimedOut, &output, started.elapsed())
+                }
+                Err(err) => checks::not_run(file, err.to_string()),
+            });
+        }
+        if let Some(Ok(configurator)) = configurator {
+            configurator.finish(docker).await;
+        }
+        Ok(results)
     }
 }

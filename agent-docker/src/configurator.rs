@@ -217,7 +217,27 @@ impl Configurator {
         settings: &Settings,
         spec: &proto::LessonSpec,
     ) -> Result<Configurator, EngineError> {
-        let name = container_name(&spec.live_lesson_id);
+        Self::start_named(docker, settings, spec, container_name(&spec.live_lesson_id)).await
+    }
+
+    /// A configurator for a run of python check or solution files, apart from the stage's
+    /// (a stage change going on beside it keeps its own).
+    pub async fn start_for_checks(
+        docker: &Docker,
+        settings: &Settings,
+        spec: &proto::LessonSpec,
+    ) -> Result<Configurator, EngineError> {
+        let name = format!("{}-checks", container_name(&spec.live_lesson_id));
+        Self::start_named(docker, settings, spec, name).await
+    }
+
+    /// [`Configurator::start`] under `name`.
+    async fn start_named(
+        docker: &Docker,
+        settings: &Settings,
+        spec: &proto::LessonSpec,
+        name: String,
+    ) -> Result<Configurator, EngineError> {
         remove(docker, &name).await?;
         let mut labels = engine::labels(spec);
         labels.insert(LABEL_CONFIGURATOR.into(), spec.stage.to_string());
@@ -295,6 +315,28 @@ impl Configurator {
             &command(&endpoint.name, configuration, stage),
             environment(endpoint, configuration, stage),
             Some(config_dir(stage)),
+            timeout,
+        )
+        .await
+    }
+
+    /// Runs a python check or solution file (its text, `python3 -c`) against `endpoint` once,
+    /// for at most `timeout`, with a configuration's environment (its credentials only there).
+    pub async fn run_python(
+        &self,
+        docker: &Docker,
+        endpoint: &proto::Endpoint,
+        script: &str,
+        stage: u32,
+        timeout: std::time::Duration,
+    ) -> Result<(Run, Tail), EngineError> {
+        let configuration = proto::StageConfiguration::default();
+        engine::exec_command(
+            docker,
+            &self.name,
+            &["python3".to_owned(), "-c".to_owned(), script.to_owned()],
+            environment(endpoint, &configuration, stage),
+            None,
             timeout,
         )
         .await

@@ -1049,7 +1049,7 @@ impl PidsCgroup {
 
 /// The agent process started with `tag` (its children, such as iptables, inherit the tag but
 /// have another name).
-fn agent_pid(tag: &str) -> u32 {
+pub(crate) fn agent_pid(tag: &str) -> u32 {
     let needle = format!("{AGENT_TAG}={tag}");
     std::fs::read_dir("/proc")
         .unwrap()
@@ -1066,7 +1066,7 @@ fn agent_pid(tag: &str) -> u32 {
 }
 
 /// A process's peak resident set size (VmHWM), in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
+pub(crate) fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()

@@ -5,6 +5,7 @@ mod access;
 mod bad_input;
 mod bounds;
 mod browser;
+mod checks;
 mod cli;
 mod clock;
 mod configurators;

@@ -147,7 +147,7 @@ pub trait Backend: Steps {
         &self,
         _spec: &proto::LessonSpec,
         _files: &[proto::CheckFile],
-        _timeout: Option<prost_types::Duration>,
+        _timeout: Option<std::time::Duration>,
     ) -> Result<Vec<proto::CheckResult>, Status> {
         Err(not_running_checks())
     }
@@ -452,7 +452,7 @@ impl<B: Backend> Agent<B> {
         };
         let results = self
             .backend
-            .run_checks(&held, &request.files, request.timeout)
+            .run_checks(&held, &request.files, checks::requested(request.timeout))
             .await?;
         if results.len() != request.files.len() {
             return Err(errors::agent(

@@ -92,13 +92,18 @@ pub fn check_request(
     Ok(())
 }
 
-/// How long each file of a request may run: its positive `timeout`, capped at `ceiling` (the
+/// A request's `timeout` when it is positive; `None` otherwise (absent, zero or negative:
+/// the agent's own limit applies).
+pub fn requested(timeout: Option<prost_types::Duration>) -> Option<Duration> {
+    timeout
+        .and_then(|d| Duration::try_from(d).ok())
+        .filter(|d| !d.is_zero())
+}
+
+/// How long each file of a request may run: the `requested` timeout, capped at `ceiling` (the
 /// agent's own limit); otherwise `ceiling` ([X3]).
-pub fn check_timeout(requested: Option<prost_types::Duration>, ceiling: Duration) -> Duration {
-    match requested.and_then(|d| Duration::try_from(d).ok()) {
-        Some(d) if !d.is_zero() => d.min(ceiling),
-        _ => ceiling,
-    }
+pub fn check_timeout(requested: Option<Duration>, ceiling: Duration) -> Duration {
+    requested.map_or(ceiling, |d| d.min(ceiling))
 }
 
 /// How a file ended.
@@ -295,10 +300,10 @@ mod tests {
     fn the_timeout_is_the_requests_within_the_ceiling() {
         let ceiling = Duration::from_secs(300);
         let asked = |s: i64| {
-            Some(prost_types::Duration {
+            requested(Some(prost_types::Duration {
                 seconds: s,
                 nanos: 0,
-            })
+            }))
         };
         assert_eq!(check_timeout(asked(2), ceiling), Duration::from_secs(2));
         assert_eq!(check_timeout(asked(900), ceiling), ceiling);

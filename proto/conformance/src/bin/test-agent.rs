@@ -42,6 +42,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
+/// The longest a check or solution file may run, whatever the request asks.
+const CHECK_CEILING: Duration = Duration::from_secs(300);
+
 #[derive(Parser, Clone)]
 #[command(
     name = "test-agent",
@@ -465,6 +468,7 @@ impl Backend for Loopback {
                 capabilities::PLAN,
                 capabilities::WATCH,
                 capabilities::RECOVER,
+                capabilities::CHECKS,
             ],
         );
         if let Some(offered) = &self.args.capabilities {
@@ -551,6 +555,45 @@ impl Backend for Loopback {
             objects,
             diagnostics: vec![],
         })
+    }
+
+    /// Check and solution files run as local processes (the endpoints are this host): shell
+    /// files by `sh -c`, python files by `python3 -c`, one after another, each bounded by the
+    /// request's timeout within [`CHECK_CEILING`] and its output by the SDK's tail, with the
+    /// endpoint's name and the live lesson in the environment.
+    async fn run_checks(
+        &self,
+        spec: &proto::LessonSpec,
+        files: &[proto::CheckFile],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<proto::CheckResult>, Status> {
+        use sdk::checks;
+        let timeout = checks::check_timeout(timeout, CHECK_CEILING);
+        let mut results = Vec::with_capacity(files.len());
+        for file in files {
+            let script = String::from_utf8_lossy(&file.contents).into_owned();
+            let program = if file.r#type == proto::ConfigurationType::Python as i32 {
+                ["python3", "-c"]
+            } else {
+                ["sh", "-c"]
+            };
+            let argv = [program[0].to_owned(), program[1].to_owned(), script];
+            let env = [
+                ("ANTIDOTE_HOST".to_owned(), file.endpoint.clone()),
+                ("ANTIDOTE_STAGE".to_owned(), spec.stage.to_string()),
+                (
+                    "ANTIDOTE_LIVE_LESSON".to_owned(),
+                    spec.live_lesson_id.clone(),
+                ),
+            ];
+            results.push(
+                match checks::run_process(&argv, &env, timeout, sdk::output::OUTPUT_KEPT).await {
+                    Ok((ended, output, took)) => checks::result(file, ended, &output, took),
+                    Err(err) => checks::not_run(file, format!("could not start it: {err}")),
+                },
+            );
+        }
+        Ok(results)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The checks: the table that drives a run ([`CHECKS`]), the selection `--check` makes, and
 //! the runner that skips a check whose needs are not met. The bodies live in one module per
 //! topic: `handshake` (health and handshake), `codes` (refusals: bad specs, unknown ids, typed
-//! error details), `lifecycle` (a live lesson from Provision to Deprovision), `watch` (the Watch
+//! error details), `scripts` (RunChecks: check and solution files), `lifecycle` (a live lesson from Provision to Deprovision), `watch` (the Watch
 //! stream), `resync` (a stalled watcher forced to resync), `paths` (ready delay, configuration
 //! types, the FAILED paths, retries, capacity), `entrypoint` (learners' way in, with tokens the
 //! suite signs) and `restart` (Recover and adoption after the agent restarts).
@@ -13,6 +13,7 @@ mod lifecycle;
 mod paths;
 mod restart;
 mod resync;
+mod scripts;
 mod watch;
 
 pub use resync::STALLED_WINDOW;
@@ -76,6 +77,7 @@ const WATCH: Need = Need::Capability(capabilities::WATCH);
 const RECOVER: Need = Need::Capability(capabilities::RECOVER);
 const PLAN: Need = Need::Capability(capabilities::PLAN);
 const CONFIGURATION: Need = Need::Capability(capabilities::STAGE_CONFIGURATION);
+const RUNS_CHECKS: Need = Need::Capability(capabilities::CHECKS);
 const HTTP: Need = Need::Capability(capabilities::PRESENTATION_HTTP);
 const ENTRYPOINT: Need = Need::Flag("--entrypoint");
 const ENTRYPOINT_TOKENS: Need = Need::Check("entrypoint-tokens");
@@ -382,6 +384,36 @@ pub const CHECKS: &[Check] = &[
             Need::Flag("--terminal-image"),
         ],
         run: |suite| Box::pin(entrypoint::terminal(suite)),
+    },
+    Check {
+        name: "checks-unimplemented",
+        what: "without the `checks` capability, RunChecks is UNIMPLEMENTED (NOT_IMPLEMENTED)",
+        needs: &[HANDSHAKE],
+        run: |suite| Box::pin(scripts::unimplemented(suite)),
+    },
+    Check {
+        name: "checks-run",
+        what: "RunChecks answers each file's exit status and output, and changes no state",
+        needs: &[HANDSHAKE, RUNS_CHECKS],
+        run: |suite| Box::pin(scripts::run(suite)),
+    },
+    Check {
+        name: "checks-timeout",
+        what: "a check that never ends is killed at the timeout and answered timed_out",
+        needs: &[HANDSHAKE, RUNS_CHECKS],
+        run: |suite| Box::pin(scripts::timeout(suite)),
+    },
+    Check {
+        name: "checks-one-at-a-time",
+        what: "a second RunChecks while one runs is ABORTED (CHECKS_RUNNING)",
+        needs: &[HANDSHAKE, RUNS_CHECKS],
+        run: |suite| Box::pin(scripts::one_at_a_time(suite)),
+    },
+    Check {
+        name: "checks-refusals",
+        what: "RunChecks of an unknown, another generation's or a terminating live lesson, or breaking a rule, is refused",
+        needs: &[HANDSHAKE, RUNS_CHECKS],
+        run: |suite| Box::pin(scripts::refusals(suite)),
     },
     Check {
         name: "restart-recover",

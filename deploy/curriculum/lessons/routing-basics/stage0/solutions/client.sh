@@ -1,0 +1,4 @@
+#!/bin/sh
+# What a learner types on the client tab in stage 0 of routing-basics.
+set -eu
+ip route replace 10.10.2.0/24 via 10.10.1.1 dev eth1
