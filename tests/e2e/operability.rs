@@ -554,7 +554,6 @@ async fn traced_request(scheduler_exports: bool, caller_span: &str) -> (Receiver
         Knobs {
             config: Env::config().with_otlp_endpoint(endpoint),
             agent_env: vec![("OTEL_EXPORTER_OTLP_ENDPOINT", collector.clone())],
-            ..Knobs::default()
         },
     )
     .await;
