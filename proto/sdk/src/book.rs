@@ -8,9 +8,9 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio_stream::Stream;
 use prost::Message as _;
 use tokio::sync::broadcast;
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 

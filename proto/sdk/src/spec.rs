@@ -786,11 +786,13 @@ mod tests {
             status.message()
         );
         let mut linked = newer.clone();
-        linked.connections.push(antidote_proto::agent::v1::Connection {
-            a: "web".into(),
-            b: "web".into(),
-            subnet: String::new(),
-        });
+        linked
+            .connections
+            .push(antidote_proto::agent::v1::Connection {
+                a: "web".into(),
+                b: "web".into(),
+                subnet: String::new(),
+            });
         let status = same_lesson(&held, &linked).unwrap_err();
         assert!(
             status.message().starts_with("spec.connections: "),
