@@ -1172,9 +1172,12 @@ fn agent_k8s_manifests_name_only_variables_the_agent_reads() {
     }
     for source in &sources {
         let text = std::fs::read_to_string(source).unwrap();
-        for (at, _) in text.match_indices("env = \"") {
-            let rest = &text[at + 7..];
-            known.insert(rest[..rest.find('"').unwrap()].to_owned());
+        // `#[arg(env = "…")]`, and `mut_arg(…, |a| a.env("…"))` for the SDK's own flags.
+        for pattern in ["env = \"", ".env(\""] {
+            for (at, _) in text.match_indices(pattern) {
+                let rest = &text[at + pattern.len()..];
+                known.insert(rest[..rest.find('"').unwrap()].to_owned());
+            }
         }
     }
     assert!(known.contains("ANTIDOTE_K8S_LISTEN"), "{known:?}");

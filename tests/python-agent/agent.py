@@ -854,6 +854,12 @@ class Backend(pb_grpc.BackendServicer):
                                 f"nothing is left of live lesson {request.live_lesson_id}")
             return pb.RecoverResponse(state=self.update(l, spec, "Recover"))
 
+    def RunChecks(self, request, context):
+        """This agent runs no check files (it does not offer `checks`): UNIMPLEMENTED, typed like
+        every call whose capability is not offered (PROTOCOL.md [V4])."""
+        raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED",
+                       "this agent does not run checks (no `checks` capability)", rpc="RunChecks")
+
     def Watch(self, request, context):
         """A snapshot of the held live lessons, then their changes; heartbeats and resyncs carry
         the revision of the last message sent on this stream (PROTOCOL.md [W1]-[W4])."""
@@ -935,7 +941,7 @@ def errors_as_status(servicer):
                 refused(context, e)
         return stream if fn.__name__ == "Watch" else unary
     for name in ("Handshake", "Plan", "Provision", "Deprovision", "Get", "List", "Recover",
-                 "Watch"):
+                 "RunChecks", "Watch"):
         setattr(servicer, name, wrap(getattr(servicer, name)))
     return servicer
 

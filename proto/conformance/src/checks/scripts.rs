@@ -84,8 +84,9 @@ pub async fn unimplemented(suite: &mut Suite) -> Verdict {
         answer,
         Code::Unimplemented,
         ErrorReason::NotImplemented.as_str_name(),
-    )?;
-    pass("RunChecks without `checks` is UNIMPLEMENTED (NOT_IMPLEMENTED)")
+    )?
+    .expect("rpc", "RunChecks")?;
+    pass("RunChecks without `checks` is UNIMPLEMENTED (NOT_IMPLEMENTED, rpc RunChecks)")
 }
 
 /// `checks-run`: a passing and a failing file in one request, answered in order with their
