@@ -22,7 +22,7 @@ use antidote_sdk::{
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams, PropagationPolicy};
 use kube::discovery::ApiResource;
 use kube::runtime::wait::{await_condition, conditions};
 use proto::Phase;
@@ -43,6 +43,7 @@ pub const PROTOCOL_CAPABILITIES: &[&str] = &[
     capabilities::PLAN,
     capabilities::WATCH,
     capabilities::RECOVER,
+    capabilities::CHECKS,
 ];
 
 /// How long after a configuration Job's deadline the agent still waits for the Job controller
@@ -456,6 +457,94 @@ impl Kubernetes {
         }
     }
 
+    /// Starts the pod a run's python check files run in ([`configurator::checks_pod_manifest`],
+    /// idle for at most `lifetime`) and waits, within the probe timeout, until it runs; its
+    /// name, or why it could not start. Nothing is reported: a run changes no live lesson's
+    /// state (PROTOCOL.md [X5]).
+    async fn start_checks_pod(
+        &self,
+        spec: &proto::LessonSpec,
+        lifetime: Duration,
+    ) -> Result<String, String> {
+        let services: Api<Service> = self.api(spec);
+        let mut service_ips = BTreeMap::new();
+        for endpoint in &spec.endpoints {
+            let service = services
+                .get_opt(&endpoint.name)
+                .await
+                .map_err(|e| explain(&format!("reading Service {}", endpoint.name), &e))?;
+            if let Some(ip) = service.and_then(|s| s.spec?.cluster_ip) {
+                service_ips.insert(endpoint.name.clone(), ip);
+            }
+        }
+        let mut manifest =
+            configurator::checks_pod_manifest(&self.settings, spec, "", &service_ips, lifetime);
+        // A name of its own for every run: the last run's pod may still be terminating.
+        manifest["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("name"));
+        manifest["metadata"]["generateName"] = serde_json::json!("checks-");
+        let pod: Pod = serde_json::from_value(manifest).map_err(|e| e.to_string())?;
+        let params = PostParams {
+            field_manager: Some(cluster::FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let pods: Api<Pod> = self.api(spec);
+        let created = pods
+            .create(&params, &pod)
+            .await
+            .map_err(|e| explain("creating the checks pod", &e))?;
+        let name = created.metadata.name.unwrap_or_default();
+        let settled = |pod: Option<&Pod>| {
+            pod.and_then(|p| p.status.as_ref()).is_some_and(|status| {
+                matches!(
+                    status.phase.as_deref(),
+                    Some("Running" | "Failed" | "Succeeded")
+                ) || waiting_reason(status).is_some()
+            })
+        };
+        let limit = self.settings.probe_timeout;
+        let waited =
+            tokio::time::timeout(limit, await_condition(pods.clone(), &name, settled)).await;
+        let started = match waited {
+            Ok(Ok(Some(pod))) => {
+                let status = pod.status.unwrap_or_default();
+                if let Some(why) = waiting_reason(&status) {
+                    Err(format!("pod `{name}` cannot start: {why}"))
+                } else if status.phase.as_deref() != Some("Running") {
+                    Err(format!(
+                        "pod `{name}` stopped ({}): {}",
+                        status.phase.unwrap_or_default(),
+                        status.message.unwrap_or_default()
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            Ok(Ok(None)) => Err(format!("pod `{name}` disappeared")),
+            Ok(Err(e)) => Err(format!("watching pod `{name}`: {e}")),
+            Err(_) => {
+                let why = pods
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|p| unschedulable_reason(p.status.as_ref()?));
+                Err(match why {
+                    Some(why) => format!("pod `{name}` found no node within {limit:?}: {why}"),
+                    None => format!("pod `{name}` is not running after {limit:?}"),
+                })
+            }
+        };
+        match started {
+            Ok(()) => Ok(name),
+            Err(why) => {
+                delete_checks_pod(&pods, &name).await;
+                Err(why)
+            }
+        }
+    }
+
     /// The objects applied (`fresh`: created, see [`Kubernetes::apply_objects`]), with the
     /// `ConnectionsRealised` condition when the connections could not be.
     async fn apply(
@@ -755,6 +844,20 @@ async fn last_try(pods: &Api<Pod>, job: &str) -> String {
     )
 }
 
+/// Deletes a run's checks pod at once (what still runs in it goes with it); a failure is
+/// logged, and the pod's own deadline or the live lesson's removal ends it anyway.
+async fn delete_checks_pod(pods: &Api<Pod>, name: &str) {
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    match pods.delete(name, &now).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(err) => tracing::warn!(pod = name, error = %err, "could not delete a checks pod"),
+    }
+}
+
 fn unavailable(what: &str, err: kube::Error) -> Error {
     let text = explain(what, &err);
     match err {
@@ -775,6 +878,113 @@ impl Backend for Kubernetes {
         description.max_live_lessons = self.settings.max_live_lessons;
         description.labels = HashMap::from([("backend".to_owned(), "kubernetes".to_owned())]);
         description
+    }
+
+    /// Check and solution files (PROTOCOL.md, "Checks"), one after another in the request's
+    /// order: shell files inside their endpoint's container by `pods/exec`, as a shell
+    /// configuration runs; python files by `pods/exec` in a pod of the configurator image
+    /// started for the run (deleted after it), reaching the endpoint by its name with its
+    /// configuration credentials, as a python configuration's Job does. Each is bounded by the
+    /// request's timeout within `--config-timeout` (then killed with what it started) and its
+    /// output by the exec's tail.
+    async fn run_checks(
+        &self,
+        spec: &proto::LessonSpec,
+        files: &[proto::CheckFile],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<proto::CheckResult>, Status> {
+        use antidote_sdk::checks::{self, Ended};
+        use antidote_sdk::output::Run;
+        let timeout = checks::check_timeout(timeout, self.settings.config_timeout);
+        let is_python = |f: &proto::CheckFile| f.r#type == proto::ConfigurationType::Python as i32;
+        let python = files.iter().filter(|f| is_python(f)).count();
+        let configured = self
+            .settings
+            .configurator_image
+            .as_ref()
+            .is_some_and(|i| !i.is_empty());
+        let checks_pod = if python > 0 && configured {
+            // Room for every python file at its full time, after the pod's own start.
+            let lifetime = timeout * u32::try_from(python).unwrap_or(u32::MAX)
+                + self.settings.probe_timeout
+                + Duration::from_secs(30);
+            Some(self.start_checks_pod(spec, lifetime).await)
+        } else {
+            None
+        };
+        let pods: Api<Pod> = self.api(spec);
+        let stage = spec.stage.to_string();
+        let mut results = Vec::with_capacity(files.len());
+        for file in files {
+            let started = std::time::Instant::now();
+            let run = if is_python(file) {
+                let endpoint = spec.endpoints.iter().find(|e| e.name == file.endpoint);
+                match (&checks_pod, endpoint) {
+                    (Some(Ok(pod)), Some(endpoint)) => {
+                        let (user, password) = configurator::check_credentials(endpoint);
+                        if user.contains('\n') || password.contains('\n') {
+                            results.push(checks::not_run(
+                                file,
+                                format!(
+                                    "the configuration credentials of endpoint `{}` hold a line break",
+                                    endpoint.name
+                                ),
+                            ));
+                            continue;
+                        }
+                        exec::python(
+                            &pods,
+                            pod,
+                            configurator::CHECKS_CONTAINER,
+                            &file.contents,
+                            (&endpoint.name, &stage),
+                            (&user, &password),
+                            timeout,
+                        )
+                        .await
+                    }
+                    (Some(Err(why)), _) => {
+                        results.push(checks::not_run(
+                            file,
+                            format!("the configurator pod did not start: {why}"),
+                        ));
+                        continue;
+                    }
+                    _ => {
+                        results.push(checks::not_run(
+                            file,
+                            "python files need the configurator image (--configurator-image), \
+                             which this agent was not given",
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                exec::shell(
+                    &pods,
+                    &file.endpoint,
+                    &file.endpoint,
+                    &file.contents,
+                    (&file.endpoint, &stage),
+                    timeout,
+                )
+                .await
+            };
+            results.push(match run {
+                Ok((Run::Exited(code), output)) => {
+                    let code = i32::try_from(code).unwrap_or(-1);
+                    checks::result(file, Ended::Exited(code), &output, started.elapsed())
+                }
+                Ok((Run::TimedOut, output)) => {
+                    checks::result(file, Ended::TimedOut, &output, started.elapsed())
+                }
+                Err(err) => checks::not_run(file, err.to_string()),
+            });
+        }
+        if let Some(Ok(pod)) = checks_pod {
+            delete_checks_pod(&pods, &pod).await;
+        }
+        Ok(results)
     }
 
     /// Deletes the namespace (everything in it goes with it) and waits until it is gone.

@@ -194,6 +194,61 @@ pub fn job_manifest(
     job
 }
 
+/// The container of a run's checks pod ([`checks_pod_manifest`]).
+pub const CHECKS_CONTAINER: &str = "checks";
+
+/// An endpoint's configuration credentials (user, password), as a python check file gets them.
+pub fn check_credentials(endpoint: &proto::Endpoint) -> (String, String) {
+    credentials(endpoint)
+}
+
+/// The pod a run's python check files run in (PROTOCOL.md [X3]): the configurator image idling
+/// for at most `lifetime` (the pod's `activeDeadlineSeconds` too, so that it cannot outlive a
+/// run whose agent died), confined and labelled like a configuration Job's pod (the lesson's
+/// labels and its stage: never taken for an endpoint), reaching endpoints by their names
+/// (`service_ips`, in its `/etc/hosts`). Each file runs in it by `pods/exec`; the pod is
+/// deleted after the run.
+pub fn checks_pod_manifest(
+    settings: &Settings,
+    spec: &proto::LessonSpec,
+    name: &str,
+    service_ips: &BTreeMap<String, String>,
+    lifetime: std::time::Duration,
+) -> Value {
+    let seconds = lifetime.as_secs().max(1);
+    // A configuration Job's pod, of endpoint 0's Job: the confinement, resources and name
+    // resolution are the same; only what it runs and its labels differ.
+    let job = cluster::job_manifest(settings, spec, 0, service_ips);
+    let mut pod = job["spec"]["template"]["spec"].clone();
+    let mut labels = cluster::lesson_labels(spec);
+    labels.insert(LABEL_CONFIG_STAGE.into(), spec.stage.to_string());
+    pod["activeDeadlineSeconds"] = json!(seconds);
+    pod["terminationGracePeriodSeconds"] = json!(0);
+    let container = &mut pod["containers"][0];
+    container["name"] = json!(CHECKS_CONTAINER);
+    container["image"] = json!(settings.configurator_image.clone().unwrap_or_default());
+    container["command"] = json!(["sleep", seconds.to_string()]);
+    container["workingDir"] = json!("/tmp");
+    container["env"] = json!([
+        // ansible-core refuses to run without a UTF-8 locale; glibc always has this one.
+        { "name": "LC_ALL", "value": "C.UTF-8" },
+    ]);
+    if settings.configurator_memory_mib > 0 {
+        container["resources"]["limits"]["memory"] =
+            json!(format!("{}Mi", settings.configurator_memory_mib));
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": cluster::namespace(&spec.live_lesson_id),
+            "labels": labels,
+        },
+        "spec": pod,
+    })
+}
+
 /// The capabilities agent-k8s adds for configuration types: shell always, the others with a
 /// configurator image.
 pub fn capabilities(settings: &Settings) -> Vec<&'static str> {
@@ -302,6 +357,31 @@ mod tests {
         let secret = secret_manifest(&spec);
         assert_eq!(secret["data"]["vqfx.user"], "YW50aWRvdGU=");
         assert!(capabilities(&settings).contains(&"configuration.napalm"));
+        let checks = checks_pod_manifest(
+            &settings,
+            &spec,
+            "checks-1a2b3c4d",
+            &ips,
+            std::time::Duration::from_secs(90),
+        );
+        assert_eq!(checks["kind"], "Pod");
+        assert_eq!(checks["spec"]["activeDeadlineSeconds"], 90);
+        assert_eq!(checks["spec"]["restartPolicy"], "Never");
+        assert_eq!(checks["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(
+            checks["spec"]["hostAliases"],
+            json!([{ "ip": "10.96.0.7", "hostnames": ["vqfx"] }])
+        );
+        let container = &checks["spec"]["containers"][0];
+        assert_eq!(container["command"], json!(["sleep", "90"]));
+        assert_eq!(container["image"], "antidote/configurator:latest");
+        assert!(
+            checks["metadata"]["labels"]
+                .get(cluster::LABEL_ENDPOINT)
+                .is_none(),
+            "a checks pod is no endpoint's"
+        );
+        assert!(!checks.to_string().contains("config-secret"));
         let plain = Settings::parse_from(["agent-k8s"]);
         assert_eq!(capabilities(&plain), vec!["configuration.shell"]);
     }

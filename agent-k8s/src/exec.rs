@@ -1,7 +1,8 @@
-//! Shell configurations run inside the endpoint's own container, through the API server's
-//! `pods/exec` (a WebSocket to the kubelet), as agent-docker runs them by `docker exec`: the
-//! script acts on the endpoint's network namespace (its Multus links), filesystem and
-//! processes, which a Job in a pod of its own could never touch.
+//! Shell configurations and shell check files run inside the endpoint's own container, through
+//! the API server's `pods/exec` (a WebSocket to the kubelet), as agent-docker runs them by
+//! `docker exec`: the script acts on the endpoint's network namespace (its Multus links),
+//! filesystem and processes, which a Job in a pod of its own could never touch. Python check
+//! files run the same way inside the configurator pod of a run ([`python`]).
 //!
 //! The script goes through the exec's stdin into a file inside the container, never on its
 //! command line (the kubelet's URL and every audit log would hold it, and Linux bounds one
@@ -28,8 +29,25 @@ rc=$?
 rm -f "$f"
 exit $rc"#;
 
+/// [`WRAPPER`] for a python file in the configurator: stdin holds the endpoint's configuration
+/// user and password (a line each), then the file; it runs under `python3` with a python
+/// configuration's environment: the endpoint by name (`ANTIDOTE_HOST`, $1), the stage ($2),
+/// the credentials (never on a command line).
+const PYTHON_WRAPPER: &str = r#"echo $$ >&2
+IFS= read -r user || exit 126
+IFS= read -r password || exit 126
+f=$(mktemp 2>/dev/null) || f=/tmp/antidote-check.$$
+cat >"$f" || exit 126
+ANTIDOTE_HOST="$1" ANTIDOTE_ENDPOINT="$1" ANTIDOTE_STAGE="$2" ANTIDOTE_CONFIG_USER="$user" \
+ANSIBLE_REMOTE_USER="$user" ANTIDOTE_CONFIG_PASSWORD="$password" python3 "$f" </dev/null
+rc=$?
+rm -f "$f"
+exit $rc"#;
+
 /// Kills the process $1 and every descendant, found through /proc (a pure-shell walk: the
-/// images are minimal, and `pkill` or `setsid` may be missing). Twice, for what forked between.
+/// images are minimal, and `pkill` or `setsid` may be missing), and its process group (the
+/// kubelet's exec starts the wrapper as a session and group leader, so the group holds what
+/// the run started in the background, even once reparented). Twice, for what forked between.
 const KILL_TREE: &str = r#"tree() {
   local d l r pp
   echo "$1"
@@ -41,8 +59,10 @@ const KILL_TREE: &str = r#"tree() {
     [ "$pp" = "$1" ] && tree "${d#/proc/}"
   done
 }
-kill -KILL $(tree "$1") 2>/dev/null
-kill -KILL $(tree "$1") 2>/dev/null
+for round in 1 2; do
+  kill -KILL -- "-$1" 2>/dev/null || kill -KILL "-$1" 2>/dev/null
+  kill -KILL $(tree "$1") 2>/dev/null
+done
 exit 0"#;
 
 /// Why an exec could not run (not why a script failed: that is a [`Run`]).
@@ -79,13 +99,60 @@ pub async fn shell(
     env: (&str, &str),
     timeout: Duration,
 ) -> Result<(Run, Tail), ExecError> {
-    let params = with_stdin(container);
     let command = ["sh", "-c", WRAPPER, "antidote-config", env.0, env.1];
+    run(pods, pod, container, &command, script, timeout).await
+}
+
+/// Runs python `script` in the configurator container `container` of pod `pod` against
+/// endpoint `endpoint` (by its name, with its configuration `credentials`: user, password) at
+/// stage `stage`, for at most `timeout`, as [`shell`] runs a script.
+pub async fn python(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    script: &[u8],
+    (endpoint, stage): (&str, &str),
+    (user, password): (&str, &str),
+    timeout: Duration,
+) -> Result<(Run, Tail), ExecError> {
+    let mut input = Vec::with_capacity(user.len() + password.len() + 2 + script.len());
+    for line in [user, password] {
+        input.extend_from_slice(line.as_bytes());
+        input.push(b'\n');
+    }
+    input.extend_from_slice(script);
+    let command = [
+        "sh",
+        "-c",
+        PYTHON_WRAPPER,
+        "antidote-check",
+        endpoint,
+        stage,
+    ];
+    run(pods, pod, container, &command, &input, timeout).await
+}
+
+/// Runs `command` (a wrapper that prints its pid first on stderr) in container `container` of
+/// pod `pod` with `input` on its stdin, for at most `timeout`: how it ended and the last
+/// [`OUTPUT_KEPT`] bytes of its combined output, the pid line left out; at the timeout the
+/// wrapper is killed with what it started.
+async fn run(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    command: &[&str],
+    input: &[u8],
+    timeout: Duration,
+) -> Result<(Run, Tail), ExecError> {
+    let params = with_stdin(container);
     let kube = |source| ExecError::Kube {
         pod: pod.to_owned(),
         source,
     };
-    let mut attached = pods.exec(pod, command, &params).await.map_err(kube)?;
+    let mut attached = pods
+        .exec(pod, command.iter().copied(), &params)
+        .await
+        .map_err(kube)?;
     let (Some(mut stdin), Some(mut stdout), Some(mut stderr), Some(status)) = (
         attached.stdin(),
         attached.stdout(),
@@ -101,7 +168,7 @@ pub async fn shell(
         let feed = async {
             // A script that never reads stdin still gets all of it (the wrapper's `cat` does),
             // so this write ends; a failure here shows as the run's own failure below.
-            let _ = stdin.write_all(script).await;
+            let _ = stdin.write_all(input).await;
             let _ = stdin.shutdown().await;
             drop(stdin);
         };
@@ -137,7 +204,7 @@ pub async fn shell(
             attached.abort();
             match pid.pid() {
                 Some(pid) if pid > 1 => kill_tree(pods, pod, container, pid).await,
-                _ => tracing::warn!(pod, "a timed-out configuration run left no pid to kill"),
+                _ => tracing::warn!(pod, "a timed-out run left no pid to kill"),
             }
             Ok((Run::TimedOut, output))
         }
