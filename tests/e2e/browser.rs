@@ -6,7 +6,9 @@
 //! its progress to READY, types into a terminal tab and reads the output, shows the web tab's
 //! page, changes stage, deletes the lesson. Screenshots go to `target/screenshots/browser/`
 //! for a person to look at. Another test checks the page's headers (Content-Security-Policy
-//! and friends) and that a guide's `<script>` and `onerror=` never run.
+//! and friends) and that a guide's `<script>` and `onerror=` never run; another presses a
+//! gated stage's Check button, fixes the stage in the terminal and goes on (the fixture
+//! `browser-checks-curriculum`).
 //!
 //! WebDriver is spoken as plain HTTP/JSON over hyper (already in the workspace), so no
 //! WebDriver crate (and its own HTTP and TLS stacks) joins the lock file.
@@ -41,11 +43,22 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// WebDriver's Enter key.
 const ENTER: &str = "\u{E007}";
 
+/// The lessons with a terminal and a web tab.
 fn curriculum() -> PathBuf {
+    fixture("browser-curriculum")
+}
+
+/// The lesson whose stages carry checks (a gated one, then an advisory one).
+fn checks_curriculum() -> PathBuf {
+    fixture("browser-checks-curriculum")
+}
+
+fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/browser-curriculum")
+        .join("fixtures")
+        .join(name)
         .canonicalize()
-        .expect("tests/fixtures/browser-curriculum exists")
+        .unwrap_or_else(|err| panic!("tests/fixtures/{name}: {err}"))
 }
 
 fn screenshots() -> PathBuf {
@@ -82,6 +95,15 @@ struct PageEnv {
 
 impl PageEnv {
     async fn start(instance: &str, with_agent: bool, origins: Origins) -> PageEnv {
+        PageEnv::start_with(instance, &curriculum(), with_agent, origins).await
+    }
+
+    async fn start_with(
+        instance: &str,
+        curriculum: &Path,
+        with_agent: bool,
+        origins: Origins,
+    ) -> PageEnv {
         let dir = tempfile::tempdir().unwrap();
         let (page_port, entry_port) = (free_port(), free_port());
         let agent = if with_agent {
@@ -121,7 +143,7 @@ impl PageEnv {
         };
         let key = dir.path().join("k1.pem");
         std::fs::write(&key, KEY).unwrap();
-        let mut config = SchedulerConfig::on_real_backend(instance, &curriculum(), secs(180))
+        let mut config = SchedulerConfig::on_real_backend(instance, curriculum, secs(180))
             .with_lesson_ttl(secs(30 * 60))
             .with_http_listen(&format!("127.0.0.1:{page_port}"))
             .with_entrypoint_keys(&[("k1", &key)], secs(TOKEN_TTL_SECS));
@@ -1061,4 +1083,350 @@ async fn browser_learners_labs_stay_apart_with_an_origin_per_lesson() {
 #[tokio::test]
 async fn browser_learners_labs_stay_apart_on_one_shared_origin() {
     learners_labs_stay_apart("e2e-browser-apart-shared", Origins::Shared).await;
+}
+
+/// What the page's stage bar and check feedback show: for each of `check`, `stage-forward`,
+/// `passed`, `held`, `feedback` and `error`, whether it is hidden, whether it is disabled and
+/// its text.
+async fn check_ui(browser: &Browser) -> Value {
+    browser
+        .run(
+            "const out = {}; \
+             for (const id of ['check', 'stage-forward', 'passed', 'held', 'feedback', 'error']) { \
+               const e = document.getElementById(id); \
+               out[id] = { hidden: e.hidden, disabled: !!e.disabled, text: e.textContent }; \
+             } \
+             out.label = document.getElementById('stage-label').innerText; \
+             return out",
+        )
+        .await
+}
+
+/// A script answering the feedback box's text once it shows a check whose `passed` is
+/// `passed` and whose text contains `want`, else false.
+fn feedback_shows(passed: bool, want: &str) -> String {
+    format!(
+        "const f = document.getElementById('feedback'); \
+         return !f.hidden && f.dataset.passed === '{passed}' && f.textContent.includes({want:?}) \
+           ? f.textContent : false"
+    )
+}
+
+/// A learner on the learner page meets a gated stage: Check fails with the check's message
+/// (what the learner typed shown as text, never markup), the next stage stays disabled; the
+/// fix typed in the web terminal passes, the stage is marked and the next stage opens. On the
+/// next stage (an advisory check) a check the operator started is running, so the learner's
+/// Check is refused with words saying so; when it ends its result reaches the page over the
+/// Watch stream.
+#[tokio::test]
+async fn browser_learner_checks_a_gated_stage_fixes_it_in_the_terminal_and_goes_on() {
+    let env = PageEnv::start_with(
+        "e2e-browser-checks",
+        &checks_curriculum(),
+        true,
+        Origins::PerLesson,
+    )
+    .await;
+    let browser = Browser::start().await;
+    browser
+        .goto(&format!("{}#/lessons/checked-answer", env.page()))
+        .await;
+    browser
+        .until(
+            "stage one's guide",
+            "return document.querySelector('#guide #guide-answer') !== null",
+            PATIENCE,
+        )
+        .await;
+    let before = check_ui(&browser).await;
+    assert_eq!(
+        (
+            &before["check"]["hidden"],
+            &before["check"]["disabled"],
+            &before["held"]["hidden"],
+        ),
+        (&json!(false), &json!(true), &json!(true)),
+        "before the lesson runs, Check is shown but cannot be pressed: {before}"
+    );
+    browser.click("#start").await;
+    let ready = browser
+        .until(
+            "READY",
+            "const s = document.body.getAttribute('data-status'); \
+             if (s === 'FAILED') return 'FAILED: ' + document.getElementById('status').innerText; \
+             return s === 'READY' ? s : false",
+            Duration::from_secs(180),
+        )
+        .await;
+    assert_eq!(ready, json!("READY"), "{}", env.logs());
+    let id = browser
+        .run("return document.getElementById('live-id').innerText")
+        .await
+        .as_str()
+        .unwrap()
+        .to_owned();
+    browser
+        .until(
+            "the shell's prompt in the terminal tab",
+            &terminal_shows("box/cli", "$"),
+            Duration::from_secs(30),
+        )
+        .await;
+    let ui = check_ui(&browser).await;
+    assert_eq!(ui["label"], json!("Stage 1 of 2"), "{ui}");
+    assert_eq!(
+        ui["check"]["disabled"],
+        json!(false),
+        "Check is offered: {ui}"
+    );
+    assert_eq!(
+        ui["stage-forward"]["disabled"],
+        json!(true),
+        "the gate holds: {ui}"
+    );
+    assert_eq!(
+        ui["held"]["hidden"],
+        json!(false),
+        "the gate is explained: {ui}"
+    );
+    assert_eq!(ui["passed"]["hidden"], json!(true), "{ui}");
+    assert_eq!(
+        ui["feedback"]["hidden"],
+        json!(true),
+        "no check ran yet: {ui}"
+    );
+
+    // Check before doing anything: the check's own message, the stage still held.
+    browser.click("#check").await;
+    let failed = browser
+        .until(
+            "the failed check's message",
+            &feedback_shows(false, "/tmp/answer is missing"),
+            PATIENCE,
+        )
+        .await;
+    let failed = failed.as_str().unwrap();
+    assert!(
+        failed.contains("Not yet: the check failed.") && failed.contains("box (box.sh): failed"),
+        "the verdict and the endpoint's file: {failed}"
+    );
+    let ui = check_ui(&browser).await;
+    assert_eq!(
+        (
+            &ui["stage-forward"]["disabled"],
+            &ui["passed"]["hidden"],
+            &ui["held"]["hidden"],
+            &ui["check"]["disabled"],
+            &ui["error"]["hidden"],
+        ),
+        (
+            &json!(true),
+            &json!(true),
+            &json!(false),
+            &json!(false),
+            &json!(true)
+        ),
+        "a failed check: next stage disabled, not marked, Check again possible: {ui}"
+    );
+    browser.screenshot("checks-1-failed").await;
+
+    // A wrong answer holding markup: the check's output quotes it, and the page shows it as
+    // text.
+    type_line(
+        &browser,
+        "box/cli",
+        "echo '<img src=x id=typed-markup>' > /tmp/answer && echo wrote-$((40+1))",
+        "wrote-41",
+    )
+    .await;
+    browser.click("#check").await;
+    browser
+        .until(
+            "the wrong answer quoted",
+            &feedback_shows(false, "holds \"<img src=x id=typed-markup>\", which is not"),
+            PATIENCE,
+        )
+        .await;
+    let markup = browser
+        .run(
+            "return [document.getElementById('typed-markup') === null, \
+             document.querySelectorAll('#feedback img').length]",
+        )
+        .await;
+    assert_eq!(
+        markup,
+        json!([true, 0]),
+        "the check's output is text, not markup"
+    );
+    assert_eq!(
+        check_ui(&browser).await["stage-forward"]["disabled"],
+        json!(true)
+    );
+
+    // The fix, typed in the terminal: the check passes, the stage is marked, the gate opens.
+    type_line(
+        &browser,
+        "box/cli",
+        "echo 42 > /tmp/answer && echo wrote-$((40+2))",
+        "wrote-42",
+    )
+    .await;
+    browser.click("#check").await;
+    let passed = browser
+        .until(
+            "the passed check",
+            &feedback_shows(true, "/tmp/answer holds the answer, 42"),
+            PATIENCE,
+        )
+        .await;
+    assert!(
+        passed.as_str().unwrap().contains("Check passed."),
+        "{passed}"
+    );
+    let ui = browser
+        .until(
+            "the stage marked and the next one open",
+            "const p = document.getElementById('passed'); \
+             const f = document.getElementById('stage-forward'); \
+             return !p.hidden && !f.disabled ? p.textContent : false",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(ui, json!("✓ Stage passed"));
+    let ui = check_ui(&browser).await;
+    assert_eq!(ui["held"]["hidden"], json!(true), "{ui}");
+    // The scheduler says the same, to the learner's own session (GetLiveLesson over JSON,
+    // from the page with its cookie).
+    browser
+        .run(&format!(
+            "window.recorded = null; \
+             fetch('/v1/live-lessons/{id}', {{ credentials: 'same-origin' }}) \
+               .then((r) => r.json()).then((j) => {{ window.recorded = j; }}); \
+             return true"
+        ))
+        .await;
+    let recorded = browser
+        .until(
+            "GetLiveLesson from the page",
+            "return window.recorded",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(recorded["passedStages"], json!([0]), "{recorded}");
+    assert_eq!(
+        (
+            &recorded["lastCheck"]["passed"],
+            &recorded["lastCheck"]["stage"]
+        ),
+        (&json!(true), &json!(0)),
+        "{recorded}"
+    );
+    browser.screenshot("checks-2-passed").await;
+
+    // The next stage: its guide; its check only advises, none ran in it yet.
+    browser.click("#stage-forward").await;
+    browser
+        .until(
+            "stage two READY",
+            "return document.body.getAttribute('data-status') === 'READY' \
+               && document.getElementById('stage-label').innerText === 'Stage 2 of 2' \
+               && document.querySelector('#guide #guide-wait') !== null",
+            Duration::from_secs(120),
+        )
+        .await;
+    let ui = check_ui(&browser).await;
+    assert_eq!(
+        (
+            &ui["check"]["hidden"],
+            &ui["passed"]["hidden"],
+            &ui["held"]["hidden"],
+            &ui["feedback"]["hidden"],
+        ),
+        (&json!(false), &json!(true), &json!(true), &json!(true)),
+        "stage two: Check offered, not passed, nothing held, stage one's feedback gone: {ui}"
+    );
+
+    // An operator's check of this stage is running (it waits for /tmp/release): the learner's
+    // Check is refused, and the page says why.
+    let operator = {
+        let mut admin = env.scheduler.clients.admin.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            admin
+                .test_stage(api::TestStageRequest {
+                    live_lesson_id: id,
+                    files: api::StageFiles::Checks as i32,
+                })
+                .await
+                .map(tonic::Response::into_inner)
+        })
+    };
+    let started = std::time::Instant::now();
+    while !exists_in_box(&id, "/tmp/checking") {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "the operator's check never started\n{}",
+            env.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    browser.click("#check").await;
+    let refused = browser
+        .until(
+            "the refusal shown",
+            "const e = document.getElementById('error'); \
+             const c = document.getElementById('check'); \
+             return !e.hidden && !c.disabled ? e.textContent : false",
+            PATIENCE,
+        )
+        .await;
+    assert_eq!(
+        refused,
+        json!("A check of this lesson is running already: its result shows here when it ends."),
+    );
+    browser.screenshot("checks-3-refused").await;
+
+    // The learner releases the running check from the terminal; its result reaches the page
+    // over the Watch stream, and the newer result clears the refusal.
+    type_line(
+        &browser,
+        "box/cli",
+        "touch /tmp/release && echo released-$((2+3))",
+        "released-5",
+    )
+    .await;
+    let result = operator
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("the operator's check: {err:?}\n{}", env.logs()));
+    assert!(result.passed && result.stage == 1, "{result:?}");
+    browser
+        .until(
+            "the operator's check on the page",
+            &feedback_shows(true, "released: /tmp/release exists"),
+            PATIENCE,
+        )
+        .await;
+    let ui = check_ui(&browser).await;
+    assert_eq!(
+        (&ui["passed"]["hidden"], &ui["error"]["hidden"]),
+        (&json!(false), &json!(true)),
+        "stage two marked, the refusal cleared: {ui}"
+    );
+    assert_eq!(
+        unexpected_violations(&browser).await,
+        Vec::<String>::new(),
+        "policy violations on the page"
+    );
+    browser.screenshot("checks-4-watched").await;
+
+    browser.click("#delete").await;
+    browser
+        .until(
+            "the lesson deleted",
+            "return document.body.getAttribute('data-status') === 'DELETED'",
+            PATIENCE,
+        )
+        .await;
+    browser.quit().await;
 }

@@ -61,14 +61,15 @@
   }
 
   class ApiError extends Error {
-    constructor(message, status, reason) {
+    constructor(message, status, reason, metadata) {
       super(message);
       this.status = status;
       this.reason = reason;
+      this.metadata = metadata || {};
     }
   }
 
-  // One JSON API call; errors carry the HTTP status and the API's typed reason.
+  // One JSON API call; errors carry the HTTP status, the API's typed reason and its metadata.
   async function call(method, path, body) {
     const init = { method, headers: {}, credentials: 'same-origin' };
     if (body !== undefined) {
@@ -85,7 +86,7 @@
     }
     if (!response.ok) {
       const message = (json && json.message) || `${method} ${path}: HTTP ${response.status}`;
-      throw new ApiError(message, response.status, json && json.reason);
+      throw new ApiError(message, response.status, json && json.reason, json && json.metadata);
     }
     return json;
   }
@@ -194,7 +195,10 @@
     $('catalog').hidden = true;
     $('lesson').hidden = false;
     const lesson = await call('GET', `/v1/lessons/${encodeURIComponent(slug)}`);
-    view = { lesson, live: null, events: null, tabs: new Map(), stage: 0, deleting: false };
+    view = {
+      lesson, live: null, events: null, tabs: new Map(), stage: 0, deleting: false,
+      checking: false, shownCheck: null, checkError: false,
+    };
     document.title = `${lesson.name} · Antidote`;
     $('lesson-title').textContent = lesson.name;
     $('lesson-description').textContent = lesson.description || '';
@@ -205,6 +209,7 @@
     $('start').textContent = 'Start this lesson';
     $('start').disabled = false;
     $('delete').hidden = true;
+    renderFeedback(null);
     renderGuide(0);
     renderStages();
     // A live lesson of this session already running this lesson is picked up again.
@@ -243,13 +248,110 @@
     guide.append(body);
   }
 
+  function currentStage() {
+    return view.live ? view.live.stage || 0 : view.stage;
+  }
+
   function renderStages() {
-    const count = (view.lesson.stages || []).length;
-    const stage = view.live ? view.live.stage || 0 : view.stage;
+    const stages = view.lesson.stages || [];
+    const count = stages.length;
+    const stage = currentStage();
+    const passed = new Set((view.live && view.live.passedStages) || []);
     $('stage-label').textContent = `Stage ${stage + 1} of ${count}`;
     const ready = view.live && statusName(view.live) === 'READY' && !view.deleting;
+    const entry = stages[stage] || {};
+    // A gated stage (`checks: gate`): the next stage waits until its check passed.
+    const held = entry.checks === 'gate' && !passed.has(stage) && stage + 1 < count;
     $('stage-back').disabled = !ready || stage <= 0;
-    $('stage-forward').disabled = !ready || stage + 1 >= count;
+    $('stage-forward').disabled = !ready || stage + 1 >= count || held;
+    $('stage-forward').title = held ? 'Pass this stage\'s check first' : '';
+    $('held').hidden = !held || !view.live;
+    $('check').hidden = !entry.checks;
+    $('check').disabled = !ready || view.checking;
+    $('check').textContent = view.checking ? 'Checking…' : 'Check';
+    $('passed').hidden = !passed.has(stage);
+  }
+
+  // The feedback of a check (CheckStage's answer, or a live lesson's last check) of the stage
+  // shown: passed or not, and each endpoint's output. Outputs are what check files printed,
+  // so they are only ever text, never markup.
+  function renderFeedback(check) {
+    const box = $('feedback');
+    if (!check || (check.stage || 0) !== currentStage()) {
+      box.hidden = true;
+      box.replaceChildren();
+      delete box.dataset.passed;
+      return;
+    }
+    // A newer check than the one shown: an error about an earlier attempt is old news.
+    const key = `${check.stage || 0} ${check.checkedAt || ''}`;
+    if (key !== view.shownCheck && view.checkError) {
+      view.checkError = false;
+      showError('');
+    }
+    view.shownCheck = key;
+    box.hidden = false;
+    box.dataset.passed = check.passed ? 'true' : 'false';
+    const title = check.passed ? 'Check passed.' : 'Not yet: the check failed.';
+    const children = [el('p', { class: 'verdict' }, el('strong', {}, title))];
+    for (const endpoint of check.endpoints || []) {
+      const verdict = endpoint.passed ? 'passed' : (endpoint.timedOut ? 'ran out of time' : 'failed');
+      children.push(el('p', { class: 'quiet' }, `${endpoint.endpoint} (${endpoint.fileName}): ${verdict}`));
+      if (endpoint.truncated) children.push(el('p', { class: 'quiet' }, 'The end of its output:'));
+      if (endpoint.feedback) children.push(el('pre', { 'data-endpoint': endpoint.endpoint }, endpoint.feedback));
+    }
+    box.replaceChildren(...children);
+  }
+
+  // What a learner reads when the scheduler refuses a check or a stage change.
+  function explain(err) {
+    if (!(err instanceof ApiError)) return err.message;
+    const metadata = err.metadata || {};
+    switch (err.reason) {
+      case 'TOO_MANY_CHECKS':
+        if (metadata.scope === 'running') {
+          return 'A check of this lesson is running already: its result shows here when it ends.';
+        }
+        return `This lesson ran ${metadata.limit || 'the most'} checks in the last minute, the most allowed: wait a moment, then check again.`;
+      case 'CHECK_NOT_PASSED':
+        return 'This stage\'s check has to pass before the next stage: press Check.';
+      case 'CHECKS_UNSUPPORTED':
+        return 'Checks cannot run where this lesson runs; your lesson is unchanged.';
+      case 'NO_CHECKS':
+        return 'This stage has no check.';
+      case 'LIVE_LESSON_BUSY':
+        return 'The lesson is not ready: check again once it is.';
+      default:
+        return err.message;
+    }
+  }
+
+  async function check() {
+    if (!view || !view.live || view.checking) return;
+    showError('');
+    view.checkError = false;
+    const current = view;
+    view.checking = true;
+    renderStages();
+    try {
+      const result = await sessionCall('POST', `/v1/live-lessons/${encodeURIComponent(view.live.id)}/check`, {});
+      if (view !== current || !view.live) return;
+      // The answer is the live lesson's last check now; a pass counts at once (the Watch
+      // stream says the same when it sends the live lesson again).
+      const passed = new Set(view.live.passedStages || []);
+      if (result.passed) passed.add(result.stage || 0);
+      view.live = { ...view.live, lastCheck: result, passedStages: [...passed].sort((a, b) => a - b) };
+      renderFeedback(result);
+    } catch (err) {
+      if (view !== current) return;
+      showError(explain(err));
+      view.checkError = true;
+    } finally {
+      if (view === current) {
+        view.checking = false;
+        renderStages();
+      }
+    }
   }
 
   async function start() {
@@ -351,6 +453,7 @@
       view.stage = view.shownStage;
       renderGuide(view.shownStage);
     }
+    renderFeedback(live.lastCheck);
     renderStages();
     if (status === 'READY') renderTabs(live);
   }
@@ -598,8 +701,14 @@
     showError('');
     $('stage-back').disabled = true;
     $('stage-forward').disabled = true;
-    const live = await sessionCall('PUT', `/v1/live-lessons/${encodeURIComponent(view.live.id)}/stage`, { stage });
-    update(live);
+    const current = view;
+    try {
+      const live = await sessionCall('PUT', `/v1/live-lessons/${encodeURIComponent(view.live.id)}/stage`, { stage });
+      if (view === current) update(live);
+    } catch (err) {
+      if (view === current) renderStages();
+      throw new Error(explain(err));
+    }
   }
 
   async function remove() {
@@ -629,6 +738,7 @@
   }
 
   $('start').addEventListener('click', guard(start));
+  $('check').addEventListener('click', guard(check));
   $('delete').addEventListener('click', guard(remove));
   $('stage-back').addEventListener('click', guard(() => setStage(view.live.stage - 1)));
   $('stage-forward').addEventListener('click', guard(() => setStage((view.live.stage || 0) + 1)));
