@@ -18,7 +18,7 @@ use std::time::Duration;
 use antidote_proto::api::v1 as api;
 use antidote_tests::config::{Agent, SchedulerConfig, secs};
 use antidote_tests::{
-    Process, Restartable, Scheduler, example_curriculum, fetch, presentation, workspace_bin,
+    Process, Restartable, Scheduler, checks, example_curriculum, fetch, presentation, workspace_bin,
 };
 use api::LiveLessonStatus as S;
 use k8s_openapi::api::batch::v1::Job;
@@ -389,6 +389,25 @@ async fn reaches(pods: &Api<Pod>, pod: &str, target: &str) -> bool {
         "nc in {pod} did not run: {ran:?}"
     );
     ran.output.contains("REACHED")
+}
+
+/// How long after a pod starts the node's policy enforcer may take to apply the lesson's
+/// NetworkPolicy to it: kube-router programs a new pod's address on its next sync after the pod
+/// event (the book's security page tells operators); the isolation must hold once it has.
+const ENFORCER_LAG: Duration = Duration::from_secs(20);
+
+/// Whether `target` is (or within `lag` becomes) out of reach from `pod`.
+async fn closed_within(pods: &Api<Pod>, pod: &str, target: &str, lag: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + lag;
+    loop {
+        if !reaches(pods, pod, target).await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// Fetches `path` from an HTTP presentation's pod address, from the host.
@@ -828,9 +847,15 @@ async fn agent_k8s_conforms() {
         "watch-resync",
         "entrypoint-tokens",
         "entrypoint-activity",
+        "checks-run",
+        "checks-timeout",
+        "checks-one-at-a-time",
+        "checks-refusals",
     ] {
         assert!(report.contains(&format!("PASS  {ran}:")), "{report}");
     }
+    // It offers `checks`, so the refusal of an agent without them is not its to show.
+    assert!(report.contains("SKIP  checks-unimplemented:"), "{report}");
 }
 
 /// The agent's own view of a live lesson (conditions are not part of the public API).
@@ -1067,8 +1092,8 @@ async fn k8s_lessons_are_isolated_from_each_other_the_node_and_the_api_server() 
         ("the node's kubelet", format!("{node_ip}:{kubelet_port}")),
     ] {
         assert!(
-            !reaches(&a_pods, "web", &target).await,
-            "{what} ({target}) is reachable from lesson A"
+            closed_within(&a_pods, "web", &target, ENFORCER_LAG).await,
+            "{what} ({target}) is still reachable from lesson A {ENFORCER_LAG:?} after READY"
         );
     }
     // No DNS at all: the cluster DNS refuses nothing, the policy drops the query.
@@ -1603,4 +1628,97 @@ async fn k8s_a_fork_bomb_stops_at_the_pods_pids_limit_and_spares_other_lessons()
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     c.delete(&other.id, PATIENCE).await.unwrap();
+}
+
+/// Stage checks through the scheduler on agent-k8s, as a learner and an author meet them: the
+/// gated stage's check runs inside the endpoint's pod and fails with the script's own message;
+/// the stage's solution (AdminService.TestStage, what `antidotectl admin test-lesson` runs)
+/// changes that pod, after which the check passes, the stage is among the live lesson's passed
+/// stages and the live lesson is still READY at the same generation.
+#[tokio::test]
+async fn k8s_a_gated_stage_fails_its_check_then_passes_after_the_solution() {
+    let env = K8sEnv::with_curriculum("k8s-checks-gate", &[], &checks::curriculum()).await;
+    let live = env.ready("gated", 0).await;
+    assert!(live.passed_stages.is_empty() && live.last_check.is_none());
+    let c = &env.scheduler.clients;
+
+    let failed = checks::check_stage(c, &live.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", env.logs()));
+    assert!(!failed.passed, "{failed:?}");
+    let feedback = &failed.endpoints[0];
+    assert_eq!(
+        (feedback.endpoint.as_str(), feedback.file_name.as_str()),
+        ("box", "box.sh")
+    );
+    assert!(!feedback.passed && feedback.exit_code == 1 && !feedback.timed_out);
+    assert_eq!(
+        feedback.feedback,
+        "/tmp/done is missing: run touch /tmp/done on the box tab\n"
+    );
+
+    let solution = checks::run_solutions(c, &live.id).await.unwrap();
+    assert!(solution.passed, "{solution:?}\n{}", env.logs());
+    // The solution ran in the endpoint's own container.
+    let made = env.exec(&live.id, "box", "ls /tmp/done").await;
+    assert_eq!(made.code, 0, "{made:?}");
+
+    let passed = checks::check_stage(c, &live.id).await.unwrap();
+    assert!(passed.passed, "{passed:?}");
+    assert_eq!(passed.endpoints[0].feedback, "found /tmp/done\n");
+    let shown = c.get(&live.id).await.unwrap();
+    assert_eq!(shown.passed_stages, [0]);
+    assert!(
+        shown
+            .last_check
+            .as_ref()
+            .is_some_and(|l| l.passed && l.stage == 0)
+    );
+    assert_eq!(
+        (shown.status(), shown.generation),
+        (S::Ready, live.generation),
+        "a check changes no live lesson"
+    );
+    env.delete_all(&[&live.id]).await;
+}
+
+/// A check still running at the lesson's checkTimeout is killed inside its pod with everything
+/// it started (no `sleep` of it is left in the container), and one printing 100 MB answers the
+/// end of what it wrote, within the protocol's 16 KiB.
+#[tokio::test]
+async fn k8s_a_check_that_never_ends_is_killed_in_its_pod_and_a_loud_one_is_cut() {
+    let env = K8sEnv::with_curriculum("k8s-checks-bounded", &[], &checks::curriculum()).await;
+    let live = env.ready("bounded", 0).await;
+    let c = &env.scheduler.clients;
+    let answer = checks::check_stage(c, &live.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", env.logs()));
+    assert!(!answer.passed);
+    let hanging = &answer.endpoints[0];
+    assert_eq!(hanging.endpoint, "hanging");
+    assert!(hanging.timed_out && !hanging.passed, "{hanging:?}");
+    assert!(
+        hanging
+            .feedback
+            .contains("waiting for something that never comes"),
+        "{}",
+        hanging.feedback
+    );
+    let left = env.exec(&live.id, "hanging", "ps -o pid,args").await;
+    assert!(
+        !left.output.contains("sleep 100000"),
+        "the check's sleep still runs in its pod: {left:?}"
+    );
+    let loud = &answer.endpoints[1];
+    assert_eq!(
+        (loud.endpoint.as_str(), loud.exit_code),
+        ("loud", 1),
+        "{loud:?}"
+    );
+    assert!(
+        loud.truncated && loud.feedback.len() <= 16 * 1024,
+        "{loud:?}"
+    );
+    assert!(loud.feedback.ends_with("the last line of a long answer\n"));
+    env.delete_all(&[&live.id]).await;
 }

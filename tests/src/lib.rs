@@ -6,6 +6,7 @@
 //! test prints.
 #![forbid(unsafe_code)]
 
+pub mod checks;
 pub mod command;
 pub mod config;
 pub mod journal;
