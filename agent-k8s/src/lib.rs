@@ -5,11 +5,13 @@
 //! - [`backend`], the SDK `Backend`: takes one generation of a live lesson to READY (apply the
 //!   objects, watch the pods run, run the stage's configuration (shell scripts inside the
 //!   endpoints, the configurator's as Jobs), probe the pods' addresses), removes a live lesson by deleting its namespace, discovers live lessons by the
-//!   namespaces' labels, plans; the SDK's `Agent` applies the protocol's rules around it.
+//!   namespaces' labels, plans, runs stage checks; the SDK's `Agent` applies the protocol's
+//!   rules around it.
 //! - [`cluster`], the names and manifests of every object, and server-side apply.
 //! - [`configurator`], python, ansible and napalm configurations as Jobs of the configurator
 //!   image, their files in a ConfigMap, credentials in a Secret.
-//! - [`exec`], shell configurations inside an endpoint's container through `pods/exec`.
+//! - [`exec`], shell configurations and check files inside an endpoint's container through
+//!   `pods/exec`, python check files in a run's configurator pod.
 //! - [`guard`], one watch of the agent's namespaces: a READY live lesson whose namespace is
 //!   deleted behind the agent's back becomes FAILED.
 //! - [`node_gc`], what `agent-k8s-node-gc` removes from a node once no pod uses it: lesson

@@ -67,12 +67,14 @@ pub struct Settings {
     /// How long one run (one pod) of a stage's configuration Job may take, rounded up to whole
     /// seconds: the pod's `activeDeadlineSeconds`. The Job as a whole gets every try's time plus
     /// the Job controller's back-off between tries ([`Settings::config_job_deadline`]). A lesson
-    /// may ask for less (`configTimeout`, LessonSpec.configuration_timeout), never more.
+    /// may ask for less (`configTimeout`, LessonSpec.configuration_timeout), never more. It also
+    /// bounds each check or solution file (a lesson's `checkTimeout` may be less).
     #[arg(long, env = "ANTIDOTE_K8S_CONFIG_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub config_timeout: Duration,
-    /// The image python, ansible and napalm configurations run in, as the stage's Jobs (built
-    /// locally by tests/docker/configurator.sh; push it where the cluster pulls from). Without
-    /// it the agent runs shell configurations only and does not offer the other types.
+    /// The image python, ansible and napalm configurations run in, as the stage's Jobs, and
+    /// python check files, in a pod started for each run (built locally by
+    /// tests/docker/configurator.sh; push it where the cluster pulls from). Without it the agent
+    /// runs shell configurations and check files only and does not offer the other types.
     #[arg(long, env = "ANTIDOTE_K8S_CONFIGURATOR_IMAGE")]
     pub configurator_image: Option<String>,
     /// The image a lesson's Jupyter guide endpoint runs (built locally by
