@@ -1722,3 +1722,192 @@ async fn k8s_a_check_that_never_ends_is_killed_in_its_pod_and_a_loud_one_is_cut(
     assert!(loud.feedback.ends_with("the last line of a long answer\n"));
     env.delete_all(&[&live.id]).await;
 }
+
+/// A python check file on agent-k8s (RunChecks, as the scheduler sends it): it runs in the
+/// configurator pod started for the run, logs in to the endpoint by its name over SSH with the
+/// image's configuration credentials and reads what a shell solution file, run inside the
+/// endpoint's own container, left there. The run's configurator pod is gone after each run,
+/// and the password is never in what the files answer.
+#[tokio::test]
+async fn k8s_a_python_check_logs_in_to_its_endpoint_from_the_configurator() {
+    use antidote_proto::agent::v1 as proto;
+    use antidote_proto::labels;
+    let dir = tempfile::tempdir().unwrap();
+    let admin_client = admin().await;
+    let kubeconfig = agent_kubeconfig(&admin_client, dir.path()).await;
+    let (agent, _, _) = agent_k8s(
+        dir.path(),
+        &kubeconfig,
+        &["--configurator-image", "antidote/configurator:latest"],
+    )
+    .await;
+    let instance = format!(
+        "k8s-python-check-{}",
+        &uuid::Uuid::new_v4().to_string()[..8]
+    );
+    let _leftovers = Leftovers(instance.clone());
+    let mut client = proto::backend_client::BackendClient::connect(agent.url())
+        .await
+        .unwrap();
+    client
+        .handshake(proto::HandshakeRequest {
+            supported_majors: vec![1],
+            scheduler_instance_id: instance.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = uuid::Uuid::new_v4().to_string();
+    let password = "antidotepassword";
+    let spec = proto::LessonSpec {
+        live_lesson_id: id.clone(),
+        session_id: "python-check".into(),
+        lesson_slug: "python-check".into(),
+        generation: 1,
+        endpoints: vec![proto::Endpoint {
+            name: "box".into(),
+            image: Some(proto::Image {
+                slug: "sshd".into(),
+                flavor: proto::Flavor::Untrusted as i32,
+                config_user: "antidote".into(),
+                config_password: password.into(),
+                ..Default::default()
+            }),
+            presentations: vec![proto::Presentation {
+                name: "cli".into(),
+                r#type: proto::PresentationType::Ssh as i32,
+                port: 22,
+            }],
+            ..Default::default()
+        }],
+        labels: [
+            (labels::INSTANCE, instance.as_str()),
+            (labels::LIVE_LESSON, id.as_str()),
+            (labels::SESSION, "python-check"),
+            (labels::GENERATION, "1"),
+            (labels::LESSON, "python-check"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+        ..Default::default()
+    };
+    client
+        .provision(proto::ProvisionRequest {
+            spec: Some(spec),
+            new_live_lesson: true,
+        })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let state = client
+            .get(proto::GetRequest {
+                live_lesson_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .state
+            .unwrap();
+        match state.phase() {
+            proto::Phase::Ready => break,
+            proto::Phase::Failed => panic!("{state:?}\n{}", agent.log_text()),
+            _ if tokio::time::Instant::now() > deadline => {
+                panic!("not READY: {state:?}\n{}", agent.log_text())
+            }
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+    let check =
+        |kind: proto::ConfigurationType, name: &str, contents: &str| proto::RunChecksRequest {
+            live_lesson_id: id.clone(),
+            generation: 1,
+            files: vec![proto::CheckFile {
+                endpoint: "box".into(),
+                r#type: kind as i32,
+                file_name: name.into(),
+                contents: contents.as_bytes().to_vec(),
+            }],
+            timeout: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+        };
+    let python = r#"import os
+import paramiko
+
+client = paramiko.SSHClient()
+client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+client.connect(os.environ["ANTIDOTE_HOST"], port=22, username=os.environ["ANTIDOTE_CONFIG_USER"],
+               password=os.environ["ANTIDOTE_CONFIG_PASSWORD"], look_for_keys=False,
+               allow_agent=False, timeout=30)
+_, out, err = client.exec_command("id -un; cat /tmp/answer")
+status = out.channel.recv_exit_status()
+print(out.read().decode() + err.read().decode(), end="")
+raise SystemExit(status)
+"#;
+    let checks_pods = || async {
+        let pods: Api<Pod> = Api::namespaced(admin_client.clone(), &format!("antidote-{id}"));
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .filter(|n| n.starts_with("checks-"))
+            .collect::<Vec<_>>()
+    };
+    let mut answers = Vec::new();
+    for (kind, name, contents) in [
+        (proto::ConfigurationType::Python, "box.py", python),
+        (
+            proto::ConfigurationType::Shell,
+            "box.sh",
+            "echo 42 > /tmp/answer\nchmod 644 /tmp/answer\n",
+        ),
+        (proto::ConfigurationType::Python, "box.py", python),
+    ] {
+        let answer = client
+            .run_checks(check(kind, name, contents))
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}\n{}", agent.log_text()))
+            .into_inner()
+            .results
+            .remove(0);
+        assert!(answer.error.is_empty(), "{answer:?}\n{}", agent.log_text());
+        assert!(!answer.output.contains(password), "{answer:?}");
+        // The run's configurator pod went with the run.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !checks_pods().await.is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?} left",
+                checks_pods().await
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        answers.push(answer);
+    }
+    let before = &answers[0];
+    assert!(before.exited && before.exit_code == 1, "{before:?}");
+    assert!(
+        before.output.starts_with("antidote\n") && before.output.contains("/tmp/answer"),
+        "logged in as the configuration user, found no answer yet: {before:?}"
+    );
+    assert!(
+        answers[1].exited && answers[1].exit_code == 0,
+        "{:?}",
+        answers[1]
+    );
+    let after = &answers[2];
+    assert!(after.exited && after.exit_code == 0, "{after:?}");
+    assert_eq!(after.output, "antidote\n42\n");
+    client
+        .deprovision(proto::DeprovisionRequest {
+            live_lesson_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
