@@ -2,7 +2,7 @@
 
 It realises every presentation of a live lesson as a local process on loopback (presenter.py):
 an http presentation is a small web server naming the lesson, the endpoint and the stage, an ssh
-presentation writes an SSH banner. It is written from proto/PROTOCOL.md and
+presentation writes an SSH banner. Shell check files (RunChecks) run as local processes too. It is written from proto/PROTOCOL.md and
 proto/antidote/agent/v1/agent.proto alone.
 
     python3 agent.py --listen 127.0.0.1:0 [--state-dir DIR] [--max-live-lessons N]
@@ -52,7 +52,7 @@ AGENT_NAME = "python-agent"
 BUILD_VERSION = "0.1.0"
 SERVICE = "antidote.agent.v1.Backend"
 MAJORS = [1]
-CAPABILITIES = ["presentation.http", "presentation.ssh", "watch", "recover", "plan"]
+CAPABILITIES = ["presentation.http", "presentation.ssh", "watch", "recover", "plan", "checks"]
 REQUIRED_LABELS = ["antidote.io/instance", "antidote.io/live-lesson", "antidote.io/session",
                    "antidote.io/generation", "antidote.io/lesson"]
 PRESENTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presenter.py")
@@ -72,6 +72,10 @@ DEFAULT_PAGE, MAX_PAGE = 100, 500
 DEFAULT_HEARTBEAT, MAX_HEARTBEAT = 10.0, 30.0
 WATCH_QUEUE = 1024        # events a watcher may fall behind before it gets a resync
 MAX_LABELS, MAX_LABEL_BYTES = 32, 253  # label bounds of a spec (PROTOCOL.md [S2])
+CHECK_LIMIT = 300.0       # seconds a check file may run at most (PROTOCOL.md [X3])
+CHECK_OUTPUT = 16 * 1024  # the tail of a check file's output answered (PROTOCOL.md [X3])
+MAX_CHECK_FILE, MAX_CHECK_FILES = 256 * 1024, 1024 * 1024  # bytes (PROTOCOL.md [X2])
+FILE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 
 log = logging.getLogger(AGENT_NAME)
 
@@ -666,10 +670,106 @@ class Worker:
 
 # ----------------------------------------------------------------------------- the service
 
+# ----------------------------------------------------------------------------- checks
+
+def check_files(request, spec):
+    """INVALID_SPEC naming the first rule a RunChecks request breaks (PROTOCOL.md [X2]); `spec`
+    is the held live lesson's, or None."""
+    try:
+        ok = str(uuid.UUID(request.live_lesson_id)) == request.live_lesson_id
+    except ValueError:
+        ok = False
+    if not ok:
+        raise invalid("live_lesson_id", "a UUID, hyphenated, lower case")
+    if not request.files:
+        raise invalid("files", "at least one file")
+    seen, total = set(), 0
+    for i, f in enumerate(request.files):
+        if f.endpoint in seen:
+            raise invalid(f"files[{i}].endpoint",
+                          f"endpoint `{f.endpoint}` has another file in this request")
+        seen.add(f.endpoint)
+        if spec is not None and f.endpoint not in {ep.name for ep in spec.endpoints}:
+            raise invalid(f"files[{i}].endpoint",
+                          f"`{f.endpoint}` is not an endpoint of the live lesson")
+        if f.type != pb.CONFIGURATION_TYPE_SHELL:
+            raise invalid(f"files[{i}].type", "this agent runs shell files only (it does not "
+                                              "offer configuration.python)")
+        if not FILE_NAME.match(f.file_name) or f.file_name in (".", ".."):
+            raise invalid(f"files[{i}].file_name", "1-253 of A-Za-z0-9._-, not `.` or `..`")
+        if len(f.contents) > MAX_CHECK_FILE:
+            raise invalid(f"files[{i}].contents", f"at most {MAX_CHECK_FILE // 1024} KiB")
+        total += len(f.contents)
+    if total > MAX_CHECK_FILES:
+        raise invalid("files", f"the files hold {total} bytes together, over "
+                               f"{MAX_CHECK_FILES // 1024} KiB")
+
+
+def run_check(spec, f, timeout):
+    """Runs one shell file as a local process, its contents on `sh`'s standard input, in a
+    process group of its own killed whole at the timeout; stdout and stderr share one pipe, of
+    which only the last CHECK_OUTPUT bytes are kept (PROTOCOL.md [X3])."""
+    result = pb.CheckResult(endpoint=f.endpoint, file_name=f.file_name)
+    env = dict(os.environ, ANTIDOTE_HOST=f.endpoint, ANTIDOTE_STAGE=str(spec.stage),
+               ANTIDOTE_LIVE_LESSON=spec.live_lesson_id)
+    started = time.monotonic()
+    try:
+        child = subprocess.Popen(["sh", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    except OSError as e:
+        result.exited, result.exit_code, result.error = False, -1, f"could not start sh: {e}"
+        result.duration.FromNanoseconds(0)
+        return result
+    tail, wrote = bytearray(), [0]
+
+    def feed():
+        # A file that exits before reading all of itself closes the pipe: not an error.
+        try:
+            child.stdin.write(f.contents)
+            child.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def drain():
+        while True:
+            chunk = child.stdout.read1(65536)
+            if not chunk:
+                return
+            wrote[0] += len(chunk)
+            tail.extend(chunk)
+            if len(tail) > CHECK_OUTPUT:
+                del tail[:len(tail) - CHECK_OUTPUT]
+
+    threads = [threading.Thread(target=feed, daemon=True),
+               threading.Thread(target=drain, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        code = child.wait(timeout)
+        result.exited, result.exit_code = True, code
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.wait()
+        result.exited, result.exit_code, result.timed_out = False, -1, True
+    # What it left running may hold the pipe open: the answer does not wait for it.
+    threads[1].join(1.0)
+    result.duration.FromNanoseconds(int((time.monotonic() - started) * 1e9))
+    kept = bytes(tail)
+    while kept and kept[0] & 0xC0 == 0x80:   # no partial character at the start
+        kept = kept[1:]
+    result.output = kept.decode("utf-8", errors="replace")
+    result.truncated = wrote[0] > len(kept)
+    return result
+
+
 class Backend(pb_grpc.BackendServicer):
     def __init__(self, book):
         self.book = book
         self.instance_id = str(uuid.uuid4())
+        self.checking = set()   # live lessons whose files run now (under book.mu)
 
     def Handshake(self, request, context):
         common = set(request.supported_majors) & set(MAJORS)
@@ -855,10 +955,41 @@ class Backend(pb_grpc.BackendServicer):
             return pb.RecoverResponse(state=self.update(l, spec, "Recover"))
 
     def RunChecks(self, request, context):
-        """This agent runs no check files (it does not offer `checks`): UNIMPLEMENTED, typed like
-        every call whose capability is not offered (PROTOCOL.md [V4])."""
-        raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED",
-                       "this agent does not run checks (no `checks` capability)", rpc="RunChecks")
+        """Runs shell check or solution files on a READY live lesson, one after another, as local
+        processes: the refusals in the order of PROTOCOL.md [X2], one run per live lesson at a
+        time [X4], nothing reported changes [X5]."""
+        id = request.live_lesson_id
+        with self.book.mu:
+            l = self.book.lessons.get(id)
+            held = l if l is not None and not l.dormant else None
+            check_files(request, held.spec if held else None)
+            if held is None:
+                raise not_found(id, f"live lesson `{id}` is not held by this agent")
+            spec = held.spec
+            if (held.phase != pb.PHASE_READY or held.stopping
+                    or spec.generation != request.generation):
+                phase = pb.PHASE_TERMINATING if held.stopping else held.phase
+                raise RpcError(grpc.StatusCode.FAILED_PRECONDITION, "NOT_READY",
+                               f"live lesson `{id}` is {pb.Phase.Name(phase)[6:]} at generation "
+                               f"{spec.generation}, not READY at generation {request.generation}",
+                               live_lesson_id=id, phase=pb.Phase.Name(phase),
+                               generation=spec.generation)
+            if id in self.checking:
+                raise RpcError(grpc.StatusCode.ABORTED, "CHECKS_RUNNING",
+                               f"a run of live lesson `{id}` is already going on; one at a time",
+                               live_lesson_id=id)
+            self.checking.add(id)
+        try:
+            limit = seconds(request.timeout) if request.HasField("timeout") else 0
+            timeout = CHECK_LIMIT if limit <= 0 else min(limit, CHECK_LIMIT)
+            results = [run_check(spec, f, timeout) for f in request.files]
+            log.info("checks of %s: %s", id, ", ".join(
+                f"{r.file_name} {'exit ' + str(r.exit_code) if r.exited else 'timed out'}"
+                for r in results))
+            return pb.RunChecksResponse(results=results)
+        finally:
+            with self.book.mu:
+                self.checking.discard(id)
 
     def Watch(self, request, context):
         """A snapshot of the held live lessons, then their changes; heartbeats and resyncs carry

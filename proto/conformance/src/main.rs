@@ -67,7 +67,12 @@
 //! | `entrypoint-proxy` | `entrypoint-tokens` | a path and query reach the presentation as at its address (token left out), the prefix without its slash redirects to it, one origin's answers carry the sandbox policy ([H5], [H8]) |
 //! | `entrypoint-activity` | `entrypoint-tokens` | reads of a page script (Sec-Fetch-Mode cors, no-cors, same-origin, websocket) leave last_active alone; a navigation moves it within 15 s ([H12]) |
 //! | `entrypoint-connection-cap` | `entrypoint-tokens` | `--entrypoint-max-per-client` connections are answered, one more is closed unanswered, closing one frees its place ([H11]) |
-//! | `entrypoint-terminal` | `handshake`, `presentation.ssh` offered, `--entrypoint` and `--terminal-image` given | a web terminal runs a JSON and a binary input frame, tells `exit 7` and closes; another site's Origin is 403; revoking the key of an open terminal closes it with 1008 ([H9], [H4], [H5]) |
+//! | `entrypoint-terminal` | `handshake`, `presentation.ssh` offered, `--entrypoint` given, `--terminal-image` given | a web terminal runs a JSON and a binary input frame, tells `exit 7` and closes; another site's Origin is 403; revoking the key of an open terminal closes it with 1008 ([H9], [H4], [H5]) |
+//! | `checks-unimplemented` | `handshake` | without `checks` offered, RunChecks is UNIMPLEMENTED, reason NOT_IMPLEMENTED, `rpc` RunChecks (SKIP when the agent offers `checks`) ([X1], [V4]) |
+//! | `checks-run` | `handshake`, `checks` offered | a file exiting 0 and one exiting 3 are answered with their exit status and output (stderr included), a 200 KiB file runs whole; phase, generation and revision unchanged ([X3], [X5]) |
+//! | `checks-timeout` | `handshake`, `checks` offered | a file sleeping 600 s with a 2 s timeout is answered `timed_out` with what it wrote before ([X3]) |
+//! | `checks-one-at-a-time` | `handshake`, `checks` offered | a second RunChecks while a 5 s one runs on the same live lesson is ABORTED (CHECKS_RUNNING) ([X4]) |
+//! | `checks-refusals` | `handshake`, `checks` offered | an unknown live lesson is NOT_FOUND, another generation NOT_READY, no files and an unknown endpoint INVALID_SPEC naming the field, a live lesson being removed NOT_READY or NOT_FOUND ([X2]) |
 //! | `restart-recover` | `handshake`, `--restart-cmd` given | a READY live lesson, then the restart: a new instance id; the old stream ends; a new one does not show it; List shows it BOOTING and Get is NOT_FOUND, or List does not and Recover is NOT_FOUND; Recover (Provision without `recover`) takes it on |
 //! | `restart-adopt` | `restart-recover` | what outlived the restart becomes READY on the same addresses, no sooner than its ready delay after Recover (SKIP when nothing outlived it) |
 //!

@@ -152,16 +152,19 @@ pub fn not_run(file: &CheckFile, why: impl Into<String>) -> CheckResult {
 }
 
 /// Runs `argv` as a local process (an agent whose endpoints are local processes, such as the
-/// test agent) with `env` added, for at most `timeout`: how it ended, the tail of its stdout
-/// and stderr as they came (at most `kept` bytes held, whatever it writes), how long it ran.
-/// It runs in a process group of its own, killed whole at the timeout.
+/// test agent) with `env` added and `input` on its standard input (a file's contents for
+/// `sh -s` or `python3 -`, never an argument: PROTOCOL.md [V5]), for at most `timeout`: how it
+/// ended, the tail of its stdout and stderr as they came (at most `kept` bytes held, whatever
+/// it writes), how long it ran. It runs in a process group of its own, killed whole at the
+/// timeout.
 pub async fn run_process(
     argv: &[String],
     env: &[(String, String)],
+    input: &[u8],
     timeout: Duration,
     kept: usize,
 ) -> std::io::Result<(Ended, Tail, Duration)> {
-    use tokio::io::AsyncReadExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let started = std::time::Instant::now();
     let (program, args) = argv
         .split_first()
@@ -169,13 +172,21 @@ pub async fn run_process(
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdin(std::process::Stdio::null())
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true)
         .spawn()?;
     let pid = child.id();
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = input.to_vec();
+        // Beside the reads, so that neither side waits on a full pipe; a process that exits
+        // before reading all of its input closes the pipe, which is no error of the run.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+        });
+    }
     let mut stdout = child
         .stdout
         .take()
@@ -314,38 +325,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_local_process_is_bounded_in_time_and_output() {
-        let sh = |script: &str| vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()];
-        let (ended, tail, _) = run_process(
-            &sh("echo out; echo err >&2; exit 4"),
-            &[],
-            Duration::from_secs(30),
-            1024,
-        )
-        .await
-        .unwrap();
+        let sh = ["sh".to_owned(), "-s".to_owned()];
+        let run = |script: &str, timeout| {
+            let script = script.as_bytes().to_vec();
+            let sh = sh.clone();
+            async move { run_process(&sh, &[], &script, timeout, 1024).await.unwrap() }
+        };
+        let (ended, tail, _) = run("echo out; echo err >&2; exit 4", Duration::from_secs(30)).await;
         assert_eq!(ended, Ended::Exited(4));
         assert!(tail.text().contains("out") && tail.text().contains("err"));
         // 5 MB of output, 1 KiB kept.
-        let (ended, tail, _) = run_process(
-            &sh("head -c 5000000 /dev/zero | tr '\\0' x; echo end"),
-            &[],
+        let (ended, tail, _) = run(
+            "head -c 5000000 /dev/zero | tr '\\0' x; echo end",
             Duration::from_secs(30),
-            1024,
         )
-        .await
-        .unwrap();
+        .await;
         assert_eq!(ended, Ended::Exited(0));
         assert!(tail.text().ends_with("end\n") && tail.dropped() > 4_000_000);
-        let (ended, tail, _) = run_process(
-            &sh("echo started; sleep 600"),
-            &[],
-            Duration::from_millis(500),
-            1024,
-        )
-        .await
-        .unwrap();
+        let (ended, tail, _) = run("echo started; sleep 600", Duration::from_millis(500)).await;
         assert_eq!(ended, Ended::TimedOut);
         assert!(tail.text().contains("started"));
+        // Input over what one argument may hold (128 KiB) reaches the shell whole.
+        let mut big = "#".repeat(300 * 1024);
+        big.push_str("\necho all of it\n");
+        let (ended, tail, _) = run(&big, Duration::from_secs(30)).await;
+        assert_eq!(ended, Ended::Exited(0));
+        assert!(tail.text().contains("all of it"), "{:?}", tail.text());
     }
 
     #[test]

@@ -558,9 +558,10 @@ impl Backend for Loopback {
     }
 
     /// Check and solution files run as local processes (the endpoints are this host): shell
-    /// files by `sh -c`, python files by `python3 -c`, one after another, each bounded by the
-    /// request's timeout within [`CHECK_CEILING`] and its output by the SDK's tail, with the
-    /// endpoint's name and the live lesson in the environment.
+    /// files by `sh -s`, python files by `python3 -`, their contents on standard input, one
+    /// after another, each bounded by the request's timeout within [`CHECK_CEILING`] and its
+    /// output by the SDK's tail, with the endpoint's name and the live lesson in the
+    /// environment.
     async fn run_checks(
         &self,
         spec: &proto::LessonSpec,
@@ -571,13 +572,13 @@ impl Backend for Loopback {
         let timeout = checks::check_timeout(timeout, CHECK_CEILING);
         let mut results = Vec::with_capacity(files.len());
         for file in files {
-            let script = String::from_utf8_lossy(&file.contents).into_owned();
+            // The contents on standard input, never as an argument (PROTOCOL.md [X3], [V5]).
             let program = if file.r#type == proto::ConfigurationType::Python as i32 {
-                ["python3", "-c"]
+                ["python3", "-"]
             } else {
-                ["sh", "-c"]
+                ["sh", "-s"]
             };
-            let argv = [program[0].to_owned(), program[1].to_owned(), script];
+            let argv = program.map(str::to_owned);
             let env = [
                 ("ANTIDOTE_HOST".to_owned(), file.endpoint.clone()),
                 ("ANTIDOTE_STAGE".to_owned(), spec.stage.to_string()),
@@ -587,7 +588,15 @@ impl Backend for Loopback {
                 ),
             ];
             results.push(
-                match checks::run_process(&argv, &env, timeout, sdk::output::OUTPUT_KEPT).await {
+                match checks::run_process(
+                    &argv,
+                    &env,
+                    &file.contents,
+                    timeout,
+                    sdk::output::OUTPUT_KEPT,
+                )
+                .await
+                {
                     Ok((ended, output, took)) => checks::result(file, ended, &output, took),
                     Err(err) => checks::not_run(file, format!("could not start it: {err}")),
                 },

@@ -149,6 +149,22 @@ pub async fn run(suite: &mut Suite) -> Verdict {
                 "stderr is not in the output: {:?}",
                 bad.output
             );
+            // Over what one argument may hold (128 KiB): the file cannot go as `sh -c` [V5].
+            let mut big = file(suite, "big.sh", "");
+            let mut contents = "#".repeat(200 * 1024);
+            contents.push_str("\necho the whole file ran\n");
+            big.contents = contents.into_bytes();
+            let third = suite
+                .client
+                .run_checks(request(&id, 1, vec![big], Duration::from_secs(30)))
+                .await
+                .map_err(|s| anyhow!("RunChecks of a 200 KiB file: {}", describe(&s)))?
+                .into_inner();
+            let big = third.results.first().context("no result")?;
+            ensure!(
+                big.exited && big.exit_code == 0 && big.output.contains("the whole file ran"),
+                "a 200 KiB file answered {big:?}"
+            );
             let after = suite
                 .get(&id)
                 .await
@@ -165,7 +181,7 @@ pub async fn run(suite: &mut Suite) -> Verdict {
                 after.generation,
                 after.revision
             );
-            pass("exit 0 and exit 3 answered with their output; the state untouched")
+            pass("exit 0 and exit 3 answered with their output, a 200 KiB file ran whole; the state untouched")
         })
     })
     .await
