@@ -14,6 +14,7 @@ mod queue;
 pub mod reaper;
 mod reconcile;
 pub mod replicas;
+mod room;
 pub mod roster;
 
 pub use hub::Hub;

@@ -508,7 +508,7 @@ impl Reconciler {
         let decision = match lifecycle::choose(lesson, &record, needs, &candidates) {
             Ok(decision) => decision,
             Err(Unplaced::Busy { reason, needs }) => {
-                match super::pools::give_way(&inner.store, &candidates, &needs, lesson).await {
+                match super::room::give_way(&inner.store, &candidates, &needs, lesson).await {
                     Ok(Some(member)) => self.changed(&member),
                     Ok(None) => {}
                     Err(err) => tracing::warn!(error = %err, "cannot make a pool member give way"),
