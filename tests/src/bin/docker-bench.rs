@@ -8,13 +8,24 @@
 //! concurrency (session → request → watch until READY), and are deleted (until gone). It prints
 //! both wall times and their ratios.
 //!
+//! With `--checks N`, instead: the time of a stage check on agent-docker. One `routing-basics`
+//! live lesson at stage 0, made to pass by its solutions (TestStage), then N rounds, each
+//! timing, in an order that alternates: a learner's CheckStage through the public gRPC API (the
+//! scheduler, RunChecks to the agent, its exec of `stage0/checks/client.sh` in the client
+//! container: `ip route get` and one ping across the router), the same file run directly by
+//! one Docker exec in the same container (the Docker work of the check without Antidote's
+//! part), and a GetLiveLesson of the live lesson (the API's round trip). It prints p50 and p99
+//! of each and the ratios of the check to each baseline.
+//!
 //! Needs DOCKER_HOST (tests/docker/dockerd.sh start) and the images (tests/docker/images.sh).
 //! Build with `cargo build --release --workspace --bins`.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use antidote_proto::api::v1 as api;
 use antidote_sdk::probe::{Expect, until_ready};
+use antidote_tests::with_token;
 use antidote_tests::{Process, Ratios, Scheduler, example_curriculum, fan_out, workspace_bin};
 use anyhow::Context as _;
 use bollard::Docker;
@@ -22,9 +33,12 @@ use bollard::exec::StartExecResults;
 use bollard::models::{
     ContainerCreateBody, ExecConfig, HostConfig, NetworkCreateRequest, PortBinding,
 };
-use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+};
 use clap::Parser;
 use futures::StreamExt as _;
+use std::time::Instant;
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +59,10 @@ struct Args {
     /// lesson needs.
     #[arg(long)]
     baseline_without_configuration: bool,
+    /// Time N stage checks (routing-basics stage 0) against the same file by Docker exec and
+    /// against GetLiveLesson, instead of lifecycles.
+    #[arg(long, value_name = "N")]
+    checks: Option<usize>,
 }
 
 /// hello-web's stage-0 configuration, which agent-docker runs by exec in its container.
@@ -75,13 +93,16 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let config = format!(
         "instance_id = \"docker-bench\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
-         [limits]\nsessions_per_ip = 0\n[reconciler]\npoll_interval = \"500ms\"\n\
+         [limits]\nsessions_per_ip = 0\nchecks_per_minute = 0\n[reconciler]\npoll_interval = \"500ms\"\n\
          [[agents]]\nname = \"docker\"\naddress = \"{}\"\n",
         example_curriculum().display(),
         agent.url()
     );
     let scheduler = Scheduler::start(dir.path(), &config).await?;
     let clients = scheduler.clients.clone();
+    if let Some(checks) = args.checks {
+        return check_times(&docker, &clients, checks).await;
+    }
     // Warm up: one lesson through each path, so the first round pays no first-use costs.
     let id = clients
         .request(&clients.session().await?, "hello-web", 0)
@@ -249,4 +270,165 @@ async fn baseline_remove(docker: &Docker, i: usize) -> anyhow::Result<()> {
         .await?;
     docker.remove_network(&name).await?;
     Ok(())
+}
+
+/// The `routing-basics` check the learner's Check runs (stage 0, on the client).
+fn check_file() -> anyhow::Result<String> {
+    let path = example_curriculum().join("lessons/routing-basics/stage0/checks/client.sh");
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `--checks N`: N interleaved rounds of CheckStage, the check file by direct Docker exec and
+/// GetLiveLesson on one routing-basics live lesson whose stage 0 passes.
+async fn check_times(
+    docker: &Docker,
+    clients: &antidote_tests::Clients,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(rounds > 0, "--checks needs at least one check");
+    let script = check_file()?;
+    let id = clients
+        .request(&clients.session().await?, "routing-basics", 0)
+        .await?
+        .id;
+    clients.ready(&id).await?;
+    let solved = clients
+        .admin
+        .clone()
+        .test_stage(api::TestStageRequest {
+            live_lesson_id: id.clone(),
+            files: api::StageFiles::Solutions as i32,
+        })
+        .await?
+        .into_inner();
+    anyhow::ensure!(
+        solved.passed,
+        "routing-basics' solutions failed: {solved:?}"
+    );
+    let container = endpoint_container(docker, &id, "client").await?;
+
+    let check = || async {
+        let request = with_token(
+            api::CheckStageRequest { id: id.clone() },
+            clients.tokens.of_lesson(&id),
+        );
+        let started = Instant::now();
+        let run = clients
+            .lessons
+            .clone()
+            .check_stage(request)
+            .await?
+            .into_inner();
+        let took = started.elapsed();
+        anyhow::ensure!(run.passed, "the check failed: {run:?}");
+        let agent = run
+            .endpoints
+            .first()
+            .and_then(|e| e.duration)
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default();
+        Ok::<_, anyhow::Error>((took, agent))
+    };
+    let exec = || async {
+        let started = Instant::now();
+        configure(docker, &container, &script).await?;
+        Ok::<_, anyhow::Error>(started.elapsed())
+    };
+    let get = || async {
+        let started = Instant::now();
+        clients.get(&id).await?;
+        Ok::<_, anyhow::Error>(started.elapsed())
+    };
+    // Warm up each path.
+    for _ in 0..5 {
+        check().await?;
+        exec().await?;
+        get().await?;
+    }
+    println!(
+        "docker-bench --checks: {rounds} rounds on routing-basics stage 0 (client.sh), each: \
+         CheckStage, the file by Docker exec, GetLiveLesson (order alternating)"
+    );
+    let (mut checks, mut inside, mut execs, mut gets) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            let (took, agent) = check().await?;
+            checks.push(took);
+            inside.push(agent);
+            execs.push(exec().await?);
+        } else {
+            execs.push(exec().await?);
+            let (took, agent) = check().await?;
+            checks.push(took);
+            inside.push(agent);
+        }
+        gets.push(get().await?);
+    }
+    clients.delete(&id, Duration::from_secs(120)).await?;
+
+    let (check_p50, check_p99) = quantiles(&mut checks);
+    let (inside_p50, inside_p99) = quantiles(&mut inside);
+    let (exec_p50, exec_p99) = quantiles(&mut execs);
+    let (get_p50, get_p99) = quantiles(&mut gets);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "CheckStage:              p50 {:.2} ms, p99 {:.2} ms",
+        ms(check_p50),
+        ms(check_p99)
+    );
+    println!(
+        "  the file, as the agent timed it: p50 {:.2} ms, p99 {:.2} ms",
+        ms(inside_p50),
+        ms(inside_p99)
+    );
+    println!(
+        "the file by Docker exec: p50 {:.2} ms, p99 {:.2} ms",
+        ms(exec_p50),
+        ms(exec_p99)
+    );
+    println!(
+        "GetLiveLesson:           p50 {:.2} ms, p99 {:.2} ms",
+        ms(get_p50),
+        ms(get_p99)
+    );
+    println!(
+        "ratios: CheckStage / Docker exec p50 {:.2}, p99 {:.2}; CheckStage - Docker exec at p50 {:.2} ms; \
+         CheckStage / GetLiveLesson p50 {:.1}",
+        ms(check_p50) / ms(exec_p50),
+        ms(check_p99) / ms(exec_p99),
+        ms(check_p50) - ms(exec_p50),
+        ms(check_p50) / ms(get_p50)
+    );
+    Ok(())
+}
+
+/// p50 and p99 (nearest rank) of `values`.
+fn quantiles(values: &mut [Duration]) -> (Duration, Duration) {
+    values.sort();
+    let at = |q: f64| {
+        let i = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len()) - 1;
+        values[i]
+    };
+    (at(0.50), at(0.99))
+}
+
+/// The container of endpoint `endpoint` of live lesson `id`, found by agent-docker's labels.
+async fn endpoint_container(docker: &Docker, id: &str, endpoint: &str) -> anyhow::Result<String> {
+    let filters = HashMap::from([(
+        "label".to_owned(),
+        vec![
+            format!("antidote.io/live-lesson={id}"),
+            format!("antidote.io/endpoint={endpoint}"),
+        ],
+    )]);
+    let found = docker
+        .list_containers(Some(ListContainersOptions {
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await?;
+    found
+        .first()
+        .and_then(|c| c.id.clone())
+        .with_context(|| format!("no container of endpoint {endpoint} of live lesson {id}"))
 }
