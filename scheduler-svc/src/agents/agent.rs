@@ -20,8 +20,8 @@ use tracing::Instrument as _;
 
 use super::convert;
 use super::{
-    AgentState, AgentStatus, CheckFile, Desired, FileOutcome, Handshake, Observed, Plan, Report,
-    Snapshot,
+    AgentReport, AgentState, AgentStatus, CheckFile, Desired, FileOutcome, Handshake, Observed,
+    Plan, Snapshot,
 };
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -369,7 +369,7 @@ impl Agent {
         &self,
         call: &'static str,
         state: Option<proto::LiveLessonState>,
-    ) -> Result<Report, Error> {
+    ) -> Result<AgentReport, Error> {
         let state = state.ok_or_else(|| {
             self.fail(call, tonic::Status::internal("the answer carries no state"))
         })?;
@@ -404,7 +404,7 @@ impl Agent {
         &self,
         desired: &Desired<'_>,
         new_live_lesson: bool,
-    ) -> Result<Report, Error> {
+    ) -> Result<AgentReport, Error> {
         let request = proto::ProvisionRequest {
             spec: Some(convert::lesson_spec(desired)),
             new_live_lesson,
@@ -418,7 +418,7 @@ impl Agent {
     }
 
     /// Asks a restarted agent to adopt a live lesson by its handle.
-    pub async fn recover(&self, desired: &Desired<'_>) -> Result<Report, Error> {
+    pub async fn recover(&self, desired: &Desired<'_>) -> Result<AgentReport, Error> {
         let request = proto::RecoverRequest {
             live_lesson_id: desired.live.id.to_string(),
             handle: desired.live.handle.clone(),
@@ -435,7 +435,7 @@ impl Agent {
     }
 
     /// The agent's current state of a live lesson.
-    pub async fn get(&self, id: LiveLessonId) -> Result<Report, Error> {
+    pub async fn get(&self, id: LiveLessonId) -> Result<AgentReport, Error> {
         let request = proto::GetRequest {
             live_lesson_id: id.to_string(),
         };
@@ -499,7 +499,7 @@ impl Agent {
         &self,
         instance_id: &str,
         cluster_id: &str,
-    ) -> Result<Vec<Report>, Error> {
+    ) -> Result<Vec<AgentReport>, Error> {
         let mut items = Vec::new();
         let mut page_token = String::new();
         loop {

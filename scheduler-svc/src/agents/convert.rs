@@ -10,7 +10,7 @@ use antidote_net::errors;
 use antidote_proto::agent::v1 as agent;
 use antidote_proto::labels;
 
-use super::{CheckFile, Desired, FileOutcome, Handshake, Plan, PlannedObject, Report};
+use super::{AgentReport, CheckFile, Desired, FileOutcome, Handshake, Plan, PlannedObject};
 use crate::catalog::{
     ConfigurationType, Flavor, JUPYTER_GUIDE_ENDPOINT, JUPYTER_GUIDE_PORT, PresentationKind,
 };
@@ -281,7 +281,7 @@ fn phase_status(phase: i32) -> Option<Status> {
 
 /// An agent's state of one live lesson as a report; `None` when its id is not one of ours (we
 /// only ever hand out UUIDs, so such an object was not created for this scheduler).
-pub fn report(state: agent::LiveLessonState) -> Option<Report> {
+pub fn report(state: agent::LiveLessonState) -> Option<AgentReport> {
     let agent::LiveLessonState {
         live_lesson_id,
         generation,
@@ -293,7 +293,7 @@ pub fn report(state: agent::LiveLessonState) -> Option<Report> {
         ..
     } = state;
     let id = live_lesson_id.parse::<LiveLessonId>().ok()?;
-    Some(Report {
+    Some(AgentReport {
         id,
         generation,
         status: phase_status(phase),
@@ -464,7 +464,7 @@ mod tests {
         };
         assert_eq!(
             report,
-            Report {
+            AgentReport {
                 id,
                 generation: 3,
                 status: Some(Status::Configuring),

@@ -1,6 +1,6 @@
 //! The agents layer: the scheduler's side of `antidote.agent.v1`. One connection per configured
 //! agent ([`Agent`]), its handshake and Watch stream ([`supervisor`]), typed calls with
-//! deadlines, and load accounting. Callers get domain values ([`Report`], [`Handshake`],
+//! deadlines, and load accounting. Callers get domain values ([`AgentReport`], [`Handshake`],
 //! [`Plan`]); every agent.v1 type stays inside this folder ([`convert`]).
 
 mod agent;
@@ -83,7 +83,7 @@ pub struct Snapshot {
 
 /// What an agent reports about one live lesson.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct AgentReport {
     /// The live lesson.
     pub id: LiveLessonId,
     /// The generation the agent is working on or reached.
@@ -170,7 +170,7 @@ pub enum Observed {
     /// Nothing since the worker began to observe.
     Nothing,
     /// The live lesson's latest state.
-    Report(Report),
+    Report(AgentReport),
     /// The live lesson's objects are gone.
     Deleted,
 }
@@ -182,7 +182,7 @@ pub enum FleetEvent {
     Restarted(String),
     /// The agent reported a failure nobody was waiting for (e.g. a READY lesson whose
     /// container died).
-    Unsolicited(String, Report),
+    Unsolicited(String, AgentReport),
     /// The agent's Watch said a live lesson was deleted, and nobody was waiting for it (it was
     /// removed behind the scheduler's back, or the scheduler's own removal ended).
     Vanished(String, LiveLessonId),

@@ -16,7 +16,7 @@ use super::model::{
 };
 use super::source::Source;
 use super::stage;
-use super::yaml::{self, Node, Report};
+use super::yaml::{self, FileProblems, Node};
 
 /// What a lesson may refer to outside itself, collected before lessons are read.
 ///
@@ -66,7 +66,7 @@ pub(super) fn read(
     dir: &Path,
     value: &Value,
     known: &Known<'_>,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> Draft {
     // Name the lesson in every error, including the unknown-key errors that opening the node
     // reports before any field is read.
@@ -165,7 +165,7 @@ pub(super) fn read(
 }
 
 /// `authors: [{name, link}]`.
-fn authors(node: &Node<'_>, report: &mut Report) -> Vec<Author> {
+fn authors(node: &Node<'_>, report: &mut FileProblems) -> Vec<Author> {
     let mut authors = Vec::new();
     for (field, value) in node.items("authors", report) {
         let Some(author) = Node::open(&field, value, &["name", "link"], report) else {
@@ -181,7 +181,7 @@ fn authors(node: &Node<'_>, report: &mut Report) -> Vec<Author> {
 }
 
 /// `placement: { requires: {k: v}, prefers: {k: v} }`: labels the agent must and should carry.
-fn placement(node: &Node<'_>, report: &mut Report) -> LessonPlacement {
+fn placement(node: &Node<'_>, report: &mut FileProblems) -> LessonPlacement {
     let Some(placement) = node.child("placement", &["requires", "prefers"], report) else {
         return LessonPlacement::default();
     };
@@ -192,7 +192,7 @@ fn placement(node: &Node<'_>, report: &mut Report) -> LessonPlacement {
 }
 
 /// `readyDelay`, in whole seconds; zero when absent.
-fn ready_delay(node: &Node<'_>, report: &mut Report) -> Duration {
+fn ready_delay(node: &Node<'_>, report: &mut FileProblems) -> Duration {
     match node.integer("readyDelay", report) {
         None => Duration::ZERO,
         Some(seconds) => match u64::try_from(seconds) {
@@ -214,7 +214,7 @@ pub const MAX_CONFIG_TIMEOUT: i64 = 3600;
 
 /// `configTimeout`, in whole seconds (1 to [`MAX_CONFIG_TIMEOUT`]), as `readyDelay` is; absent:
 /// the agent's own timeout.
-fn config_timeout(node: &Node<'_>, report: &mut Report) -> Option<Duration> {
+fn config_timeout(node: &Node<'_>, report: &mut FileProblems) -> Option<Duration> {
     let seconds = node.integer("configTimeout", report)?;
     if !(1..=MAX_CONFIG_TIMEOUT).contains(&seconds) {
         report.error(
@@ -233,7 +233,7 @@ pub const MAX_CHECK_TIMEOUT: i64 = 600;
 
 /// `checkTimeout`, in whole seconds (1 to [`MAX_CHECK_TIMEOUT`]); absent:
 /// [`DEFAULT_CHECK_TIMEOUT`].
-fn check_timeout(node: &Node<'_>, report: &mut Report) -> Duration {
+fn check_timeout(node: &Node<'_>, report: &mut FileProblems) -> Duration {
     let Some(seconds) = node.integer("checkTimeout", report) else {
         return DEFAULT_CHECK_TIMEOUT;
     };
@@ -269,7 +269,7 @@ fn is_endpoint_name(name: &str) -> bool {
 fn endpoints(
     node: &Node<'_>,
     known: &Known<'_>,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> (Vec<(String, Endpoint)>, BTreeSet<String>) {
     const KEYS: &[&str] = &[
         "name",
@@ -360,7 +360,7 @@ fn endpoints(
 }
 
 /// An endpoint's `presentations`.
-fn presentations(items: Vec<(String, &Value)>, report: &mut Report) -> Vec<Presentation> {
+fn presentations(items: Vec<(String, &Value)>, report: &mut FileProblems) -> Vec<Presentation> {
     let mut presentations = Vec::new();
     let mut first_defined: BTreeMap<String, String> = BTreeMap::new();
     for (field, value) in items {
@@ -392,7 +392,7 @@ fn presentations(items: Vec<(String, &Value)>, report: &mut Report) -> Vec<Prese
 fn connections(
     node: &Node<'_>,
     endpoints: &BTreeSet<String>,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> Vec<Connection> {
     let mut connections = Vec::new();
     for (field, value) in node.items("connections", report) {
@@ -431,7 +431,7 @@ fn connections(
 
 /// A connection's `subnet`: CIDR notation with the host bits clear, since it names a network
 /// that addresses are handed out from, not an address.
-fn subnet(field: &str, text: &str, report: &mut Report) -> Option<ipnet::IpNet> {
+fn subnet(field: &str, text: &str, report: &mut FileProblems) -> Option<ipnet::IpNet> {
     match text.parse::<ipnet::IpNet>() {
         Ok(net) if net.trunc() == net => Some(net),
         Ok(net) => {
@@ -460,7 +460,7 @@ fn stages(
     dir: &Path,
     node: &Node<'_>,
     endpoints: &[(String, Endpoint)],
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> Vec<Stage> {
     const KEYS: &[&str] = &["description", "guideType", "stageVideo", "checks"];
     let items = node.items("stages", report);
@@ -521,7 +521,7 @@ fn check_collection(
     collection: &str,
     tier: Option<Tier>,
     known: &Known<'_>,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) {
     match known.collections.get(collection) {
         None => report.reference(

@@ -4,7 +4,7 @@
 use serde_yaml::Value;
 
 use super::model::{Collection, CollectionType, CurriculumMeta, Flavor, Image, Tier};
-use super::yaml::{Node, Report};
+use super::yaml::{FileProblems, Node};
 
 /// What reading one `*.meta.yaml` file produced.
 ///
@@ -59,7 +59,7 @@ pub(super) const IMAGE_SLUG: SlugRule = SlugRule {
 
 /// Reads the required `slug` key and checks it against `rule`. The slug is returned even when
 /// it breaks the rule (having reported that), for the reason given on [`Parsed`].
-pub(super) fn slug(node: &Node<'_>, rule: &SlugRule, report: &mut Report) -> Option<String> {
+pub(super) fn slug(node: &Node<'_>, rule: &SlugRule, report: &mut FileProblems) -> Option<String> {
     let slug = node.required_string("slug", report)?;
     if !slug.chars().all(rule.allows) {
         report.error(
@@ -71,7 +71,7 @@ pub(super) fn slug(node: &Node<'_>, rule: &SlugRule, report: &mut Report) -> Opt
 }
 
 /// `curriculum.meta.yaml`.
-pub(super) fn curriculum(value: &Value, report: &mut Report) -> Option<CurriculumMeta> {
+pub(super) fn curriculum(value: &Value, report: &mut FileProblems) -> Option<CurriculumMeta> {
     const KEYS: &[&str] = &["name", "description", "website", "aVer", "gitRoot"];
     let before = report.count();
     let node = Node::open("", value, KEYS, report)?;
@@ -87,7 +87,7 @@ pub(super) fn curriculum(value: &Value, report: &mut Report) -> Option<Curriculu
 }
 
 /// `collections/<dir>/collection.meta.yaml`.
-pub(super) fn collection(value: &Value, report: &mut Report) -> Parsed<Collection> {
+pub(super) fn collection(value: &Value, report: &mut FileProblems) -> Parsed<Collection> {
     const KEYS: &[&str] = &[
         "slug",
         "title",
@@ -132,7 +132,7 @@ pub(super) fn collection(value: &Value, report: &mut Report) -> Parsed<Collectio
 }
 
 /// `images/<dir>/image.meta.yaml`.
-pub(super) fn image(value: &Value, report: &mut Report) -> Parsed<Image> {
+pub(super) fn image(value: &Value, report: &mut FileProblems) -> Parsed<Image> {
     const KEYS: &[&str] = &[
         "slug",
         "description",

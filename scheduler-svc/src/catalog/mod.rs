@@ -72,7 +72,7 @@ pub use self::model::{
 use self::lesson::Known;
 use self::meta::Parsed;
 use self::source::{Disk, Memory, Source};
-use self::yaml::Report;
+use self::yaml::FileProblems;
 
 /// A loaded, validated curriculum.
 #[derive(Debug, Clone)]
@@ -157,7 +157,7 @@ impl Catalog {
 
         let meta = {
             let file = dir.join("curriculum.meta.yaml");
-            let mut report = Report::new(file.clone());
+            let mut report = FileProblems::new(file.clone());
             let meta = yaml::read(source, &file, &mut report)
                 .and_then(|value| meta::curriculum(&value, &mut report));
             errors.extend(report.into_errors());
@@ -169,7 +169,7 @@ impl Catalog {
         let mut images = BTreeMap::new();
         let mut image_files = BTreeMap::new();
         for file in discover(source, &dir.join("images"), "image.meta.yaml", &mut errors) {
-            let mut report = Report::new(file.clone());
+            let mut report = FileProblems::new(file.clone());
             let parsed = yaml::read(source, &file, &mut report)
                 .map_or_else(Parsed::nothing, |value| meta::image(&value, &mut report));
             if let Some(slug) = parsed.slug
@@ -191,7 +191,7 @@ impl Catalog {
             "collection.meta.yaml",
             &mut errors,
         ) {
-            let mut report = Report::new(file.clone());
+            let mut report = FileProblems::new(file.clone());
             let parsed = yaml::read(source, &file, &mut report)
                 .map_or_else(Parsed::nothing, |value| {
                     meta::collection(&value, &mut report)
@@ -227,7 +227,7 @@ impl Catalog {
             "lesson.meta.yaml",
             &mut errors,
         ) {
-            let mut report = Report::new(file.clone());
+            let mut report = FileProblems::new(file.clone());
             // `discover` only returns files inside a directory, so there is always a parent.
             let lesson_dir = file.parent().unwrap_or(dir).to_owned();
             let Some(value) = yaml::read(source, &file, &mut report) else {
@@ -255,7 +255,7 @@ impl Catalog {
             let Some(slug) = draft.parsed.slug else {
                 continue;
             };
-            let mut report = Report::new(file);
+            let mut report = FileProblems::new(file);
             report.set_lesson(&slug);
             check_prereqs(
                 &slug,
@@ -346,7 +346,7 @@ fn claim(
     first_files: &mut BTreeMap<String, PathBuf>,
     slug: &str,
     file: &Path,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> bool {
     if let Some(first) = first_files.get(slug) {
         report.error(
@@ -372,7 +372,7 @@ fn check_prereqs(
     tier: Option<Tier>,
     prereqs: &[String],
     lesson_tiers: &BTreeMap<String, Option<Tier>>,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) {
     for (index, prereq) in prereqs.iter().enumerate() {
         let field = format!("prereqs[{index}]");

@@ -13,7 +13,7 @@ use antidote_proto::limits::{MAX_CONFIGURATION_FILE, MAX_CONFIGURATION_STAGE, MA
 
 use super::model::{ConfigurationType, Endpoint, GuideType, NAPALM_DRIVERS, Script, StageConfig};
 use super::source::Source;
-use super::yaml::Report;
+use super::yaml::FileProblems;
 
 /// A stage's files, found.
 pub(super) struct StageFiles {
@@ -38,7 +38,7 @@ pub(super) fn locate(
     field: &str,
     guide_type: GuideType,
     endpoints: &[(String, Endpoint)],
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> Option<StageFiles> {
     let stage_name = format!("stage{index}");
     let stage_dir = dir.join(&stage_name);
@@ -195,7 +195,7 @@ fn scripts(
     kind: &str,
     endpoints: &[(String, Endpoint)],
     field: &str,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> BTreeMap<String, Script> {
     let dir = stage_dir.join(kind);
     let mut found = BTreeMap::new();
@@ -316,7 +316,7 @@ fn find_napalm(
     stage_name: &str,
     endpoint: &Endpoint,
     field: &str,
-    report: &mut Report,
+    report: &mut FileProblems,
 ) -> Option<(String, Option<String>)> {
     let prefix = format!("{}-", endpoint.name);
     let mut matches = Vec::new();

@@ -2,8 +2,8 @@
 //!
 //! Deserialising straight into structs with serde stops at the first wrong field, so an author
 //! would fix one mistake per run. Instead each file is parsed into a [`Value`] and read through
-//! [`Node`], which reports unknown keys, missing keys and wrong types into a [`Report`] with the
-//! field's full path, and hands back whatever it could read.
+//! [`Node`], which reports unknown keys, missing keys and wrong types into a [`FileProblems`]
+//! with the field's full path, and hands back whatever it could read.
 
 use std::io;
 use std::num::NonZeroU16;
@@ -16,15 +16,15 @@ use super::error::{CatalogError, UnknownVariant};
 use super::source::Source;
 
 /// The problems found in one file.
-pub(super) struct Report {
+pub(super) struct FileProblems {
     file: PathBuf,
     lesson: Option<String>,
     /// Every problem in the order found, each marked when it is a reference to something the
-    /// curriculum does not hold (see [`Report::reference`]).
+    /// curriculum does not hold (see [`FileProblems::reference`]).
     problems: Vec<(CatalogError, Problem)>,
 }
 
-/// What kind of problem a [`Report`] holds.
+/// What kind of problem a [`FileProblems`] holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Problem {
     /// Wrong wherever the file is: the file itself is malformed.
@@ -34,7 +34,7 @@ enum Problem {
     Reference,
 }
 
-impl Report {
+impl FileProblems {
     /// Starts an empty report about `file`.
     pub(super) fn new(file: PathBuf) -> Self {
         Self {
@@ -56,8 +56,9 @@ impl Report {
 
     /// Records a reference from `field` to something the curriculum does not hold. As in
     /// Antidote, it only matters for a lesson that loads: for a lesson below the configured
-    /// tier it is a warning ([`Report::split`]). It does not count in [`Report::count`], so a
-    /// lesson whose only problems are references is still built, to be kept or skipped.
+    /// tier it is a warning ([`FileProblems::split`]). It does not count in
+    /// [`FileProblems::count`], so a lesson whose only problems are references is still built,
+    /// to be kept or skipped.
     pub(super) fn reference(&mut self, field: impl Into<String>, reason: impl Into<String>) {
         self.push(field.into(), reason.into(), Problem::Reference);
     }
@@ -103,7 +104,7 @@ impl Report {
 }
 
 /// Reads and parses `path`, reporting an unreadable file or malformed YAML as one error.
-pub(super) fn read(source: &dyn Source, path: &Path, report: &mut Report) -> Option<Value> {
+pub(super) fn read(source: &dyn Source, path: &Path, report: &mut FileProblems) -> Option<Value> {
     let text = match source.read(path) {
         Ok(text) => text,
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -148,7 +149,7 @@ impl<'v> Node<'v> {
         path: &str,
         value: &'v Value,
         known: &[&str],
-        report: &mut Report,
+        report: &mut FileProblems,
     ) -> Option<Self> {
         let Value::Mapping(map) = value else {
             let reason = format!("must be a mapping, not {}", describe(value));
@@ -205,7 +206,7 @@ impl<'v> Node<'v> {
     }
 
     /// An optional string; absent, null and empty all mean `None`.
-    pub(super) fn string(&self, key: &str, report: &mut Report) -> Option<String> {
+    pub(super) fn string(&self, key: &str, report: &mut FileProblems) -> Option<String> {
         let value = self.get(key)?;
         match scalar_text(value) {
             Some(text) if text.is_empty() => None,
@@ -221,7 +222,7 @@ impl<'v> Node<'v> {
     }
 
     /// A string that must be present and non-empty.
-    pub(super) fn required_string(&self, key: &str, report: &mut Report) -> Option<String> {
+    pub(super) fn required_string(&self, key: &str, report: &mut FileProblems) -> Option<String> {
         if self.get(key).is_none() {
             report.error(self.field(key), "is required");
             return None;
@@ -235,12 +236,12 @@ impl<'v> Node<'v> {
     }
 
     /// An optional string where absence means empty text (descriptions).
-    pub(super) fn text(&self, key: &str, report: &mut Report) -> String {
+    pub(super) fn text(&self, key: &str, report: &mut FileProblems) -> String {
         self.string(key, report).unwrap_or_default()
     }
 
     /// An optional list of strings.
-    pub(super) fn strings(&self, key: &str, report: &mut Report) -> Vec<String> {
+    pub(super) fn strings(&self, key: &str, report: &mut FileProblems) -> Vec<String> {
         self.items(key, report)
             .into_iter()
             .filter_map(|(field, value)| match scalar_text(value) {
@@ -254,7 +255,7 @@ impl<'v> Node<'v> {
     }
 
     /// An optional boolean, false when absent.
-    pub(super) fn flag(&self, key: &str, report: &mut Report) -> bool {
+    pub(super) fn flag(&self, key: &str, report: &mut FileProblems) -> bool {
         match self.get(key) {
             None => false,
             Some(Value::Bool(flag)) => *flag,
@@ -269,7 +270,7 @@ impl<'v> Node<'v> {
     }
 
     /// An optional integer.
-    pub(super) fn integer(&self, key: &str, report: &mut Report) -> Option<i64> {
+    pub(super) fn integer(&self, key: &str, report: &mut FileProblems) -> Option<i64> {
         let value = self.get(key)?;
         let integer = value.as_i64();
         if integer.is_none() {
@@ -282,7 +283,12 @@ impl<'v> Node<'v> {
     }
 
     /// One of an enumeration's spellings; with `required`, absence is an error too.
-    pub(super) fn choice<T>(&self, key: &str, required: bool, report: &mut Report) -> Option<T>
+    pub(super) fn choice<T>(
+        &self,
+        key: &str,
+        required: bool,
+        report: &mut FileProblems,
+    ) -> Option<T>
     where
         T: FromStr<Err = UnknownVariant>,
     {
@@ -301,7 +307,7 @@ impl<'v> Node<'v> {
     }
 
     /// An optional list, as `(path, item)` pairs such as `("endpoints[2]", ...)`.
-    pub(super) fn items(&self, key: &str, report: &mut Report) -> Vec<(String, &'v Value)> {
+    pub(super) fn items(&self, key: &str, report: &mut FileProblems) -> Vec<(String, &'v Value)> {
         match self.get(key) {
             None => Vec::new(),
             Some(Value::Sequence(items)) => items
@@ -320,7 +326,12 @@ impl<'v> Node<'v> {
     }
 
     /// An optional nested mapping under `key` whose keys must be among `known`.
-    pub(super) fn child(&self, key: &str, known: &[&str], report: &mut Report) -> Option<Node<'v>> {
+    pub(super) fn child(
+        &self,
+        key: &str,
+        known: &[&str],
+        report: &mut FileProblems,
+    ) -> Option<Node<'v>> {
         let value = self.get(key)?;
         Node::open(&self.field(key), value, known, report)
     }
@@ -330,7 +341,7 @@ impl<'v> Node<'v> {
     pub(super) fn labels(
         &self,
         key: &str,
-        report: &mut Report,
+        report: &mut FileProblems,
     ) -> std::collections::BTreeMap<String, String> {
         let mut labels = std::collections::BTreeMap::new();
         let Some(value) = self.get(key) else {
@@ -366,7 +377,7 @@ impl<'v> Node<'v> {
     }
 
     /// A port that must be present.
-    pub(super) fn port(&self, key: &str, report: &mut Report) -> Option<NonZeroU16> {
+    pub(super) fn port(&self, key: &str, report: &mut FileProblems) -> Option<NonZeroU16> {
         match self.get(key) {
             None => {
                 report.error(self.field(key), "is required");
@@ -378,7 +389,7 @@ impl<'v> Node<'v> {
 }
 
 /// Reads a TCP port: a whole number from 1 to 65535.
-pub(super) fn port(field: &str, value: &Value, report: &mut Report) -> Option<NonZeroU16> {
+pub(super) fn port(field: &str, value: &Value, report: &mut FileProblems) -> Option<NonZeroU16> {
     let port = value
         .as_u64()
         .and_then(|number| u16::try_from(number).ok())

@@ -28,7 +28,7 @@ use std::time::Duration;
 use antidote_net::errors;
 
 use super::placement::{self, Availability, Candidate, Needs};
-use crate::agents::{self, Observed, Report};
+use crate::agents::{self, AgentReport, Observed};
 use crate::error::Error;
 use crate::model::{Decision, LiveLesson, LiveLessonId, PlacementRecord, Status};
 use crate::settings::ReconcilerConfig;
@@ -61,7 +61,7 @@ pub(super) struct Suspicion {
     /// The agent whose Watch said so (the live lesson may have moved since).
     pub agent: String,
     /// The FAILED state it sent, if that is what it said.
-    pub report: Option<Report>,
+    pub report: Option<AgentReport>,
 }
 
 /// What a run does with the live lesson it read from the store.
@@ -338,7 +338,7 @@ pub(super) struct Settle {
 /// What `report` means for `current`: a report of another generation, or of no status
 /// (being removed), records nothing; one with a new status, or a settled one, is recorded;
 /// READY or FAILED settles the generation.
-pub(super) fn settle(current: &LiveLesson, report: &Report) -> Settle {
+pub(super) fn settle(current: &LiveLesson, report: &AgentReport) -> Settle {
     let Some(status) = report
         .status
         .filter(|_| report.generation == current.generation)
@@ -359,7 +359,7 @@ pub(super) fn settle(current: &LiveLesson, report: &Report) -> Settle {
 /// FAILED with when the deadline passed, `None` to wait on.
 pub(super) fn overdue(
     current: &LiveLesson,
-    report: &Report,
+    report: &AgentReport,
     past_deadline: bool,
     timeout: Duration,
 ) -> Option<String> {
@@ -374,7 +374,7 @@ pub(super) fn overdue(
 }
 
 /// What to record for an agent's report, entering `status`.
-pub(super) fn observation(report: &Report, status: Status) -> Observation {
+pub(super) fn observation(report: &AgentReport, status: Status) -> Observation {
     Observation {
         status,
         reason: report.reason.clone(),
@@ -399,7 +399,7 @@ pub(super) struct Waited {
 impl Waited {
     /// Whether a report is news for the run: while provisioning, the generation's status
     /// changed or settled.
-    pub fn news(&self, report: &Report) -> bool {
+    pub fn news(&self, report: &AgentReport) -> bool {
         self.until == Until::Settled
             && report.generation == self.generation
             && report
@@ -409,7 +409,7 @@ impl Waited {
 
     /// What the agent's Watch said (`Some`; `None` when its observations ended, which the
     /// runtime handles): the latest report is kept in `latest`; wake on news or a deletion.
-    pub fn watched(&self, observed: Observed, latest: &mut Report) -> Option<Wake> {
+    pub fn watched(&self, observed: Observed, latest: &mut AgentReport) -> Option<Wake> {
         match observed {
             Observed::Report(report) => self.heard(report, latest),
             Observed::Deleted => Some(Wake::Lost),
@@ -419,7 +419,7 @@ impl Waited {
 
     /// What Get answered: a report as from Watch, NOT_FOUND wakes (the agent lost it), any
     /// other error waits on (Get is asked again at the next poll).
-    pub fn got(&self, got: Result<Report, Error>, latest: &mut Report) -> Option<Wake> {
+    pub fn got(&self, got: Result<AgentReport, Error>, latest: &mut AgentReport) -> Option<Wake> {
         match got {
             Ok(report) => self.heard(report, latest),
             Err(err) if agents::lost_it(&err) => Some(Wake::Lost),
@@ -430,7 +430,7 @@ impl Waited {
         }
     }
 
-    fn heard(&self, report: Report, latest: &mut Report) -> Option<Wake> {
+    fn heard(&self, report: AgentReport, latest: &mut AgentReport) -> Option<Wake> {
         *latest = report;
         self.news(latest).then_some(Wake::Report)
     }
@@ -517,7 +517,7 @@ pub(super) fn after_deprovision(result: &Result<bool, Error>, past_deadline: boo
 
 /// A suspected READY live lesson whose agent sent `report`: its FAILED report of this
 /// generation is recorded at once; `None`: ask the agent (Get).
-pub(super) fn held(lesson: &LiveLesson, report: Option<Report>) -> Option<Observation> {
+pub(super) fn held(lesson: &LiveLesson, report: Option<AgentReport>) -> Option<Observation> {
     report.filter(|r| failed(lesson, r)).map(|r| broken(&r))
 }
 
@@ -533,11 +533,11 @@ pub(super) enum Held {
 }
 
 /// What agent `agent`'s answer to Get means for a suspected `lesson`.
-pub(super) fn after_get(lesson: &LiveLesson, agent: &str, got: Result<Report, Error>) -> Held {
+pub(super) fn after_get(lesson: &LiveLesson, agent: &str, got: Result<AgentReport, Error>) -> Held {
     match got {
         Ok(report) if failed(lesson, &report) => Held::Broken(broken(&report)),
         Ok(_) => Held::Fine,
-        Err(err) if agents::lost_it(&err) => Held::Broken(broken(&Report {
+        Err(err) if agents::lost_it(&err) => Held::Broken(broken(&AgentReport {
             id: lesson.id,
             generation: lesson.generation,
             status: Some(Status::Failed),
@@ -551,12 +551,12 @@ pub(super) fn after_get(lesson: &LiveLesson, agent: &str, got: Result<Report, Er
     }
 }
 
-fn failed(lesson: &LiveLesson, report: &Report) -> bool {
+fn failed(lesson: &LiveLesson, report: &AgentReport) -> bool {
     report.generation == lesson.generation && report.status == Some(Status::Failed)
 }
 
 /// FAILED with the report's reason; whatever the agent last measured, no endpoint answers now.
-fn broken(report: &Report) -> Observation {
+fn broken(report: &AgentReport) -> Observation {
     let mut observation = observation(report, Status::Failed);
     if let Some(endpoints) = &mut observation.endpoints {
         for endpoint in endpoints {

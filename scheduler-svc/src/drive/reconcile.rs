@@ -68,7 +68,7 @@ use super::placement::{self, Needs};
 use super::queue::WorkQueue;
 use super::replicas::Replica;
 use super::roster::Roster;
-use crate::agents::{Agent, Desired, Fleet, FleetEvent, Observer, Report};
+use crate::agents::{Agent, AgentReport, Desired, Fleet, FleetEvent, Observer};
 use crate::catalog::{Catalog, Lesson};
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -565,7 +565,7 @@ impl Reconciler {
         definition: &Lesson,
         recovering: bool,
         new: bool,
-    ) -> Result<Report, Error> {
+    ) -> Result<AgentReport, Error> {
         let desired = Desired {
             instance_id: &self.inner.instance_id,
             cluster_id: &self.inner.cluster_id,
@@ -594,7 +594,7 @@ impl Reconciler {
     async fn await_settled(
         &self,
         mut current: LiveLesson,
-        report: Report,
+        report: AgentReport,
         observer: Observer,
         deadline: Instant,
     ) -> Result<Next, Error> {
@@ -706,7 +706,7 @@ impl Reconciler {
                 None
             }
             Removal::WaitGone => {
-                let nothing = Report {
+                let nothing = AgentReport {
                     id: lesson.id,
                     generation: lesson.generation,
                     status: None,

@@ -86,8 +86,8 @@ fn deleting(lesson: LiveLesson) -> LiveLesson {
     }
 }
 
-fn report(generation: u64, status: Option<Status>, reason: &str) -> Report {
-    Report {
+fn report(generation: u64, status: Option<Status>, reason: &str) -> AgentReport {
+    AgentReport {
         id: fresh().id,
         generation,
         status,
@@ -724,7 +724,7 @@ fn backoff_is_spread_by_up_to_a_fifth_from_the_id() {
 /// Asks as the runtime does: what to record, then (with the status recorded) whether it
 /// settled or is overdue.
 #[track_caller]
-fn check_settle(current: &LiveLesson, report: &Report, past_deadline: bool, expect: &str) {
+fn check_settle(current: &LiveLesson, report: &AgentReport, past_deadline: bool, expect: &str) {
     let settle = settle(current, report);
     let mut now = current.clone();
     let mut got = Vec::new();
@@ -893,20 +893,20 @@ fn a_provisioning_waiter_wakes_on_a_new_status_of_its_generation() {
         settled,
         Status::Booting,
         says(1, Status::Configuring, "stage 0"),
-        "Some(Report), latest `stage 0`",
+        "Some(AgentReport), latest `stage 0`",
     );
     check_wait(
         settled,
         Status::Booting,
         says(1, Status::Ready, "ready"),
-        "Some(Report), latest `ready`",
+        "Some(AgentReport), latest `ready`",
     );
     // Settled wakes even when that status is recorded already.
     check_wait(
         settled,
         Status::Failed,
         says(1, Status::Failed, "died"),
-        "Some(Report), latest `died`",
+        "Some(AgentReport), latest `died`",
     );
 }
 
@@ -1156,7 +1156,7 @@ fn a_failed_report_of_its_generation_breaks_a_ready_lesson_at_once() {
 }
 
 #[track_caller]
-fn check_get(got: Result<Report, Error>, expect: &str) {
+fn check_get(got: Result<AgentReport, Error>, expect: &str) {
     let answer = match after_get(&on("a", Status::Ready), "a", got) {
         Held::Broken(observation) => format!("broken: {}", line(&observation)),
         Held::Fine => "fine".to_owned(),

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{Reconciler, lock};
-use crate::agents::{FleetEvent, Report};
+use crate::agents::{AgentReport, FleetEvent};
 use crate::drive::lifecycle::{self, Suspicion};
 use crate::drive::replicas::Replica;
 use crate::error::Error;
@@ -285,7 +285,7 @@ impl Reconciler {
     /// the FAILED state it sent): its next run checks, unless work on it is under way already
     /// (waiting for the agent, retrying or recovering), which finds out by itself. A run in
     /// progress runs again after it ends, and checks then.
-    fn suspect(&self, id: LiveLessonId, agent: String, report: Option<Report>) {
+    fn suspect(&self, id: LiveLessonId, agent: String, report: Option<AgentReport>) {
         let inner = &self.inner;
         if !lifecycle::worth_checking(
             lock(&inner.waiting).contains_key(&id),

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::{Reconciler, lock};
-use crate::agents::{Observer, Report};
+use crate::agents::{AgentReport, Observer};
 use crate::drive::lifecycle::{self, Found, Until, Waited, Wake};
 use crate::model::{LiveLesson, LiveLessonId};
 
@@ -29,7 +29,7 @@ pub(super) struct Woken {
     /// The live lesson's view of the agent's Watch stream, followed since before the call.
     pub observer: Observer,
     /// The agent's latest report.
-    pub report: Report,
+    pub report: AgentReport,
     /// Why it woke.
     pub why: Wake,
 }
@@ -57,7 +57,7 @@ impl Reconciler {
         &self,
         current: &LiveLesson,
         until: Until,
-        report: Report,
+        report: AgentReport,
         observer: Observer,
         deadline: Instant,
     ) {
@@ -112,7 +112,7 @@ impl Reconciler {
         id: LiveLessonId,
         waited: Waited,
         observer: &mut Observer,
-        report: &mut Report,
+        report: &mut AgentReport,
         deadline: Instant,
         stop: &CancellationToken,
     ) -> Option<Wake> {
