@@ -12,13 +12,13 @@ use antidote_proto::agent::v1 as proto;
 use antidote_proto::agent::v1::backend_server::Backend as BackendRpc;
 use proto::{ErrorReason, Phase};
 
-use super::book::{StateBook, WatchStream};
+use super::book::{Reporter, StateBook, WatchStream};
 #[cfg(feature = "entrypoint")]
 use super::entrypoint::{self, Keys, Lessons};
 use super::error::Error;
 use super::lesson::Lesson;
 use super::metrics::AgentMetrics;
-use super::pipeline::Steps;
+use super::pipeline::{Start, Steps};
 use super::{checks, errors, labels, spec};
 
 /// When a live lesson is removed while its driver was still realising it, the pauses after
@@ -58,17 +58,6 @@ impl Description {
             max_live_lessons: 0,
         }
     }
-}
-
-/// How a driver starts a generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
-    /// Nothing exists: create every object (finding what a crashed attempt left), configure.
-    Create,
-    /// The objects exist and are held: apply the new generation (usually a stage change).
-    Change,
-    /// The objects exist from before this process started: find them, configure, probe.
-    Adopt,
 }
 
 /// What a backend does. [`Agent`] calls it; every protocol rule lives there, and the
@@ -160,80 +149,6 @@ fn not_running_checks() -> Status {
         "this agent does not run checks",
         [("rpc", "RunChecks".to_owned())],
     )
-}
-
-/// A driver's handle on its live lesson's reported state. Every change is dropped once a newer
-/// generation has been received, so a stale driver can never overwrite newer news.
-#[derive(Clone)]
-pub struct Reporter {
-    book: Arc<StateBook>,
-    id: String,
-    generation: u64,
-}
-
-impl Reporter {
-    /// The reporter of generation `generation` of live lesson `id` in `book`.
-    pub(crate) fn new(book: Arc<StateBook>, id: String, generation: u64) -> Reporter {
-        Reporter {
-            book,
-            id,
-            generation,
-        }
-    }
-
-    /// Changes the reported state (watchers see it).
-    pub fn update(&self, change: impl FnOnce(&mut proto::LiveLessonState)) {
-        self.book.update(&self.id, |state| {
-            if state.generation == self.generation {
-                change(state);
-            }
-        });
-    }
-
-    /// Moves to `phase` with `reason`.
-    pub fn phase(&self, phase: Phase, reason: impl Into<String>) {
-        let reason = reason.into();
-        self.update(|s| {
-            s.phase = phase as i32;
-            s.reason = reason;
-        });
-    }
-
-    /// Reports the endpoints (addresses, health).
-    pub fn endpoints(&self, endpoints: Vec<proto::EndpointState>) {
-        self.update(|s| s.endpoints = endpoints);
-    }
-
-    /// Says why the live lesson is where it is, in the same phase ("pod `web` waits for a
-    /// node: …").
-    pub fn reason(&self, reason: impl Into<String>) {
-        let reason = reason.into();
-        self.update(|s| s.reason = reason);
-    }
-
-    /// Sets condition `kind` ([R8]: for people and tools that show them; the scheduler decides
-    /// on none), replacing one of the same type; `None` removes it.
-    pub fn condition(&self, kind: &str, condition: Option<(bool, &str, String)>) {
-        self.update(|s| {
-            s.conditions.retain(|c| c.r#type != kind);
-            if let Some((status, reason, message)) = condition {
-                s.conditions.push(proto::Condition {
-                    r#type: kind.to_owned(),
-                    status,
-                    reason: reason.to_owned(),
-                    message,
-                    last_transition: Some(std::time::SystemTime::now().into()),
-                });
-            }
-        });
-    }
-
-    /// The current reported state.
-    pub fn current(&self) -> Option<proto::LiveLessonState> {
-        self.book
-            .get(&self.id)
-            .filter(|s| s.generation == self.generation)
-    }
 }
 
 /// Polls `work` once, here, without a waker: its first step up to its first wait. A future

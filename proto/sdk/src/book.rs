@@ -1,11 +1,12 @@
 //! [`StateBook`] keeps what an agent reports: every live lesson's [`LiveLessonState`] with a
 //! revision counter, and turns it into the protocol's `Get`, `List` (label selector, pages) and
 //! `Watch` (snapshot first, then changes, heartbeats, a resync when a watcher falls behind)
-//! answers, so that every agent gets those rules right the same way.
+//! answers, so that every agent gets those rules right the same way; [`Reporter`] is a driver's
+//! handle on one generation's entry in it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message as _;
@@ -15,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use antidote_proto::agent::v1::{
-    Deleted, Heartbeat, ListRequest, ListResponse, LiveLessonState, Resync, Snapshot, WatchEvent,
-    WatchRequest, watch_event::Event,
+    self as proto, Deleted, Heartbeat, ListRequest, ListResponse, LiveLessonState, Phase, Resync,
+    Snapshot, WatchEvent, WatchRequest, watch_event::Event,
 };
 
 /// The stream type of a `Watch` answer.
@@ -351,6 +352,80 @@ pub fn heartbeat_interval(asked: Option<prost_types::Duration>) -> Duration {
 /// Whether `labels` include every pair of `selector`.
 pub fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// A driver's handle on its live lesson's reported state. Every change is dropped once a newer
+/// generation has been received, so a stale driver can never overwrite newer news.
+#[derive(Clone)]
+pub struct Reporter {
+    book: Arc<StateBook>,
+    id: String,
+    generation: u64,
+}
+
+impl Reporter {
+    /// The reporter of generation `generation` of live lesson `id` in `book`.
+    pub(crate) fn new(book: Arc<StateBook>, id: String, generation: u64) -> Reporter {
+        Reporter {
+            book,
+            id,
+            generation,
+        }
+    }
+
+    /// Changes the reported state (watchers see it).
+    pub fn update(&self, change: impl FnOnce(&mut proto::LiveLessonState)) {
+        self.book.update(&self.id, |state| {
+            if state.generation == self.generation {
+                change(state);
+            }
+        });
+    }
+
+    /// Moves to `phase` with `reason`.
+    pub fn phase(&self, phase: Phase, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.update(|s| {
+            s.phase = phase as i32;
+            s.reason = reason;
+        });
+    }
+
+    /// Reports the endpoints (addresses, health).
+    pub fn endpoints(&self, endpoints: Vec<proto::EndpointState>) {
+        self.update(|s| s.endpoints = endpoints);
+    }
+
+    /// Says why the live lesson is where it is, in the same phase ("pod `web` waits for a
+    /// node: …").
+    pub fn reason(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.update(|s| s.reason = reason);
+    }
+
+    /// Sets condition `kind` ([R8]: for people and tools that show them; the scheduler decides
+    /// on none), replacing one of the same type; `None` removes it.
+    pub fn condition(&self, kind: &str, condition: Option<(bool, &str, String)>) {
+        self.update(|s| {
+            s.conditions.retain(|c| c.r#type != kind);
+            if let Some((status, reason, message)) = condition {
+                s.conditions.push(proto::Condition {
+                    r#type: kind.to_owned(),
+                    status,
+                    reason: reason.to_owned(),
+                    message,
+                    last_transition: Some(std::time::SystemTime::now().into()),
+                });
+            }
+        });
+    }
+
+    /// The current reported state.
+    pub fn current(&self) -> Option<proto::LiveLessonState> {
+        self.book
+            .get(&self.id)
+            .filter(|s| s.generation == self.generation)
+    }
 }
 
 #[cfg(test)]

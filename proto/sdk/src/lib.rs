@@ -52,7 +52,7 @@ pub mod probe;
 mod server;
 pub mod spec;
 
-pub use agent::{Agent, AgentService, Backend, Description, Reporter, Start};
+pub use agent::{Agent, AgentService, Backend, Description};
 #[cfg(feature = "dial-in")]
 pub use antidote_net::dial;
 pub use antidote_net::{
@@ -60,8 +60,8 @@ pub use antidote_net::{
 };
 pub use antidote_proto::{capabilities, labels};
 pub use args::{AgentArgs, run};
-pub use book::{MAX_HEARTBEAT, MAX_PAGE, StateBook, WatchStream, matches};
+pub use book::{MAX_HEARTBEAT, MAX_PAGE, Reporter, StateBook, WatchStream, matches};
 pub use error::Error;
 pub use lesson::Lesson;
-pub use pipeline::{Attempt, Limits, Placement, Steps};
+pub use pipeline::{Attempt, Limits, Placement, Start, Steps};
 pub use server::{GRACE, Transport, run_with_grace, serve, serve_with_grace};

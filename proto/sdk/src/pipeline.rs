@@ -20,7 +20,7 @@ use std::time::Duration;
 use antidote_proto::agent::v1 as proto;
 use proto::Phase;
 
-use crate::agent::{Reporter, Start};
+use crate::book::Reporter;
 use crate::error::Error;
 use crate::lesson::{Endpoint, Lesson};
 use crate::output::{Run, Tail};
@@ -107,6 +107,17 @@ pub enum Attempt {
     /// The backend tried by itself (a Kubernetes Job's `backoffLimit`) and this is its verdict
     /// over every try: not tried again; an error is the FAILED reason as it stands.
     Settled(Result<(), String>),
+}
+
+/// How a driver starts a generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Nothing exists: create every object (finding what a crashed attempt left), configure.
+    Create,
+    /// The objects exist and are held: apply the new generation (usually a stage change).
+    Change,
+    /// The objects exist from before this process started: find them, configure, probe.
+    Adopt,
 }
 
 /// What a backend does at each point of the pipeline. [`Backend`](crate::Backend) builds on it.
