@@ -465,7 +465,7 @@ impl Kubernetes {
         &self,
         spec: &proto::LessonSpec,
         lifetime: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<ChecksPod, String> {
         let services: Api<Service> = self.api(spec);
         let mut service_ips = BTreeMap::new();
         for endpoint in &spec.endpoints {
@@ -495,6 +495,10 @@ impl Kubernetes {
             .await
             .map_err(|e| explain("creating the checks pod", &e))?;
         let name = created.metadata.name.unwrap_or_default();
+        let checks_pod = ChecksPod {
+            pods: pods.clone(),
+            name: Some(name.clone()),
+        };
         let settled = |pod: Option<&Pod>| {
             pod.and_then(|p| p.status.as_ref()).is_some_and(|status| {
                 matches!(
@@ -537,9 +541,9 @@ impl Kubernetes {
             }
         };
         match started {
-            Ok(()) => Ok(name),
+            Ok(()) => Ok(checks_pod),
             Err(why) => {
-                delete_checks_pod(&pods, &name).await;
+                checks_pod.delete().await;
                 Err(why)
             }
         }
@@ -844,6 +848,37 @@ async fn last_try(pods: &Api<Pod>, job: &str) -> String {
     )
 }
 
+/// A run's checks pod (python check files run in it): deleted by [`ChecksPod::delete`] once the
+/// run ends, or in the background if the run is dropped before (its call was cancelled).
+struct ChecksPod {
+    pods: Api<Pod>,
+    /// None once deleted.
+    name: Option<String>,
+}
+
+impl ChecksPod {
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or_default()
+    }
+
+    async fn delete(mut self) {
+        if let Some(name) = self.name.take() {
+            delete_checks_pod(&self.pods, &name).await;
+        }
+    }
+}
+
+impl Drop for ChecksPod {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let pods = self.pods.clone();
+            runtime.spawn(async move { delete_checks_pod(&pods, &name).await });
+        }
+    }
+}
+
 /// Deletes a run's checks pod at once (what still runs in it goes with it); a failure is
 /// logged, and the pod's own deadline or the live lesson's removal ends it anyway.
 async fn delete_checks_pod(pods: &Api<Pod>, name: &str) {
@@ -920,7 +955,7 @@ impl Backend for Kubernetes {
             let run = if is_python(file) {
                 let endpoint = spec.endpoints.iter().find(|e| e.name == file.endpoint);
                 match (&checks_pod, endpoint) {
-                    (Some(Ok(pod)), Some(endpoint)) => {
+                    (Some(Ok(checks_pod)), Some(endpoint)) => {
                         let (user, password) = configurator::check_credentials(endpoint);
                         if user.contains('\n') || password.contains('\n') {
                             results.push(checks::not_run(
@@ -934,7 +969,7 @@ impl Backend for Kubernetes {
                         }
                         exec::python(
                             &pods,
-                            pod,
+                            checks_pod.name(),
                             configurator::CHECKS_CONTAINER,
                             &file.contents,
                             (&endpoint.name, &stage),
@@ -981,8 +1016,8 @@ impl Backend for Kubernetes {
                 Err(err) => checks::not_run(file, err.to_string()),
             });
         }
-        if let Some(Ok(pod)) = checks_pod {
-            delete_checks_pod(&pods, &pod).await;
+        if let Some(Ok(checks_pod)) = checks_pod {
+            checks_pod.delete().await;
         }
         Ok(results)
     }

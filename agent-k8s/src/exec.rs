@@ -164,6 +164,13 @@ async fn run(
     };
     let output = std::sync::Mutex::new(Tail::new(OUTPUT_KEPT));
     let mut pid = PidLine::new();
+    let mut dropped = KillOnDrop {
+        pods: pods.clone(),
+        pod: pod.to_owned(),
+        container: container.to_owned(),
+        pid: std::sync::atomic::AtomicU32::new(0),
+        armed: true,
+    };
     let run = async {
         let feed = async {
             // A script that never reads stdin still gets all of it (the wrapper's `cat` does),
@@ -182,12 +189,17 @@ async fn run(
             let mut buf = vec![0u8; 16 * 1024];
             while let Ok(n @ 1..) = stderr.read(&mut buf).await {
                 pid.feed(&buf[..n], &mut lock(&output));
+                if let Some(pid) = pid.pid() {
+                    dropped.pid.store(pid, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         };
         let ((), (), ()) = tokio::join!(feed, out, err);
         status.await
     };
     let ended = tokio::time::timeout(timeout, run).await;
+    // Ended here, one way or the other: the branches below kill what needs killing.
+    dropped.armed = false;
     let output = output.into_inner().unwrap_or_else(|e| e.into_inner());
     match ended {
         Ok(status) => {
@@ -208,6 +220,42 @@ async fn run(
             }
             Ok((Run::TimedOut, output))
         }
+    }
+}
+
+/// A run's process tree, killed in the background if the run is dropped before it ends (the
+/// call that asked for it was cancelled, say a RunChecks whose client went away): a process
+/// started by an exec outlives the exec's stream.
+struct KillOnDrop {
+    pods: Api<Pod>,
+    pod: String,
+    container: String,
+    /// The wrapper's pid once it said it (0 before).
+    pid: std::sync::atomic::AtomicU32,
+    /// Whether the run is still going (then a drop kills it).
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let pid = self.pid.load(std::sync::atomic::Ordering::Relaxed);
+        if !self.armed || pid <= 1 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pods, pod, container) = (
+            self.pods.clone(),
+            std::mem::take(&mut self.pod),
+            std::mem::take(&mut self.container),
+        );
+        tracing::info!(
+            pod,
+            pid,
+            "a run was dropped before it ended; killing what it started"
+        );
+        runtime.spawn(async move { kill_tree(&pods, &pod, &container, pid).await });
     }
 }
 
