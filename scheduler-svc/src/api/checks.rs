@@ -16,11 +16,13 @@ use std::time::{Duration, Instant};
 
 use antidote_proto::capabilities;
 
-use super::grpc::Api;
-use crate::agents::CheckFile;
-use crate::catalog::{Lesson, Script, Stage};
+use crate::agents::{CheckFile, Fleet};
+use crate::catalog::{Catalog, Lesson, Script, Stage};
+use crate::drive::Hub;
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::model::{CheckRun, EndpointCheck, LiveLesson, LiveLessonId, Millis, Status};
+use crate::store::Store;
 
 /// Which files of a stage run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,18 +147,40 @@ impl Checks {
     }
 }
 
-impl Api {
+/// What a run of stage files reaches: the lessons, the agents, where checks are recorded, the
+/// live lessons' watchers and the metrics.
+pub struct RunParts<'a> {
+    /// The lessons, for the stage's files.
+    pub catalog: &'a Catalog,
+    /// The agents, for the live lesson's.
+    pub fleet: &'a Fleet,
+    /// Where a check's run is recorded.
+    pub store: &'a Store,
+    /// Who hears that a check ended.
+    pub hub: &'a Hub,
+    /// Where runs are counted.
+    pub metrics: &'a Metrics,
+}
+
+impl Checks {
     /// Runs the `files` of `live`'s current stage on its agent; `limited` for a learner's run
     /// (the per-minute limit). A check's run is recorded (passed stages, the latest run) and
     /// the live lesson's watchers hear of it.
-    pub(super) async fn run_stage_files(
-        &self,
+    pub async fn run(
+        self: &Arc<Self>,
+        parts: RunParts<'_>,
         live: &LiveLesson,
         files: Files,
         limited: bool,
     ) -> Result<CheckRun, Error> {
-        let lesson = self
-            .catalog
+        let RunParts {
+            catalog,
+            fleet,
+            store,
+            hub,
+            metrics,
+        } = parts;
+        let lesson = catalog
             .lesson(&live.lesson_slug)
             .ok_or_else(|| Error::LessonNotFound(live.lesson_slug.clone()))?;
         let stage =
@@ -193,8 +217,7 @@ impl Api {
                 });
             }
         };
-        let agent = self
-            .fleet
+        let agent = fleet
             .get(agent)
             .ok_or_else(|| Error::AgentNotFound(agent.to_owned()))?;
         // PROTOCOL.md [V4]: never a call whose capability the agent did not offer.
@@ -203,7 +226,7 @@ impl Api {
                 agent: agent.name.clone(),
             });
         }
-        let _running = self.checks.admit(live.id, limited, Instant::now())?;
+        let _running = self.admit(live.id, limited, Instant::now())?;
         let sent: Vec<CheckFile> = lesson
             .endpoints
             .iter()
@@ -225,8 +248,7 @@ impl Api {
             Ok(outcomes) => outcomes,
             Err(err) => {
                 if files == Files::Checks {
-                    self.metrics
-                        .checked(&lesson.slug, live.stage, "error", took);
+                    metrics.checked(&lesson.slug, live.stage, "error", took);
                 }
                 // An agent that offered the capability and then answers UNIMPLEMENTED (an
                 // older build behind the same address) cannot run checks either.
@@ -288,80 +310,62 @@ impl Api {
         );
         if files == Files::Checks {
             let result = if passed { "passed" } else { "failed" };
-            self.metrics.checked(&lesson.slug, live.stage, result, took);
-            self.store.record_check(live.id, &run).await?;
+            metrics.checked(&lesson.slug, live.stage, result, took);
+            store.record_check(live.id, &run).await?;
             // Watchers read the checks again on every update; the live lesson itself did
             // not change, so they are woken with its current state.
-            match self.store.live_lesson(live.id).await {
-                Ok(current) => self.hub.publish(&current),
+            match store.live_lesson(live.id).await {
+                Ok(current) => hub.publish(&current),
                 Err(Error::LiveLessonNotFound(_)) => {}
                 Err(err) => return Err(err),
             }
         }
         Ok(run)
     }
+}
 
-    /// Refuses a move of a live lesson of `lesson` from stage `from` to `to` past a gated
-    /// stage (`checks: gate`) whose check has not passed in it. `id` is the live lesson, `None`
-    /// for one not yet created (nothing has passed).
-    pub(super) async fn gate(
-        &self,
-        lesson: &Lesson,
-        id: Option<LiveLessonId>,
-        from: u32,
-        to: u32,
-    ) -> Result<(), Error> {
-        let gated: Vec<&Stage> = lesson
-            .stages
-            .iter()
-            .filter(|stage| stage.index >= from && stage.index < to && stage.gated())
-            .collect();
-        if gated.is_empty() {
-            return Ok(());
-        }
-        let checks = match id {
-            Some(id) => self.store.stage_checks(id).await?,
-            None => Default::default(),
-        };
-        for stage in gated {
-            if checks.passed.contains(&stage.index) {
-                continue;
-            }
-            // The file that failed last, else the stage's first check file.
-            let failed = checks
-                .last
-                .as_ref()
-                .filter(|run| run.stage == stage.index)
-                .and_then(|run| run.endpoints.iter().find(|e| !e.passed))
-                .map(|e| e.file_name.clone());
-            let first = || stage.checks.values().next().map(Script::file_name);
-            let file = failed.or_else(first).unwrap_or_default();
-            return Err(Error::CheckNotPassed {
-                id,
-                stage: stage.index,
-                check: format!("stage{}/checks/{file}", stage.index),
-            });
-        }
-        Ok(())
+/// Refuses a move of a live lesson of `lesson` from stage `from` to `to` past a gated stage
+/// (`checks: gate`) whose check has not passed in it, by what `store` recorded. `id` is the live
+/// lesson, `None` for one not yet created (nothing has passed).
+pub async fn gate(
+    store: &Store,
+    lesson: &Lesson,
+    id: Option<LiveLessonId>,
+    from: u32,
+    to: u32,
+) -> Result<(), Error> {
+    let gated: Vec<&Stage> = lesson
+        .stages
+        .iter()
+        .filter(|stage| stage.index >= from && stage.index < to && stage.gated())
+        .collect();
+    if gated.is_empty() {
+        return Ok(());
     }
-
-    /// The live lesson as its learner sees it, with what its checks established (read only
-    /// for lessons that have checks).
-    pub(super) async fn learner_lesson(
-        &self,
-        live: &LiveLesson,
-    ) -> Result<antidote_proto::api::v1::LiveLesson, Error> {
-        let view = self.api_lesson(live);
-        let has_checks = self
-            .catalog
-            .lesson(&live.lesson_slug)
-            .is_some_and(Lesson::has_checks);
-        if !has_checks {
-            return Ok(view);
+    let checks = match id {
+        Some(id) => store.stage_checks(id).await?,
+        None => Default::default(),
+    };
+    for stage in gated {
+        if checks.passed.contains(&stage.index) {
+            continue;
         }
-        let checks = self.store.stage_checks(live.id).await?;
-        Ok(super::convert::with_checks(view, live.id, &checks))
+        // The file that failed last, else the stage's first check file.
+        let failed = checks
+            .last
+            .as_ref()
+            .filter(|run| run.stage == stage.index)
+            .and_then(|run| run.endpoints.iter().find(|e| !e.passed))
+            .map(|e| e.file_name.clone());
+        let first = || stage.checks.values().next().map(Script::file_name);
+        let file = failed.or_else(first).unwrap_or_default();
+        return Err(Error::CheckNotPassed {
+            id,
+            stage: stage.index,
+            check: format!("stage{}/checks/{file}", stage.index),
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::auth::{self, AdminAuth};
+use super::checks;
 use super::convert as wire;
 use super::limits::Quota;
 use crate::agents::{AgentState, Desired, Fleet, Transport};
@@ -60,7 +61,7 @@ pub struct Api {
     /// Warm pools: requests for a pooled lesson claim a READY member first.
     pub pools: crate::drive::Pools,
     /// Stage checks in progress and recent, per live lesson (their limits).
-    pub checks: Arc<super::checks::Checks>,
+    pub checks: Arc<checks::Checks>,
 }
 
 /// Open Watch streams (gRPC and server-sent events alike), bounded per session and per client
@@ -195,6 +196,53 @@ impl Api {
             &self.entrypoint,
             &self.fleet,
         )
+    }
+
+    /// The live lesson as its learner sees it, with what its checks established (read only
+    /// for lessons that have checks).
+    pub(super) async fn learner_lesson(
+        &self,
+        live: &LiveLesson,
+    ) -> std::result::Result<api::LiveLesson, Error> {
+        let view = self.api_lesson(live);
+        let has_checks = self
+            .catalog
+            .lesson(&live.lesson_slug)
+            .is_some_and(crate::catalog::Lesson::has_checks);
+        if !has_checks {
+            return Ok(view);
+        }
+        let checks = self.store.stage_checks(live.id).await?;
+        Ok(wire::with_checks(view, live.id, &checks))
+    }
+
+    /// Runs the `files` of `live`'s current stage on its agent (`checks::Checks::run`);
+    /// `limited` for a learner's run.
+    async fn run_stage_files(
+        &self,
+        live: &LiveLesson,
+        files: checks::Files,
+        limited: bool,
+    ) -> std::result::Result<model::CheckRun, Error> {
+        let parts = checks::RunParts {
+            catalog: &self.catalog,
+            fleet: &self.fleet,
+            store: &self.store,
+            hub: &self.hub,
+            metrics: &self.metrics,
+        };
+        self.checks.run(parts, live, files, limited).await
+    }
+
+    /// Refuses a move past a gated stage whose check has not passed (`checks::gate`).
+    async fn gate(
+        &self,
+        lesson: &crate::catalog::Lesson,
+        id: Option<LiveLessonId>,
+        from: u32,
+        to: u32,
+    ) -> std::result::Result<(), Error> {
+        checks::gate(&self.store, lesson, id, from, to).await
     }
 
     /// A live lesson as an operator sees it (the admin API): with its agent.
@@ -743,7 +791,7 @@ impl LiveLessonService for Api {
         tracing::Span::current().record("live_lesson.id", tracing::field::display(id));
         let lesson = self.owned(&request, id).await?;
         let run = self
-            .run_stage_files(&lesson, super::checks::Files::Checks, true)
+            .run_stage_files(&lesson, checks::Files::Checks, true)
             .await?;
         Ok(Response::new(wire::stage_check(id, &run)))
     }
@@ -1039,8 +1087,8 @@ impl AdminService for Api {
         } = request.into_inner();
         let id: LiveLessonId = live_lesson_id.parse().map_err(Error::from)?;
         let files = match api::StageFiles::try_from(files) {
-            Ok(api::StageFiles::Checks) => super::checks::Files::Checks,
-            Ok(api::StageFiles::Solutions) => super::checks::Files::Solutions,
+            Ok(api::StageFiles::Checks) => checks::Files::Checks,
+            Ok(api::StageFiles::Solutions) => checks::Files::Solutions,
             _ => {
                 return Err(Error::InvalidArgument {
                     field: "files",
