@@ -3,8 +3,6 @@
 use antidote_proto::agent::v1 as proto;
 use proto::Phase;
 
-use crate::checks::Check;
-
 /// What one check found.
 pub enum Outcome {
     /// The rule holds; the detail says what was seen (may be empty).
@@ -32,19 +30,19 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Prints `check`'s line and keeps its outcome.
-    pub fn record(&mut self, check: &Check, outcome: Outcome) {
+    /// Prints the line of the check called `name`, which checks `what`, and keeps its outcome.
+    pub fn record(&mut self, name: &'static str, what: &str, outcome: Outcome) {
         let (tag, detail) = match &outcome {
             Outcome::Pass(d) => ("PASS", d),
             Outcome::Fail(d) => ("FAIL", d),
             Outcome::Skip(d) => ("SKIP", d),
         };
         if detail.is_empty() {
-            println!("  {tag}  {}: {}", check.name, check.what);
+            println!("  {tag}  {name}: {what}");
         } else {
-            println!("  {tag}  {}: {}: {detail}", check.name, check.what);
+            println!("  {tag}  {name}: {what}: {detail}");
         }
-        self.lines.push((check.name, outcome));
+        self.lines.push((name, outcome));
     }
 
     /// The outcome of the check called `name`, if it ran.

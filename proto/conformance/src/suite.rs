@@ -121,6 +121,23 @@ pub struct Selected {
     pub watch: anyhow::Result<Watcher>,
 }
 
+/// The live lesson the entrypoint checks reach: one endpoint `solo` whose `web` presentation
+/// is HTTP, READY, kept until the suite's clean-up.
+#[derive(Clone)]
+pub struct Entry {
+    /// Its id.
+    pub id: String,
+    /// Where the suite connects (`host:port` of the entrypoint URL, the live lesson's host
+    /// put in where the URL has an origin per live lesson).
+    pub connect: String,
+    /// The `Host` the requests carry.
+    pub host: String,
+    /// Whether the entrypoint gives each live lesson an origin of its own.
+    pub per_lesson: bool,
+    /// The `web` presentation's backend address (`host:port`), for answers to compare with.
+    pub backend: String,
+}
+
 /// Everything the checks share.
 pub struct Suite {
     /// What the test lesson runs.
@@ -159,7 +176,7 @@ pub struct Suite {
     /// The handshake's `entrypoint_url`, learnt by `handshake`.
     pub entrypoint_url: String,
     /// The live lesson the entrypoint checks reach, made by `entrypoint-tokens`.
-    pub entry: Option<crate::checks::entrypoint::Entry>,
+    pub entry: Option<Entry>,
     /// A connection of its own with small HTTP/2 windows, for the watcher `watch-resync`
     /// stalls (none over a dialled-in connection: it then uses `channel`).
     pub stalled_channel: Option<Channel>,

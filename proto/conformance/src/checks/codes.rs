@@ -6,6 +6,7 @@ use antidote_sdk::{capabilities, labels};
 use anyhow::{anyhow, ensure};
 use tonic::Code;
 
+use super::paths::{shell, unclaimed_type};
 use super::{expect_refusal, typed};
 use crate::report::{Outcome, Verdict, describe, pass};
 use crate::suite::{EXTRA_LABEL, Suite, new_id};
@@ -143,7 +144,7 @@ pub async fn bad_spec_codes(suite: &mut Suite) -> Verdict {
             "spec.endpoints[0].configuration".into(),
             spec,
         ));
-    } else if let Some(kind) = super::paths::unclaimed_type(suite) {
+    } else if let Some(kind) = unclaimed_type(suite) {
         spec.endpoints[0].configuration = Some(proto::StageConfiguration {
             r#type: kind as i32,
             ..shell("stage0.cfg", "true")
@@ -204,16 +205,6 @@ pub async fn bad_spec_codes(suite: &mut Suite) -> Verdict {
          field; List shows nothing",
         cases.len()
     ))
-}
-
-/// A shell configuration.
-pub fn shell(file_name: &str, script: &str) -> proto::StageConfiguration {
-    proto::StageConfiguration {
-        r#type: proto::ConfigurationType::Shell as i32,
-        file_name: file_name.into(),
-        contents: script.as_bytes().to_vec(),
-        driver: String::new(),
-    }
 }
 
 /// `error-details`: the refusals that need no state, each with its ErrorInfo (reason and

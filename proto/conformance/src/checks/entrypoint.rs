@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::report::{Outcome, Verdict, describe, pass};
-use crate::suite::{Suite, new_id};
+use crate::suite::{Entry, Suite, new_id};
 
 /// How long the suite's tokens live: well inside any agent's bound on a token's lifetime.
 const TTL: Duration = Duration::from_secs(600);
@@ -31,33 +31,9 @@ const TTL: Duration = Duration::from_secs(600);
 /// Watch or Get that reads it.
 const ACTIVITY_WITHIN: Duration = Duration::from_secs(15);
 
-/// The live lesson the entrypoint checks reach: one endpoint `solo` whose `web` presentation
-/// is HTTP, READY, kept until the suite's clean-up.
-#[derive(Clone)]
-pub struct Entry {
-    /// Its id.
-    pub id: String,
-    /// Where the suite connects (`host:port` of the entrypoint URL, the live lesson's host
-    /// put in where the URL has an origin per live lesson).
-    pub connect: String,
-    /// The `Host` the requests carry.
-    pub host: String,
-    /// Whether the entrypoint gives each live lesson an origin of its own.
-    pub per_lesson: bool,
-    /// The `web` presentation's backend address (`host:port`), for answers to compare with.
-    pub backend: String,
-}
-
-impl Entry {
-    /// The prefix of presentation `presentation` of endpoint `endpoint`, with its final slash.
-    fn prefix(&self, endpoint: &str, presentation: &str) -> String {
-        prefix(&self.id, endpoint, presentation)
-    }
-
-    /// The `web` presentation's prefix.
-    fn web(&self) -> String {
-        self.prefix("solo", "web")
-    }
+/// The `web` presentation's prefix of `entry`, with its final slash.
+fn web_prefix(entry: &Entry) -> String {
+    prefix(&entry.id, "solo", "web")
 }
 
 /// An HTTP answer, its body read whole.
@@ -257,7 +233,7 @@ pub async fn tokens(suite: &mut Suite) -> Verdict {
         let entry = entry.clone();
         async move { request(&entry.connect, &entry.host, "GET", &path, &headers).await }
     };
-    let web = entry.web();
+    let web = web_prefix(&entry);
     let good = token(signer, &instance, &id, "solo", "web");
 
     let direct = request(&entry.backend, &entry.backend, "GET", "/", &[]).await?;
@@ -356,7 +332,7 @@ pub async fn tokens(suite: &mut Suite) -> Verdict {
 pub async fn keys(suite: &mut Suite) -> Verdict {
     let entry = entry(suite)?;
     let instance = suite.instance.clone();
-    let web = entry.web();
+    let web = web_prefix(&entry);
     let get = |path: String| {
         let entry = entry.clone();
         async move { request(&entry.connect, &entry.host, "GET", &path, &[]).await }
@@ -439,7 +415,7 @@ pub async fn keys(suite: &mut Suite) -> Verdict {
 /// `cross-site` or `same-site`.
 pub async fn cookie(suite: &mut Suite) -> Verdict {
     let entry = entry(suite)?;
-    let web = entry.web();
+    let web = web_prefix(&entry);
     let good = token(&suite.signer, &suite.instance, &entry.id, "solo", "web");
     let first = request(
         &entry.connect,
@@ -547,7 +523,7 @@ pub async fn cookie(suite: &mut Suite) -> Verdict {
 /// policy.
 pub async fn proxy(suite: &mut Suite) -> Verdict {
     let entry = entry(suite)?;
-    let web = entry.web();
+    let web = web_prefix(&entry);
     let good = token(&suite.signer, &suite.instance, &entry.id, "solo", "web");
     let rest = "conformance/a%20b?x=1&y=two";
     let direct = request(
@@ -626,7 +602,7 @@ pub async fn proxy(suite: &mut Suite) -> Verdict {
 /// `same-origin`) leave `last_active` where it was; a navigation moves it within 10 s.
 pub async fn activity(suite: &mut Suite) -> Verdict {
     let entry = entry(suite)?;
-    let web = entry.web();
+    let web = web_prefix(&entry);
     let good = token(&suite.signer, &suite.instance, &entry.id, "solo", "web");
     let auth = ("authorization", format!("Bearer {good}"));
     // The checks before counted as activity (requests without Fetch Metadata): wait until what
@@ -703,7 +679,7 @@ pub async fn connection_cap(suite: &mut Suite) -> Verdict {
     let good = token(&suite.signer, &suite.instance, &entry.id, "solo", "web");
     let ask = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {good}\r\n\r\n",
-        entry.web(),
+        web_prefix(&entry),
         entry.host
     );
     // Connections of the checks before may not be counted out yet: let them go.

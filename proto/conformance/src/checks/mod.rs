@@ -7,7 +7,7 @@
 //! suite signs) and `restart` (Recover and adoption after the agent restarts).
 
 mod codes;
-pub mod entrypoint;
+mod entrypoint;
 mod handshake;
 mod lifecycle;
 mod paths;
@@ -485,7 +485,7 @@ pub async fn run(suite: &mut Suite, checks: &[&Check]) -> Tally {
         } else {
             Outcome::Skip(format!("needs {}", missing.join("; ")))
         };
-        report.record(check, outcome);
+        report.record(check.name, check.what, outcome);
     }
     report
 }

@@ -11,7 +11,6 @@ use anyhow::{Context as _, anyhow, bail, ensure};
 use proto::{ConfigurationType, Phase, PresentationType};
 use tonic::Code;
 
-use super::codes::shell;
 use super::expect_refusal;
 use crate::probe::check_ready;
 use crate::report::{Outcome, Verdict, describe, pass, summary};
@@ -49,6 +48,16 @@ pub fn claimed_types(suite: &Suite) -> Vec<ConfigurationType> {
         vec![ConfigurationType::Shell]
     } else {
         listed
+    }
+}
+
+/// A shell configuration.
+pub fn shell(file_name: &str, script: &str) -> proto::StageConfiguration {
+    proto::StageConfiguration {
+        r#type: proto::ConfigurationType::Shell as i32,
+        file_name: file_name.into(),
+        contents: script.as_bytes().to_vec(),
+        driver: String::new(),
     }
 }
 
