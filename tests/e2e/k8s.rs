@@ -1727,9 +1727,11 @@ async fn k8s_a_check_that_never_ends_is_killed_in_its_pod_and_a_loud_one_is_cut(
 /// configurator pod started for the run, logs in to the endpoint by its name over SSH with the
 /// image's configuration credentials and reads what a shell solution file, run inside the
 /// endpoint's own container, left there. The run's configurator pod is gone after each run,
-/// and the password is never in what the files answer.
+/// and the password is never in what the files answer. A run whose call is cancelled (its
+/// client went away) leaves nothing running either: not the shell file's `sleep` in the
+/// endpoint's container, nor the python file's configurator pod.
 #[tokio::test]
-async fn k8s_a_python_check_logs_in_to_its_endpoint_from_the_configurator() {
+async fn k8s_a_python_check_logs_in_from_the_configurator_and_a_cancelled_run_leaves_nothing() {
     use antidote_proto::agent::v1 as proto;
     use antidote_proto::labels;
     let dir = tempfile::tempdir().unwrap();
@@ -1903,6 +1905,52 @@ raise SystemExit(status)
     let after = &answers[2];
     assert!(after.exited && after.exit_code == 0, "{after:?}");
     assert_eq!(after.output, "antidote\n42\n");
+
+    for (kind, name, contents) in [
+        (
+            proto::ConfigurationType::Shell,
+            "box.sh",
+            "echo started; sleep 4321\n",
+        ),
+        (
+            proto::ConfigurationType::Python,
+            "box.py",
+            "import time\ntime.sleep(4321)\n",
+        ),
+    ] {
+        // The previous run's cancellation may not have reached the agent yet (CHECKS_RUNNING).
+        loop {
+            let call = client.run_checks(check(kind, name, contents));
+            match tokio::time::timeout(Duration::from_secs(5), call).await {
+                Err(_) => break,
+                Ok(Err(status)) if status.code() == tonic::Code::Aborted => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                Ok(answer) => panic!("{name} was not cancelled: {answer:?}"),
+            }
+        }
+    }
+    let processes = "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline; echo; done\n";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let call = client.run_checks(check(proto::ConfigurationType::Shell, "ps.sh", processes));
+        let left = match call.await {
+            Ok(answer) => answer.into_inner().results.remove(0).output,
+            // Still ending the cancelled run.
+            Err(status) if status.code() == tonic::Code::Aborted => "(busy)".into(),
+            Err(status) => panic!("{status:?}"),
+        };
+        let pods = checks_pods().await;
+        if !left.contains("sleep 4321") && !left.contains("(busy)") && pods.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "left after a cancelled run: {pods:?}\n{left}\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     client
         .deprovision(proto::DeprovisionRequest {
             live_lesson_id: id.clone(),
