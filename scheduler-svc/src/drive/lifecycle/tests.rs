@@ -893,20 +893,20 @@ fn a_provisioning_waiter_wakes_on_a_new_status_of_its_generation() {
         settled,
         Status::Booting,
         says(1, Status::Configuring, "stage 0"),
-        "Some(AgentReport), latest `stage 0`",
+        "Some(Report), latest `stage 0`",
     );
     check_wait(
         settled,
         Status::Booting,
         says(1, Status::Ready, "ready"),
-        "Some(AgentReport), latest `ready`",
+        "Some(Report), latest `ready`",
     );
     // Settled wakes even when that status is recorded already.
     check_wait(
         settled,
         Status::Failed,
         says(1, Status::Failed, "died"),
-        "Some(AgentReport), latest `died`",
+        "Some(Report), latest `died`",
     );
 }
 
