@@ -24,7 +24,10 @@
 #              ANTIDOTE_PG_PORT (TCP port on 127.0.0.1, default 54329),
 #              ANTIDOTE_PG_TLS_DIR (when a new cluster is created: a directory holding
 #              server.crt and server.key; the server then serves TLS with them and refuses
-#              TCP clients that do not use it; the unix socket stays open to its owner).
+#              TCP clients that do not use it; the unix socket stays open to its owner),
+#              ANTIDOTE_PG_STATEMENTS (1: the server loads pg_stat_statements, which counts
+#              every statement it runs; `loadgen --store-compare` reports them. Off by default:
+#              counting costs a little on every statement).
 set -euo pipefail
 
 STATE=$(realpath -m -- "${ANTIDOTE_PG_STATE:-/tmp/antidote-pg}")
@@ -34,6 +37,11 @@ DATA=$STATE/data
 SOCK=$STATE/sock
 LOGFILE=$STATE/postgres.log
 URL="postgres://postgres@127.0.0.1:$PORT/postgres"
+# The server's options, for every start.
+OPTIONS="-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400"
+if [[ ${ANTIDOTE_PG_STATEMENTS:-0} == 1 ]]; then
+  OPTIONS+=" -c shared_preload_libraries=pg_stat_statements"
+fi
 
 log() { echo "pg.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -126,7 +134,7 @@ start() {
   log "starting PostgreSQL on 127.0.0.1:$PORT (socket dir $SOCK)"
   # Many test databases at once, each with a pool of its own: room for their connections.
   if ! as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 \
-    -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" start \
+    -o "$OPTIONS" start \
     >&2 9>&-; then
     tail -n 30 "$LOGFILE" >&2 || true
     die "PostgreSQL did not start; see $LOGFILE"
@@ -155,7 +163,7 @@ restart() {
     fast)
       log "restarting PostgreSQL on 127.0.0.1:$PORT (pg_ctl restart -m fast)"
       as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -m fast -w -t 60 \
-        -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" restart \
+        -o "$OPTIONS" restart \
         >&2 9>&- || die "pg_ctl restart failed; see $LOGFILE"
       ;;
     kill)
@@ -179,7 +187,7 @@ restart() {
       local i
       for i in $(seq 1 300); do
         if as_owner "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 \
-          -o "-p $PORT -k $SOCK -c listen_addresses=127.0.0.1 -c max_connections=400" start \
+          -o "$OPTIONS" start \
           >&2 9>&-; then
           break
         fi

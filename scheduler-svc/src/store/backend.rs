@@ -290,24 +290,33 @@ impl Row {
     }
 }
 
-/// The connection a write job runs on: the SQLite writer's (with the job's record of the rows
-/// it wrote, for the writer's cache: see [`super::known`]), or a PostgreSQL transaction's.
+/// The connection a write job runs on, with the job's record of the rows it wrote: the SQLite
+/// writer's (for the writer's cache: see [`super::known`]), or a PostgreSQL transaction's (for
+/// what the replica heard: see [`super::heard`]).
 pub(super) enum Conn<'c> {
     Sqlite(&'c mut rusqlite::Connection, &'c mut Effects),
-    Postgres(&'c mut PgConnection),
+    Postgres(&'c mut PgConnection, &'c mut Effects),
 }
 
 impl Conn<'_> {
     /// A statement that returns live-lesson rows (`RETURNING` the store's lesson columns):
-    /// decoded, and on SQLite recorded for the writer's cache.
+    /// decoded, and recorded for the writer's cache (SQLite) or with their revisions for what
+    /// the replica heard (PostgreSQL).
     pub(super) async fn fetch_lessons(&mut self, statement: Statement) -> Result<Vec<LiveLesson>> {
         let rows = self.fetch_all(statement).await?;
         let lessons = rows
             .iter()
             .map(super::lesson_from_row)
             .collect::<Result<Vec<_>>>()?;
-        if let Conn::Sqlite(_, effects) = self {
-            effects.declare(lessons.iter().cloned().map(Effect::Lesson));
+        match self {
+            Conn::Sqlite(_, effects) => {
+                effects.declare(lessons.iter().cloned().map(Effect::Lesson));
+            }
+            Conn::Postgres(_, effects) => {
+                for (row, lesson) in rows.iter().zip(&lessons) {
+                    effects.revise(row.int("revision")? as u64, lesson.clone());
+                }
+            }
         }
         Ok(lessons)
     }
@@ -342,32 +351,31 @@ impl Conn<'_> {
         Ok(self.fetch_lessons(statement).await?.pop())
     }
 
-    /// A statement deleting live lesson `id` (and nothing else of `live_lessons`): on SQLite
-    /// recorded for the writer's cache. Returns how many rows it deleted.
+    /// A statement deleting live lesson `id` (and nothing else of `live_lessons`): recorded
+    /// for the writer's cache or what the replica heard. Returns how many rows it deleted.
     pub(super) async fn forget_lesson(
         &mut self,
         statement: Statement,
         id: LiveLessonId,
     ) -> Result<u64> {
         let deleted = self.execute(statement).await?;
-        if let Conn::Sqlite(_, effects) = self {
-            effects.declare((0..deleted).map(|_| Effect::Gone(id)));
-        }
+        let (Conn::Sqlite(_, effects) | Conn::Postgres(_, effects)) = self;
+        effects.declare((0..deleted).map(|_| Effect::Gone(id)));
         Ok(deleted)
     }
 
-    /// Records, on SQLite, something the job did that the writer's cache must learn but that
-    /// changed no live-lesson row (a session's token, sessions that expired).
+    /// Records something the job did that the writer's cache (or what the replica heard)
+    /// must learn but that changed no live-lesson row (a session's token, sessions that
+    /// expired).
     pub(super) fn note(&mut self, effect: Effect) {
-        if let Conn::Sqlite(_, effects) = self {
-            effects.note(effect);
-        }
+        let (Conn::Sqlite(_, effects) | Conn::Postgres(_, effects)) = self;
+        effects.note(effect);
     }
 
     pub(super) async fn fetch_optional(&mut self, statement: Statement) -> Result<Option<Row>> {
         Ok(match self {
             Conn::Sqlite(conn, _) => statement.written_rows(conn)?.into_iter().next(),
-            Conn::Postgres(conn) => statement
+            Conn::Postgres(conn, _) => statement
                 .postgres()
                 .fetch_optional(&mut **conn)
                 .await?
@@ -378,7 +386,7 @@ impl Conn<'_> {
     pub(super) async fn fetch_all(&mut self, statement: Statement) -> Result<Vec<Row>> {
         Ok(match self {
             Conn::Sqlite(conn, _) => statement.written_rows(conn)?,
-            Conn::Postgres(conn) => statement
+            Conn::Postgres(conn, _) => statement
                 .postgres()
                 .fetch_all(&mut **conn)
                 .await?
@@ -392,7 +400,7 @@ impl Conn<'_> {
     pub(super) async fn execute(&mut self, statement: Statement) -> Result<u64> {
         Ok(match self {
             Conn::Sqlite(conn, _) => statement.written_execute(conn)?,
-            Conn::Postgres(conn) => statement
+            Conn::Postgres(conn, _) => statement
                 .postgres()
                 .execute(&mut **conn)
                 .await?
@@ -405,7 +413,7 @@ impl Conn<'_> {
     /// snapshot under READ COMMITTED) sees every other writer's committed rows, and the reaper
     /// cannot expire the session in between. SQLite's single writer already serialises.
     pub(super) async fn lock_session(&mut self, session: SessionId) -> Result<()> {
-        if let Conn::Postgres(conn) = self {
+        if let Conn::Postgres(conn, _) = self {
             sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
                 .bind(session.to_string())
                 .fetch_optional(&mut **conn)
@@ -419,7 +427,7 @@ impl Conn<'_> {
     /// For limits over rows that have no row of their own to lock, such as sessions per
     /// network.
     pub(super) async fn lock_name(&mut self, key: &str) -> Result<()> {
-        if let Conn::Postgres(conn) = self {
+        if let Conn::Postgres(conn, _) = self {
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(key)
                 .execute(&mut **conn)

@@ -85,6 +85,8 @@ pub(super) struct Effects {
     placements: u64,
     /// How many live lessons they say are gone (each takes its placement record with it).
     gone: u64,
+    /// PostgreSQL: live-lesson rows with their revisions (see [`super::heard`]).
+    revised: Vec<(u64, LiveLesson)>,
 }
 
 impl Effects {
@@ -110,6 +112,16 @@ impl Effects {
     /// Something that changed no live-lesson row.
     pub(super) fn note(&mut self, effect: Effect) {
         self.effects.push(effect);
+    }
+
+    /// PostgreSQL: a live-lesson row as the statement left it, at its revision.
+    pub(super) fn revise(&mut self, revision: u64, lesson: LiveLesson) {
+        self.revised.push((revision, lesson));
+    }
+
+    /// The revised rows, and the effects in order.
+    pub(super) fn into_parts(self) -> (Vec<(u64, LiveLesson)>, Vec<Effect>) {
+        (self.revised, self.effects)
     }
 }
 

@@ -238,12 +238,16 @@ impl Store {
             .ok_or(Error::LiveLessonNotFound(id))
     }
 
-    /// The live lesson if it still exists (on SQLite from the writer's cache when it wrote the
-    /// row since it started).
+    /// The live lesson if it still exists: on SQLite from the writer's cache when it wrote the
+    /// row since it started, on PostgreSQL from what the replica heard when it knows the row.
     pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
         if let Some(lesson) = self.known.as_ref().and_then(|known| known.lesson(id)) {
             return Ok(Some(lesson));
         }
+        if let Some(lesson) = self.heard.as_ref().and_then(|heard| heard.lesson(id)) {
+            return Ok(Some(lesson));
+        }
+        let ticket = self.heard.as_ref().map(|heard| heard.ticket());
         let row = self
             .reader
             .fetch_optional(
@@ -253,7 +257,14 @@ impl Store {
                 .bind(id.to_string()),
             )
             .await?;
-        row.map(|row| lesson_from_row(&row)).transpose()
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let lesson = lesson_from_row(&row)?;
+        if let (Some(heard), Some(ticket)) = (&self.heard, ticket) {
+            heard.read_lesson(ticket, row.int("revision")? as u64, &lesson);
+        }
+        Ok(Some(lesson))
     }
 
     /// A session's live lessons, oldest first.

@@ -28,6 +28,7 @@ mod changes;
 mod checks;
 mod cluster;
 mod events;
+mod heard;
 mod known;
 mod leases;
 mod live_lessons;
@@ -56,6 +57,7 @@ use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::sync::{mpsc, oneshot};
 
 use self::backend::{Conn, Pool, Row, Statement};
+use self::heard::Heard;
 use self::known::{Effects, Known};
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
@@ -66,7 +68,7 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 
 const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \
      observed_generation, status, reason, deleting, agent, handle, endpoints, persistent, \
-     created_at, last_active, pool_session";
+     created_at, last_active, pool_session, revision";
 
 /// The one statement that marks live lessons for removal: desired state absent, a new
 /// generation, TERMINATING with `$1` as the reason at time `$2`. `condition` says which live
@@ -204,6 +206,9 @@ pub struct Store {
     /// SQLite: what the writer knows of the rows it wrote (live lessons, session tokens), so
     /// hot reads need no SQLite connection ([`known`]). `None` on PostgreSQL.
     known: Option<Arc<Known>>,
+    /// PostgreSQL: what this replica heard of every replica's writes ([`heard`]), answering
+    /// while a listener follows the notifications. `None` on SQLite.
+    heard: Option<Arc<Heard>>,
 }
 
 /// The write side of each backend.
@@ -389,6 +394,7 @@ impl Store {
             reader: Pool::Sqlite(reader),
             writer_done: Arc::new(tokio::sync::Mutex::new(Some(done_rx))),
             known: Some(known),
+            heard: None,
         })
     }
 
@@ -423,6 +429,7 @@ impl Store {
             reader: Pool::Postgres(pool),
             writer_done: Arc::new(tokio::sync::Mutex::new(None)),
             known: None,
+            heard: Some(Arc::new(Heard::default())),
         })
     }
 
@@ -491,14 +498,24 @@ impl Store {
             }
             Writer::Postgres(writer, _) => {
                 let (tx, rx) = oneshot::channel();
+                // What the job wrote is heard once its batch committed, before its caller
+                // hears of it, unless the listener was lost since the job began.
+                let heard = self.heard.clone();
+                let ticket = heard.as_ref().map(|heard| heard.ticket());
                 let job: PgJob = Box::new(move |conn| {
                     Box::pin(async move {
+                        let mut effects = Effects::default();
                         let result = match conn {
-                            Some(conn) => Some(job(Conn::Postgres(conn)).await),
+                            Some(conn) => Some(job(Conn::Postgres(conn, &mut effects)).await),
                             None => None,
                         };
                         let ok = matches!(result, Some(Ok(_)));
                         let deliver = Box::new(move |failed: Option<&str>| {
+                            if let (None, true, Some(heard), Some(ticket)) =
+                                (failed, ok, &heard, ticket)
+                            {
+                                heard.wrote(ticket, effects);
+                            }
                             let result = match (failed, result) {
                                 (None, Some(result)) => result,
                                 (Some(why), _) => Err(Error::Commit(why.to_owned())),
@@ -530,7 +547,9 @@ impl Store {
         let pool = pool.clone();
         tokio::spawn(async move {
             let mut tx = pool.begin().await?;
-            match job(Conn::Postgres(&mut tx)).await {
+            // Leases and shards: nothing the replica's knowledge of live lessons holds.
+            let mut effects = Effects::default();
+            match job(Conn::Postgres(&mut tx, &mut effects)).await {
                 Ok(value) => {
                     tx.commit()
                         .await

@@ -61,7 +61,8 @@ impl Store {
         Ok(session)
     }
 
-    /// The live session whose token hashes to `token_hash`.
+    /// The live session whose token hashes to `token_hash` (from the writer's cache on SQLite,
+    /// from what the replica heard on PostgreSQL, when they know it).
     pub async fn session_by_token(&self, token_hash: [u8; 32]) -> Result<Option<SessionId>> {
         if let Some(session) = self
             .known
@@ -70,6 +71,14 @@ impl Store {
         {
             return Ok(Some(session));
         }
+        if let Some(session) = self
+            .heard
+            .as_ref()
+            .and_then(|heard| heard.session(&token_hash))
+        {
+            return Ok(Some(session));
+        }
+        let ticket = self.heard.as_ref().map(|heard| heard.ticket());
         let row = self
             .reader
             .fetch_optional(
@@ -77,12 +86,17 @@ impl Store {
                     .bind(token_hash.to_vec()),
             )
             .await?;
-        row.map(|row| {
-            row.get::<String>("id")?
-                .parse()
-                .map_err(|err: crate::model::BadId| Error::Corrupt(err.to_string()))
-        })
-        .transpose()
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let session: SessionId = row
+            .get::<String>("id")?
+            .parse()
+            .map_err(|err: crate::model::BadId| Error::Corrupt(err.to_string()))?;
+        if let (Some(heard), Some(ticket)) = (&self.heard, ticket) {
+            heard.read_token(ticket, token_hash, session);
+        }
+        Ok(Some(session))
     }
 
     /// A live (unexpired) session.

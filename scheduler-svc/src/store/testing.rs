@@ -33,14 +33,6 @@ impl Scratch {
         }
     }
 
-    /// A fresh database on the test PostgreSQL server; panics naming the variable when none is
-    /// given.
-    pub(crate) async fn postgres() -> Scratch {
-        Scratch::postgres_if_given().await.unwrap_or_else(|| {
-            panic!("{POSTGRES_VAR} is unset: it names the test PostgreSQL server")
-        })
-    }
-
     /// A fresh database on the test PostgreSQL server, or `None` (said once on stderr) when
     /// `ANTIDOTE_TEST_POSTGRES` names none.
     pub(crate) async fn postgres_if_given() -> Option<Scratch> {
