@@ -592,7 +592,14 @@ impl Backend for Docker {
                 match (&configurator, endpoint) {
                     (Some(Ok(configurator)), Some(endpoint)) => {
                         configurator
-                            .run_python(docker, endpoint, &script, spec.stage, timeout)
+                            .run_python(
+                                docker,
+                                endpoint,
+                                &file.file_name,
+                                &script,
+                                spec.stage,
+                                timeout,
+                            )
                             .await
                     }
                     (Some(Err(err)), _) => {

@@ -320,23 +320,24 @@ impl Configurator {
         .await
     }
 
-    /// Runs a python check or solution file (its text, `python3 -c`) against `endpoint` once,
+    /// Runs a python check or solution file (its text on `python3`'s stdin) against `endpoint` once,
     /// for at most `timeout`, with a configuration's environment (its credentials only there).
     pub async fn run_python(
         &self,
         docker: &Docker,
         endpoint: &proto::Endpoint,
+        file_name: &str,
         script: &str,
         stage: u32,
         timeout: std::time::Duration,
     ) -> Result<(Run, Tail), EngineError> {
         let configuration = proto::StageConfiguration::default();
-        engine::exec_command(
+        engine::exec_python(
             docker,
             &self.name,
-            &["python3".to_owned(), "-c".to_owned(), script.to_owned()],
+            file_name,
+            script,
             environment(endpoint, &configuration, stage),
-            None,
             timeout,
         )
         .await

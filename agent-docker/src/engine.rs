@@ -445,6 +445,33 @@ pub async fn exec_shell(
     .await
 }
 
+/// Runs a Python script in a container with `env`, for at most `timeout`, as [`exec_shell`]
+/// runs a shell script: the script on the interpreter's standard input, read whole before it
+/// runs (so its own reads of stdin find the end), never as an argument (PROTOCOL.md [V5]).
+pub async fn exec_python(
+    docker: &Docker,
+    container: &str,
+    file_name: &str,
+    script: &str,
+    env: Vec<String>,
+    timeout: std::time::Duration,
+) -> Result<(Run, Tail), EngineError> {
+    let program = format!(
+        "import sys; source = sys.stdin.read(); sys.stdin = open('/dev/null'); \
+         exec(compile(source, {file_name:?}, 'exec'), {{'__name__': '__main__'}})"
+    );
+    exec_run(
+        docker,
+        container,
+        &["python3".to_owned(), "-c".to_owned(), program],
+        env,
+        None,
+        Some(script.as_bytes().to_vec()),
+        timeout,
+    )
+    .await
+}
+
 /// Runs `argv` in a container with `env` (`NAME=value`; secrets go here, never in `argv`: the
 /// engine shows an exec's command line to anyone who inspects it) in `working_dir`, for at most
 /// `timeout`, as [`exec_shell`] runs a script: how it ended and the last [`OUTPUT_KEPT`] bytes
