@@ -229,8 +229,8 @@ impl Error {
             Error::PermissionDenied { .. } => Code::PermissionDenied,
             Error::Agent { status, .. } => status.code(),
             // A busy, full, unreachable or restarting database: worth a retry.
-            Error::Store(err) if crate::store::transient(err) => Code::Unavailable,
-            Error::Written(err) if crate::store::transient_written(err) => Code::Unavailable,
+            Error::Store(err) if transient(err) => Code::Unavailable,
+            Error::Written(err) if transient_written(err) => Code::Unavailable,
             Error::Commit(_) | Error::StoreOpen(_) => Code::Unavailable,
             Error::Store(_) | Error::Written(_) | Error::Migrate(_) | Error::Corrupt(_) => {
                 Code::Internal
@@ -374,10 +374,8 @@ impl Error {
                 (R::AgentError, metadata)
             }
             Error::WriterStopped => (R::ShuttingDown, vec![]),
-            Error::Store(err) if crate::store::transient(err) => (R::StoreUnavailable, vec![]),
-            Error::Written(err) if crate::store::transient_written(err) => {
-                (R::StoreUnavailable, vec![])
-            }
+            Error::Store(err) if transient(err) => (R::StoreUnavailable, vec![]),
+            Error::Written(err) if transient_written(err) => (R::StoreUnavailable, vec![]),
             Error::Commit(_) | Error::StoreOpen(_) => (R::StoreUnavailable, vec![]),
             Error::Store(_) | Error::Written(_) | Error::Migrate(_) | Error::Corrupt(_) => {
                 (R::InternalError, vec![])
@@ -423,6 +421,49 @@ pub fn is_retryable(code: Code) -> bool {
             | Code::ResourceExhausted
             | Code::DeadlineExceeded
             | Code::Cancelled
+    )
+}
+
+/// Whether a database error may pass if the same call is tried again: the database is busy,
+/// full, unreachable, restarting, or chose this transaction as a deadlock's or a serialisation
+/// conflict's victim. Such errors are UNAVAILABLE to callers (and retried by the reconciler),
+/// never INTERNAL.
+fn transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let Some(code) = db.code() else { return false };
+            if let Ok(sqlite) = code.parse::<i64>() {
+                // SQLite's primary result code is the low byte of the extended one: BUSY,
+                // LOCKED, IOERR, FULL, CANTOPEN.
+                return matches!(sqlite & 0xff, 5 | 6 | 10 | 13 | 14);
+            }
+            // PostgreSQL SQLSTATEs: connection exceptions (08), insufficient resources (53),
+            // operator intervention such as a restart (57P01..57P03), serialisation failure
+            // and deadlock (40001, 40P01), read-only transaction on a standby (25006).
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || code == "40001"
+                || code == "40P01"
+                || code == "25006"
+        }
+        _ => false,
+    }
+}
+
+/// [`transient`] for the SQLite writer's connection: busy, locked, an I/O error, a full disk,
+/// a file that cannot be opened.
+fn transient_written(err: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as E;
+    matches!(
+        err.sqlite_error_code(),
+        Some(
+            E::DatabaseBusy | E::DatabaseLocked | E::SystemIoFailure | E::DiskFull | E::CannotOpen
+        )
     )
 }
 

@@ -202,3 +202,194 @@ fn the_wire_net_and_sdk_crates_pull_only_what_every_user_needs() {
         }
     }
 }
+
+/// The module path (`drive::reconcile::waiter`) of each Rust file under `src`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src).unwrap().with_extension("");
+    let mut path: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        path.pop();
+    }
+    path
+}
+
+/// The crate-internal paths a file names (`use` trees and every path in its items), each
+/// resolved to a full path from the crate root; inline modules (`mod tests`) move `super`.
+struct Named {
+    module: Vec<String>,
+    found: Vec<Vec<String>>,
+}
+
+impl Named {
+    fn resolve(&mut self, segments: &[String]) {
+        let mut at = self.module.clone();
+        let rest = match segments.first().map(String::as_str) {
+            Some("crate") => {
+                at.clear();
+                &segments[1..]
+            }
+            Some("super") => {
+                let supers = segments.iter().take_while(|s| *s == "super").count();
+                at.truncate(at.len().saturating_sub(supers));
+                &segments[supers..]
+            }
+            Some("self") => &segments[1..],
+            _ => return,
+        };
+        at.extend(rest.iter().cloned());
+        self.found.push(at);
+    }
+
+    fn use_tree(&mut self, tree: &syn::UseTree, prefix: &mut Vec<String>) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(&p.tree, prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                prefix.push(n.ident.to_string());
+                self.resolve(&prefix.clone());
+                prefix.pop();
+            }
+            syn::UseTree::Rename(r) => {
+                prefix.push(r.ident.to_string());
+                self.resolve(&prefix.clone());
+                prefix.pop();
+            }
+            syn::UseTree::Glob(_) => self.resolve(&prefix.clone()),
+            syn::UseTree::Group(g) => {
+                for tree in &g.items {
+                    self.use_tree(tree, prefix);
+                }
+            }
+        }
+    }
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Named {
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(&item.tree, &mut Vec::new());
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.resolve(&segments);
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        self.module.push(item.ident.to_string());
+        syn::visit::visit_item_mod(self, item);
+        self.module.pop();
+    }
+}
+
+/// The cycles among sibling modules of the crate whose sources are `src`: for every module,
+/// its children `a` → `b` when code in `a` (or below it) names `b` (or below it). A module
+/// naming its own ancestors is not counted (`super::Type` from a child is how Rust nests).
+fn module_cycles(src: &Path) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(src, f)).collect();
+    // parent → child → (sibling child → a file naming it)
+    let mut edges: BTreeMap<Vec<String>, BTreeMap<String, BTreeMap<String, String>>> =
+        BTreeMap::new();
+    for file in &files {
+        let module = module_of(src, file);
+        let text = std::fs::read_to_string(file).unwrap();
+        let parsed = syn::parse_file(&text)
+            .unwrap_or_else(|e| panic!("{} does not parse: {e}", file.display()));
+        let mut named = Named {
+            module: module.clone(),
+            found: Vec::new(),
+        };
+        syn::visit::Visit::visit_file(&mut named, &parsed);
+        for target in named.found {
+            let common = module
+                .iter()
+                .zip(&target)
+                .take_while(|(a, b)| a == b)
+                .count();
+            if common >= module.len() || common >= target.len() {
+                continue; // itself, below itself, or an ancestor
+            }
+            let parent = module[..common].to_vec();
+            let to = &target[common];
+            let mut child = parent.clone();
+            child.push(to.clone());
+            if !modules.contains(&child) {
+                continue; // an item of the parent, not a module
+            }
+            edges
+                .entry(parent)
+                .or_default()
+                .entry(module[common].clone())
+                .or_default()
+                .entry(to.clone())
+                .or_insert_with(|| file.strip_prefix(src).unwrap().display().to_string());
+        }
+    }
+    let mut cycles = Vec::new();
+    for (parent, graph) in &edges {
+        // Two siblings that reach each other, by a walk over the graph from each.
+        let reach = |from: &str| {
+            let mut seen = BTreeSet::new();
+            let mut todo = vec![from.to_owned()];
+            while let Some(at) = todo.pop() {
+                for next in graph.get(&at).into_iter().flat_map(|m| m.keys()) {
+                    if seen.insert(next.clone()) {
+                        todo.push(next.clone());
+                    }
+                }
+            }
+            seen
+        };
+        for (a, names) in graph {
+            for b in names.keys() {
+                if a < b && reach(b).contains(a) {
+                    let at = if parent.is_empty() {
+                        "crate".to_owned()
+                    } else {
+                        parent.join("::")
+                    };
+                    cycles.push(format!(
+                        "{at}: `{a}` names `{b}` ({}) and `{b}` reaches `{a}` back",
+                        names[b]
+                    ));
+                }
+            }
+        }
+    }
+    cycles
+}
+
+/// No module cycle in any crate: sibling modules depend one way, so each can be read (and
+/// unit-tested) knowing only those below it.
+#[test]
+fn no_module_names_a_sibling_that_names_it_back() {
+    let repo = super::repo();
+    let mut cycles = Vec::new();
+    for src in [
+        "scheduler-svc/src",
+        "agent-docker/src",
+        "agent-k8s/src",
+        "proto/src",
+        "proto/net/src",
+        "proto/sdk/src",
+        "proto/conformance/src",
+        "tests/src",
+    ] {
+        cycles.extend(
+            module_cycles(&repo.join(src))
+                .into_iter()
+                .map(|c| format!("{src}: {c}")),
+        );
+    }
+    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}

@@ -8,7 +8,7 @@
 //! by behaviour rather than by syntax lives here too: [`Conn::lock_session`] and
 //! [`Conn::lock_name`] serialise the writes whose limit checks must not interleave (SQLite's
 //! single writer already does; PostgreSQL's concurrent transactions need a lock), and
-//! [`transient`] says which failures are worth a retry.
+//! `crate::error` says which failures are worth a retry.
 //!
 //! SQLite's writing connection is rusqlite's, driven on the writer's own thread (sqlx runs each
 //! SQLite connection on a worker thread of its own, so every statement would be two thread
@@ -24,7 +24,7 @@ use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
 
 use super::Result;
 use super::known::{Effect, Effects};
-use crate::model::{LiveLesson, LiveLessonId, PlacementRecord, SessionId};
+use crate::model::{LiveLesson, LiveLessonId, SessionId};
 
 /// One value bound to a statement: the types both backends encode the same way.
 #[derive(Debug, Clone)]
@@ -321,28 +321,6 @@ impl Conn<'_> {
         Ok(lessons)
     }
 
-    /// A statement that writes placement records and returns them (`RETURNING` the record
-    /// columns, [`super::placements::RECORD_COLUMNS`]): decoded, and on SQLite recorded for the
-    /// writer's cache.
-    pub(super) async fn fetch_placements(
-        &mut self,
-        statement: Statement,
-    ) -> Result<Vec<(LiveLessonId, PlacementRecord)>> {
-        let rows = self.fetch_all(statement).await?;
-        let records = rows
-            .iter()
-            .map(super::placements::record_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        if let Conn::Sqlite(_, effects) = self {
-            effects.declare_placements(
-                records
-                    .iter()
-                    .map(|(id, record)| Effect::Placement(*id, record.clone())),
-            );
-        }
-        Ok(records)
-    }
-
     /// [`Conn::fetch_lessons`] of a statement changing at most one live lesson.
     pub(super) async fn fetch_lesson(
         &mut self,
@@ -492,47 +470,4 @@ impl Pool {
             Pool::Postgres(pool) => pool.close().await,
         }
     }
-}
-
-/// Whether a database error may pass if the same call is tried again: the database is busy,
-/// full, unreachable, restarting, or chose this transaction as a deadlock's or a serialisation
-/// conflict's victim. Such errors are UNAVAILABLE to callers (and retried by the reconciler),
-/// never INTERNAL.
-pub fn transient(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => {
-            let Some(code) = db.code() else { return false };
-            if let Ok(sqlite) = code.parse::<i64>() {
-                // SQLite's primary result code is the low byte of the extended one: BUSY,
-                // LOCKED, IOERR, FULL, CANTOPEN.
-                return matches!(sqlite & 0xff, 5 | 6 | 10 | 13 | 14);
-            }
-            // PostgreSQL SQLSTATEs: connection exceptions (08), insufficient resources (53),
-            // operator intervention such as a restart (57P01..57P03), serialisation failure
-            // and deadlock (40001, 40P01), read-only transaction on a standby (25006).
-            code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("57P")
-                || code == "40001"
-                || code == "40P01"
-                || code == "25006"
-        }
-        _ => false,
-    }
-}
-
-/// [`transient`] for the SQLite writer's connection: busy, locked, an I/O error, a full disk,
-/// a file that cannot be opened.
-pub fn transient_written(err: &rusqlite::Error) -> bool {
-    use rusqlite::ErrorCode as E;
-    matches!(
-        err.sqlite_error_code(),
-        Some(
-            E::DatabaseBusy | E::DatabaseLocked | E::SystemIoFailure | E::DiskFull | E::CannotOpen
-        )
-    )
 }

@@ -62,8 +62,6 @@ use self::known::{Effects, Known};
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
 
-pub use self::backend::{transient, transient_written};
-
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 const LESSON_COLUMNS: &str = "id, session_id, lesson_slug, stage, generation, \

@@ -6,7 +6,8 @@
 //! never scans the table; [`Store::prune_placements`] (run at the orphan interval) removes what
 //! a race between the two leaves on PostgreSQL.
 
-use super::backend::{Row, Statement};
+use super::backend::{Conn, Row, Statement};
+use super::known::Effect;
 use super::{LESSON_COLUMNS, Result, Store, parse_lesson_id};
 use crate::error::Error;
 use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, PlacementRecord, Wishes};
@@ -231,6 +232,30 @@ pub(super) fn decision_statement(
     .bind(id.to_string())
     .bind(to_json(decision, "decision")?)
     .bind(now.0))
+}
+
+impl Conn<'_> {
+    /// A statement that writes placement records and returns them (`RETURNING` the record
+    /// columns, [`RECORD_COLUMNS`]): decoded, and on SQLite recorded for the
+    /// writer's cache.
+    pub(super) async fn fetch_placements(
+        &mut self,
+        statement: Statement,
+    ) -> Result<Vec<(LiveLessonId, PlacementRecord)>> {
+        let rows = self.fetch_all(statement).await?;
+        let records = rows
+            .iter()
+            .map(record_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        if let Conn::Sqlite(_, effects) = self {
+            effects.declare_placements(
+                records
+                    .iter()
+                    .map(|(id, record)| Effect::Placement(*id, record.clone())),
+            );
+        }
+        Ok(records)
+    }
 }
 
 #[cfg(test)]
