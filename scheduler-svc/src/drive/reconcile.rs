@@ -36,11 +36,12 @@
 //! and their steps here, the waiters in [`waiter`], the background duties (resync, leases,
 //! changes heard from other replicas, lost agents, the fleet's events) in [`duties`].
 //!
-//! Replicas on PostgreSQL ([`Replica`]): a worker takes the live lesson's lease before a run
-//! and gives it back when the work is done (kept across retries), so one replica at a time
-//! works on it; every replica hears every change ([`crate::store::Changes`]): watched live
+//! Replicas on PostgreSQL ([`Replica`]): live lessons belong to shards, each leased to one
+//! replica; a worker runs a live lesson only while this replica holds its shard's lease (no
+//! database call), so one replica at a time works on it, and its writes are fenced by that
+//! lease's epoch. Every replica hears every change ([`crate::store::Changes`]): watched live
 //! lessons are read again for the [`Hub`], and changes that need work are enqueued unless this
-//! replica is on that very generation already or another replica holds the lease.
+//! replica is on that very generation already or another replica holds the shard.
 
 mod duties;
 mod waiter;
@@ -338,9 +339,10 @@ impl Reconciler {
         }
     }
 
-    /// On PostgreSQL, takes the live lesson's lease before a run: false when another replica
-    /// holds it (it hears every change, and if it dies the lease expires and a resync here
-    /// takes the work over) or the store cannot say (retried after backoff).
+    /// On PostgreSQL, whether this replica holds the lease of the live lesson's shard before a
+    /// run: false when another replica holds it (it hears every change, and if it dies its
+    /// shards are handed over and a resync here takes the work over) or when it cannot be said
+    /// (retried after backoff).
     async fn take_lease(&self, id: LiveLessonId, shutdown: &CancellationToken) -> bool {
         let Some(replica) = &self.inner.replica else {
             return true;
@@ -372,14 +374,14 @@ impl Reconciler {
     ) {
         match next {
             Ok(Next::Done) => {
-                // Done for now (settled, gone, or moved on): the lease goes back, so any
-                // replica may take the next change up.
+                // Done for now (settled, gone, or moved on): this replica stops counting it as
+                // its work; the shard's holder takes the next change up.
                 if let Some(replica) = &self.inner.replica {
                     replica.give_back(&self.inner.store, id).await;
                 }
             }
             Ok(Next::After(delay)) => self.enqueue_after(id, delay, shutdown),
-            // Its waiter enqueues it when there is news; the lease is kept meanwhile.
+            // Its waiter enqueues it when there is news; it stays this replica's work.
             Ok(Next::Wait) => {}
             Err(err) => {
                 let delay = self.backoff(id, None);
@@ -830,10 +832,10 @@ impl Reconciler {
     /// Writes an observation for the live lesson's generation and publishes the new state.
     /// `None` when the desired state moved on (the queue runs the live lesson again); an error
     /// when the store could not write it, which is never read as "moved on": the caller returns
-    /// it and the run is retried with backoff. On PostgreSQL the write is fenced by the live
-    /// lesson's lease: a replica that lost it (frozen past its TTL, say, while another took
-    /// over) writes nothing, drops the live lesson (`None`: the run ends) and leaves it to the
-    /// lease's holder.
+    /// it and the run is retried with backoff. On PostgreSQL the write is fenced by the lease of
+    /// the live lesson's shard at its epoch: a replica that lost it (frozen past its TTL, say,
+    /// while another took over) writes nothing, drops the live lesson (`None`: the run ends)
+    /// and leaves it to the shard's holder.
     async fn record(
         &self,
         lesson: &LiveLesson,
