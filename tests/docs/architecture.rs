@@ -210,7 +210,10 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+    if matches!(
+        path.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
         path.pop();
     }
     path
