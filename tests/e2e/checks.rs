@@ -5,35 +5,20 @@
 //! session's live lesson and an agent without the `checks` capability.
 
 use antidote_proto::api::v1 as api;
+use antidote_tests::checks::{check_stage as check, curriculum, run_solutions};
 use antidote_tests::config::{SchedulerConfig, secs};
 use antidote_tests::web::Web;
 use antidote_tests::{example_curriculum, with_token, workspace_bin};
 use api::LiveLessonStatus as S;
 use hyper::{Method, StatusCode};
-use std::path::{Path, PathBuf};
 use tonic::Code;
 
 use crate::docker::DockerEnv;
 use crate::{Env, Knobs, PATIENCE};
 
-/// The checks fixture: a gated stage, checks without bounds of their own, a broken solution,
-/// a slow check.
-fn curriculum() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/checks-curriculum")
-}
-
 /// The ErrorInfo reason and metadata of a refusal.
 fn reason(status: &tonic::Status) -> (String, std::collections::HashMap<String, String>) {
     antidote_sdk::errors::reason(status).unwrap_or_else(|| panic!("no ErrorInfo: {status:?}"))
-}
-
-/// CheckStage of a live lesson with its session's token.
-async fn check(c: &antidote_tests::Clients, id: &str) -> Result<api::StageCheck, tonic::Status> {
-    let request = with_token(
-        api::CheckStageRequest { id: id.into() },
-        c.tokens.of_lesson(id),
-    );
-    Ok(c.lessons.clone().check_stage(request).await?.into_inner())
 }
 
 /// SetStage of a live lesson with its session's token.
@@ -122,16 +107,7 @@ async fn a_gated_stage_on_docker_fails_its_check_refuses_the_next_stage_then_pas
                 .await
         })
     };
-    let solution = c
-        .admin
-        .clone()
-        .test_stage(api::TestStageRequest {
-            live_lesson_id: live.id.clone(),
-            files: api::StageFiles::Solutions as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let solution = run_solutions(c, &live.id).await.unwrap();
     assert!(solution.passed, "{solution:?}");
     // The JSON API runs the same check, with the session's token.
     let http = env.scheduler.process.extra_url("http").unwrap();
