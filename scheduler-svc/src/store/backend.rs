@@ -23,7 +23,7 @@ use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
 
 use super::Result;
-use super::known::{Effect, Effects};
+use super::effects::{Effect, Effects};
 use crate::model::{LiveLesson, LiveLessonId, SessionId};
 
 /// One value bound to a statement: the types both backends encode the same way.
@@ -291,7 +291,7 @@ impl Row {
 }
 
 /// The connection a write job runs on, with the job's record of the rows it wrote: the SQLite
-/// writer's (for the writer's cache: see [`super::known`]), or a PostgreSQL transaction's (for
+/// writer's (for the writer's cache: see [`super::written`]), or a PostgreSQL transaction's (for
 /// what the replica heard: see [`super::heard`]).
 pub(super) enum Conn<'c> {
     Sqlite(&'c mut rusqlite::Connection, &'c mut Effects),

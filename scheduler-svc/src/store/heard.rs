@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
-use super::known::{Effect, Effects};
+use super::effects::{Effect, Effects};
 use crate::model::{LiveLesson, LiveLessonId, SessionId};
 
 /// How many forgotten live lessons are remembered as gone.

@@ -2,7 +2,7 @@
 //! reads of the API and the reconciler, and the reconciler's observations.
 
 use super::backend::Statement;
-use super::known::Effect;
+use super::effects::Effect;
 use super::shards::{Fence, shard_of};
 use super::{
     Counts, LESSON_COLUMNS, Result, Store, lesson_from_row, mark_for_deletion, parse_lesson_id,
@@ -241,7 +241,7 @@ impl Store {
     /// The live lesson if it still exists: on SQLite from the writer's cache when it wrote the
     /// row since it started, on PostgreSQL from what the replica heard when it knows the row.
     pub async fn find_live_lesson(&self, id: LiveLessonId) -> Result<Option<LiveLesson>> {
-        if let Some(lesson) = self.known.as_ref().and_then(|known| known.lesson(id)) {
+        if let Some(lesson) = self.written.as_ref().and_then(|written| written.lesson(id)) {
             return Ok(Some(lesson));
         }
         if let Some(lesson) = self.heard.as_ref().and_then(|heard| heard.lesson(id)) {

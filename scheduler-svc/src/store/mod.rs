@@ -27,9 +27,9 @@ mod backend;
 mod changes;
 mod checks;
 mod cluster;
+mod effects;
 mod events;
 mod heard;
-mod known;
 mod leases;
 mod live_lessons;
 mod placements;
@@ -37,6 +37,7 @@ mod pools;
 mod reaper;
 mod sessions;
 mod shards;
+mod written;
 
 use std::fmt;
 use std::fs::File;
@@ -57,8 +58,9 @@ use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::sync::{mpsc, oneshot};
 
 use self::backend::{Conn, Pool, Row, Statement};
+use self::effects::Effects;
 use self::heard::Heard;
-use self::known::{Effects, Known};
+use self::written::Written;
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
 
@@ -202,8 +204,8 @@ pub struct Store {
     /// Ends when the SQLite writer task has stopped (after every sender is gone).
     writer_done: Arc<tokio::sync::Mutex<Option<oneshot::Receiver<()>>>>,
     /// SQLite: what the writer knows of the rows it wrote (live lessons, session tokens), so
-    /// hot reads need no SQLite connection ([`known`]). `None` on PostgreSQL.
-    known: Option<Arc<Known>>,
+    /// hot reads need no SQLite connection ([`written`]). `None` on PostgreSQL.
+    written: Option<Arc<Written>>,
     /// PostgreSQL: what this replica heard of every replica's writes ([`heard`]), answering
     /// while a listener follows the notifications. `None` on SQLite.
     heard: Option<Arc<Heard>>,
@@ -258,7 +260,7 @@ type Job = Box<
 struct Ran {
     /// How to deliver its result.
     deliver: Deliver,
-    /// What it declared it wrote (for [`Known`]).
+    /// What it declared it wrote (for [`Written`]).
     effects: Effects,
     /// Whether it succeeded: a failed job's statements are rolled back (to its savepoint).
     ok: bool,
@@ -338,13 +340,13 @@ impl Store {
         migrating.close().await?;
         let connection = open_writer(path, busy_timeout)?;
         // Every row change on the writing connection (triggers' too) is counted, so the cache
-        // can tell a job that changed rows it did not declare (see `known`).
-        let known = Arc::new(Known::default());
+        // can tell a job that changed rows it did not declare (see `written`).
+        let written = Arc::new(Written::default());
         {
-            let known = known.clone();
+            let written = written.clone();
             connection.update_hook(Some(
                 move |action: rusqlite::hooks::Action, _: &str, table: &str, _: i64| {
-                    known.changed(table, action == rusqlite::hooks::Action::SQLITE_DELETE)
+                    written.changed(table, action == rusqlite::hooks::Action::SQLITE_DELETE)
                 },
             ));
         }
@@ -361,7 +363,7 @@ impl Store {
         // The writer runs on a thread of its own, with its connection: a statement is a call on
         // this thread, not a hand-off to another, and no job waits behind API work for a worker.
         let (done_tx, done_rx) = oneshot::channel();
-        let cache = known.clone();
+        let cache = written.clone();
         let (checkpointer, committed) = Checkpointer::start(path, busy_timeout)?;
         std::thread::Builder::new()
             .name("store-writer".into())
@@ -391,7 +393,7 @@ impl Store {
             writer: Writer::Sqlite(writer),
             reader: Pool::Sqlite(reader),
             writer_done: Arc::new(tokio::sync::Mutex::new(Some(done_rx))),
-            known: Some(known),
+            written: Some(written),
             heard: None,
         })
     }
@@ -426,7 +428,7 @@ impl Store {
             writer: Writer::Postgres(writer, pool.clone()),
             reader: Pool::Postgres(pool),
             writer_done: Arc::new(tokio::sync::Mutex::new(None)),
-            known: None,
+            written: None,
             heard: Some(Arc::new(Heard::default())),
         })
     }
@@ -753,11 +755,11 @@ const WRITER_STATEMENTS: usize = 256;
 /// others stay; a failing commit fails the whole batch, and a batch that cannot begin is not
 /// run at all: each of its callers gets the error (UNAVAILABLE, retryable), and nothing was
 /// written behind their backs. After a commit, and before any caller hears of it, the cache
-/// (`known`) learns what the batch wrote.
+/// (`written`) learns what the batch wrote.
 async fn write_loop(
     connection: rusqlite::Connection,
     mut jobs: mpsc::UnboundedReceiver<Job>,
-    known: Option<Arc<Known>>,
+    written: Option<Arc<Written>>,
     committed: Option<Committed>,
 ) {
     let mut connection = connection;
@@ -792,14 +794,14 @@ async fn write_loop(
                 delivers.push((job(None).await.deliver, Some(err)));
                 continue;
             }
-            let before = known
+            let before = written
                 .as_ref()
-                .map(|known| known.changes())
+                .map(|written| written.changes())
                 .unwrap_or_default();
             let ran = job(Some(&mut connection)).await;
-            let changes = known
+            let changes = written
                 .as_ref()
-                .map(|known| known.changes())
+                .map(|written| written.changes())
                 .unwrap_or_default()
                 - before;
             let ended = if ran.ok {
@@ -808,7 +810,7 @@ async fn write_loop(
                 run(&connection, "ROLLBACK TO job").and_then(|()| run(&connection, "RELEASE job"))
             };
             // A failed job's rows are gone: none of what it declared stands, and if it changed
-            // any row the cache cannot tell which (see `known`).
+            // any row the cache cannot tell which (see `written`).
             let effects = if ran.ok {
                 ran.effects
             } else {
@@ -831,8 +833,8 @@ async fn write_loop(
             tracing::error!(error = %err, jobs = delivers.len(), "store commit failed");
             let _ = connection.execute_batch("ROLLBACK");
         } else {
-            if let Some(known) = &known {
-                known.apply(learnt);
+            if let Some(written) = &written {
+                written.apply(learnt);
             }
             if let Some(committed) = &committed {
                 // Full: the checkpointer has a commit to copy already.

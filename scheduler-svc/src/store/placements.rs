@@ -7,7 +7,7 @@
 //! a race between the two leaves on PostgreSQL.
 
 use super::backend::{Conn, Row, Statement};
-use super::known::Effect;
+use super::effects::Effect;
 use super::{LESSON_COLUMNS, Result, Store, parse_lesson_id};
 use crate::error::Error;
 use crate::model::{Decision, LiveLesson, LiveLessonId, Millis, PlacementRecord, Wishes};
@@ -42,7 +42,11 @@ impl Store {
     /// The placement record of live lesson `id` (empty when nothing was recorded). On SQLite
     /// from the writer's cache when it knows it.
     pub async fn placement(&self, id: LiveLessonId) -> Result<PlacementRecord> {
-        if let Some(record) = self.known.as_ref().and_then(|known| known.placement(id)) {
+        if let Some(record) = self
+            .written
+            .as_ref()
+            .and_then(|written| written.placement(id))
+        {
             return Ok(record);
         }
         let row = self

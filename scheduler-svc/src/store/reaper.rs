@@ -5,7 +5,7 @@
 use std::str::FromStr as _;
 
 use super::backend::Statement;
-use super::known::Effect;
+use super::effects::Effect;
 use super::{Result, Store, mark_for_deletion};
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, SessionId};

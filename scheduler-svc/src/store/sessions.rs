@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use super::backend::Statement;
-use super::known::Effect;
+use super::effects::Effect;
 use super::{Result, SESSION_COLUMNS, Store, session_from_row};
 use crate::error::Error;
 use crate::model::{Millis, Session, SessionId};
@@ -65,9 +65,9 @@ impl Store {
     /// from what the replica heard on PostgreSQL, when they know it).
     pub async fn session_by_token(&self, token_hash: [u8; 32]) -> Result<Option<SessionId>> {
         if let Some(session) = self
-            .known
+            .written
             .as_ref()
-            .and_then(|known| known.session(&token_hash))
+            .and_then(|written| written.session(&token_hash))
         {
             return Ok(Some(session));
         }

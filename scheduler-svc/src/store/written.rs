@@ -32,24 +32,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::effects::{Effect, Effects};
 use crate::model::{LiveLesson, LiveLessonId, PlacementRecord, SessionId};
-
-/// One thing a write job did that the cache must learn, in the job's order.
-#[derive(Debug, Clone)]
-pub(super) enum Effect {
-    /// A live lesson's row as the statement left it.
-    Lesson(LiveLesson),
-    /// A live lesson's row deleted.
-    Gone(LiveLessonId),
-    /// A learner's session was created with this token hash.
-    Token([u8; 32], SessionId),
-    /// These sessions expired: their tokens are no longer valid.
-    Expired(Vec<SessionId>),
-    /// A live lesson's placement record as the statement left it.
-    Placement(LiveLessonId, PlacementRecord),
-    /// A live lesson created by this job: it has no placement record yet.
-    Created(LiveLessonId),
-}
 
 /// Row changes the update hook counted on the writing connection, by kind.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -74,60 +58,9 @@ impl std::ops::Sub for Changes {
     }
 }
 
-/// What one write job did, as the job declared it.
-#[derive(Debug, Default)]
-pub(super) struct Effects {
-    /// In order.
-    effects: Vec<Effect>,
-    /// How many live-lesson row changes the declared effects account for.
-    declared: u64,
-    /// How many placement record writes they account for.
-    placements: u64,
-    /// How many live lessons they say are gone (each takes its placement record with it).
-    gone: u64,
-    /// PostgreSQL: live-lesson rows with their revisions (see [`super::heard`]).
-    revised: Vec<(u64, LiveLesson)>,
-}
-
-impl Effects {
-    /// Live-lesson row changes (one per effect).
-    pub(super) fn declare(&mut self, effects: impl Iterator<Item = Effect>) {
-        for effect in effects {
-            self.declared += 1;
-            if matches!(effect, Effect::Gone(_)) {
-                self.gone += 1;
-            }
-            self.effects.push(effect);
-        }
-    }
-
-    /// Placement record writes (one per effect).
-    pub(super) fn declare_placements(&mut self, records: impl Iterator<Item = Effect>) {
-        for effect in records {
-            self.placements += 1;
-            self.effects.push(effect);
-        }
-    }
-
-    /// Something that changed no live-lesson row.
-    pub(super) fn note(&mut self, effect: Effect) {
-        self.effects.push(effect);
-    }
-
-    /// PostgreSQL: a live-lesson row as the statement left it, at its revision.
-    pub(super) fn revise(&mut self, revision: u64, lesson: LiveLesson) {
-        self.revised.push((revision, lesson));
-    }
-
-    /// The revised rows, and the effects in order.
-    pub(super) fn into_parts(self) -> (Vec<(u64, LiveLesson)>, Vec<Effect>) {
-        (self.revised, self.effects)
-    }
-}
-
 /// The cache, shared by the store's clones; the writer is its only writer.
 #[derive(Default)]
-pub(super) struct Known {
+pub(super) struct Written {
     /// Live lessons by id, as last written.
     lessons: Mutex<HashMap<LiveLessonId, LiveLesson>>,
     /// Learners' session tokens (SHA-256) → their live sessions.
@@ -142,7 +75,7 @@ pub(super) struct Known {
     placement_deletes: AtomicU64,
 }
 
-impl Known {
+impl Written {
     /// The live lesson `id` as last written, if known.
     pub(super) fn lesson(&self, id: LiveLessonId) -> Option<LiveLesson> {
         lock(&self.lessons).get(&id).cloned()
