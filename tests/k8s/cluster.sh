@@ -637,10 +637,16 @@ start() {
   cidr=$(k get node "$NODE_NAME" -o 'jsonpath={.spec.podCIDR}')
   write_cni_config "$cidr"
   launch kube-proxy "$K8S_BIN/kube-proxy" --config "$NS/kube-proxy.yaml"
+  # kube-router syncs on every pod and policy event, and replaces the whole filter table at
+  # each (iptables-save, then iptables-restore without --noflush), which dockerd and
+  # agent-docker write too; a sync it aborts waits for the next event, or the periodic sync
+  # (every 15 s here, 5 min by default). `-v=1` logs each sync, its time and why one was
+  # aborted (the isolation test prints them when it fails).
   launch kube-router "$NODE_CACHE/kube-router-$KUBE_ROUTER_VERSION/kube-router" \
     --kubeconfig "$STATE/admin.kubeconfig" --hostname-override "$NODE_NAME" \
     --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
-    --service-cluster-ip-range="$SERVICE_CIDR" --metrics-port=0 --health-port="$(free_port)"
+    --service-cluster-ip-range="$SERVICE_CIDR" --metrics-port=0 --health-port="$(free_port)" \
+    --iptables-sync-period=15s -v=1
   wait_until 60 "the node becoming Ready" node_ready
   k apply --server-side -f "$NODE_CACHE/multus-$MULTUS_VERSION/nad-crd.yaml" >/dev/null
   coredns_manifest | k apply --server-side -f - >/dev/null
