@@ -82,7 +82,9 @@ pub async fn run(
         backend = store.backend(),
         "store open"
     );
-    let metrics = Arc::new(Metrics::default());
+    let mut metrics = Metrics::default();
+    metrics.count_store(store.traffic());
+    let metrics = Arc::new(metrics);
     let entrypoint = Arc::new(
         crate::entrypoint::Tokens::load(&config.entrypoint)
             .map_err(|err| anyhow::anyhow!(err))?

@@ -30,21 +30,27 @@
 //! - stage checks: `antidote_checks_total{lesson, stage, result}` (runs of a stage's checks,
 //!   learners' and `TestStage`'s: `passed`, `failed`, `error` when the agent could not run them)
 //!   and `antidote_check_duration_seconds{lesson, stage}` (from the call to the agent's answer).
+//! - the store's work against its database since this process opened it:
+//!   `antidote_store_transactions_total` (write transactions: one per batch of write jobs),
+//!   `antidote_store_write_jobs_total` (the jobs they carried) and `antidote_store_reads_total`
+//!   (queries on a reading connection; what the store's caches answered is not counted).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use antidote_net::metrics::{
     HistogramFamily, call_buckets, code_name, encode, provisioning_buckets,
 };
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::model::Status;
-use crate::store::Counts;
+use crate::store::{Counts, Traffic};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
@@ -368,6 +374,12 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Serves the store's traffic counters (`antidote_store_*_total`), read at each scrape.
+    pub fn count_store(&mut self, traffic: Arc<Traffic>) {
+        self.registry
+            .register_collector(Box::new(StoreTraffic(traffic)));
+    }
+
     /// Counts a Watch stream opened to an agent.
     pub fn watch_opened(&self, agent: &str) {
         self.watch_streams
@@ -509,5 +521,80 @@ impl Metrics {
                 .set(i64::from(ready));
         }
         encode(&self.registry)
+    }
+}
+
+/// The store's [`Traffic`], encoded as counters at each scrape.
+#[derive(Debug)]
+struct StoreTraffic(Arc<Traffic>);
+
+impl Collector for StoreTraffic {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = self.0.counts();
+        for (name, help, value) in [
+            (
+                "store_transactions",
+                "Write transactions the store began (one per batch of write jobs)",
+                counts.transactions,
+            ),
+            (
+                "store_write_jobs",
+                "Write jobs the store ran in its transactions",
+                counts.write_jobs,
+            ),
+            (
+                "store_reads",
+                "Queries the store sent to a reading connection (its caches' answers not counted)",
+                counts.reads,
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Millis;
+    use crate::store::Store;
+
+    /// What a scrape says of the store is what it did: its transactions, jobs and reads.
+    #[tokio::test]
+    async fn a_scrape_counts_the_stores_transactions_jobs_and_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let mut metrics = Metrics::default();
+        metrics.count_store(store.traffic());
+        let value = |text: &str, name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} in\n{text}"))
+        };
+        let counts = store.counts().await.unwrap();
+        let before = metrics.render(&counts, []);
+        store
+            .create_session("127.0.0.1".parse().unwrap(), [1; 32], 0, Millis(1))
+            .await
+            .unwrap();
+        let after = metrics.render(&store.counts().await.unwrap(), []);
+        for (name, more) in [
+            ("antidote_store_transactions_total", 1),
+            ("antidote_store_write_jobs_total", 1),
+            // The second scrape's counts.
+            ("antidote_store_reads_total", 1),
+        ] {
+            assert!(
+                value(&after, name) >= value(&before, name) + more,
+                "{name}: {before}\n{after}"
+            );
+        }
+        assert_eq!(
+            value(&after, "antidote_store_transactions_total"),
+            value(&before, "antidote_store_transactions_total") + 1
+        );
     }
 }

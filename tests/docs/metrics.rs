@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use syn::visit::Visit;
 use syn::{Expr, Lit, Type};
 
+#[derive(Clone)]
 struct Metric {
     name: String,
     help: String,
@@ -166,6 +167,24 @@ fn metrics(source: &str, prefix: &str) -> Vec<Metric> {
         .collect()
 }
 
+/// The types of `source` that implement prometheus-client's `Collector`.
+fn collectors(source: &str) -> Vec<String> {
+    let file = syn::parse_file(source).expect("a metrics module parses");
+    file.items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Impl(i) => {
+                let (_, path, _) = i.trait_.as_ref()?;
+                (path.segments.last()?.ident == "Collector").then(|| match &*i.self_ty {
+                    syn::Type::Path(t) => t.path.segments.last().map(|s| s.ident.to_string()),
+                    _ => None,
+                })?
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// (family, type) of each `# TYPE` line of a scrape.
 fn scraped(text: &str) -> Vec<(String, String)> {
     text.lines()
@@ -175,17 +194,45 @@ fn scraped(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn table(out: &mut String, list: &[Metric], scrape: &str, file: &str) {
+/// The `# HELP` text of `family` in a scrape.
+fn scraped_help(text: &str, family: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .find_map(|l| l.strip_prefix(family)?.strip_prefix(' ').map(str::to_owned))
+}
+
+/// The table of `list`, with what `collectors` (the names of the source's `Collector`
+/// implementations, which encode their metrics at each scrape rather than registering them)
+/// add to the scrape, documented from its `# HELP` lines.
+fn table(out: &mut String, list: &[Metric], scrape: &str, file: &str, collectors: &[String]) {
+    let mut list = list.to_vec();
     for (family, kind) in scraped(scrape) {
+        if list
+            .iter()
+            .any(|m| m.kind == kind && (m.name == family || m.name == format!("{family}_total")))
+        {
+            continue;
+        }
         assert!(
-            list.iter().any(
-                |m| m.kind == kind && (m.name == family || m.name == format!("{family}_total"))
-            ),
+            !collectors.is_empty(),
             "{file}: the scrape shows `{family}` ({kind}), which the generator did not find"
         );
+        let help = scraped_help(scrape, &family)
+            .unwrap_or_else(|| panic!("{file}: `{family}` has no HELP line"));
+        list.push(Metric {
+            name: if kind == "counter" {
+                format!("{family}_total")
+            } else {
+                family
+            },
+            help: help.trim_end_matches('.').to_owned(),
+            unit: None,
+            kind,
+            labels: Vec::new(),
+        });
     }
     out.push_str("| metric | type | labels | what it counts |\n|---|---|---|---|\n");
-    for m in list {
+    for m in &list {
         let labels = if m.labels.is_empty() {
             "—".to_owned()
         } else {
@@ -221,15 +268,28 @@ pub fn render(repo: &std::path::Path) -> String {
     );
     let file = "scheduler-svc/src/metrics.rs";
     let source = std::fs::read_to_string(repo.join(file)).unwrap();
-    let scheduler = scheduler_svc::metrics::Metrics::default();
+    let mut scheduler = scheduler_svc::metrics::Metrics::default();
+    scheduler.count_store(Default::default());
     let scrape = scheduler.render(&scheduler_svc::store::Counts::default(), []);
-    table(&mut out, &metrics(&source, "antidote"), &scrape, file);
+    table(
+        &mut out,
+        &metrics(&source, "antidote"),
+        &scrape,
+        file,
+        &collectors(&source),
+    );
 
     out.push_str("## Every SDK agent (`--metrics-listen`)\n\n");
     let file = "proto/sdk/src/metrics.rs";
     let source = std::fs::read_to_string(repo.join(file)).unwrap();
     let agent = antidote_sdk::metrics::AgentMetrics::default();
     let scrape = agent.render(&antidote_sdk::StateBook::default());
-    table(&mut out, &metrics(&source, "antidote_agent"), &scrape, file);
+    table(
+        &mut out,
+        &metrics(&source, "antidote_agent"),
+        &scrape,
+        file,
+        &collectors(&source),
+    );
     out
 }

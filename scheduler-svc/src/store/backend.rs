@@ -24,6 +24,7 @@ use sqlx::{Decode, Postgres, Row as _, Sqlite, Type};
 
 use super::Result;
 use super::effects::{Effect, Effects};
+use super::traffic::Traffic;
 use crate::model::{LiveLesson, LiveLessonId, SessionId};
 
 /// One value bound to a statement: the types both backends encode the same way.
@@ -415,22 +416,30 @@ impl Conn<'_> {
     }
 }
 
-/// The read side: SQLite's read-only pool, or the PostgreSQL pool.
+/// The read side: SQLite's read-only pool, or the PostgreSQL pool, counting its queries.
 #[derive(Clone)]
 pub(super) enum Pool {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
+    Sqlite(SqlitePool, Arc<Traffic>),
+    Postgres(PgPool, Arc<Traffic>),
 }
 
 impl Pool {
+    /// Counts one query.
+    fn count(&self) {
+        match self {
+            Pool::Sqlite(_, traffic) | Pool::Postgres(_, traffic) => traffic.read(),
+        }
+    }
+
     pub(super) async fn fetch_optional(&self, statement: Statement) -> Result<Option<Row>> {
+        self.count();
         Ok(match self {
-            Pool::Sqlite(pool) => statement
+            Pool::Sqlite(pool, _) => statement
                 .sqlite()
                 .fetch_optional(pool)
                 .await?
                 .map(Row::Sqlite),
-            Pool::Postgres(pool) => statement
+            Pool::Postgres(pool, _) => statement
                 .postgres()
                 .fetch_optional(pool)
                 .await?
@@ -439,22 +448,24 @@ impl Pool {
     }
 
     pub(super) async fn fetch_one(&self, statement: Statement) -> Result<Row> {
+        self.count();
         Ok(match self {
-            Pool::Sqlite(pool) => Row::Sqlite(statement.sqlite().fetch_one(pool).await?),
-            Pool::Postgres(pool) => Row::Postgres(statement.postgres().fetch_one(pool).await?),
+            Pool::Sqlite(pool, _) => Row::Sqlite(statement.sqlite().fetch_one(pool).await?),
+            Pool::Postgres(pool, _) => Row::Postgres(statement.postgres().fetch_one(pool).await?),
         })
     }
 
     pub(super) async fn fetch_all(&self, statement: Statement) -> Result<Vec<Row>> {
+        self.count();
         Ok(match self {
-            Pool::Sqlite(pool) => statement
+            Pool::Sqlite(pool, _) => statement
                 .sqlite()
                 .fetch_all(pool)
                 .await?
                 .into_iter()
                 .map(Row::Sqlite)
                 .collect(),
-            Pool::Postgres(pool) => statement
+            Pool::Postgres(pool, _) => statement
                 .postgres()
                 .fetch_all(pool)
                 .await?
@@ -466,8 +477,8 @@ impl Pool {
 
     pub(super) async fn close(&self) {
         match self {
-            Pool::Sqlite(pool) => pool.close().await,
-            Pool::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(pool, _) => pool.close().await,
+            Pool::Postgres(pool, _) => pool.close().await,
         }
     }
 }

@@ -358,7 +358,7 @@ mod tests {
             let Some(mut changes) = store.changes().await.unwrap() else {
                 return; // SQLite: nothing to hear.
             };
-            let Pool::Postgres(pool) = &store.reader else { unreachable!() };
+            let Pool::Postgres(pool, _) = &store.reader else { unreachable!() };
             let ended: i64 = sqlx::query_scalar(
                 "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
                  WHERE datname = current_database() AND query LIKE 'LISTEN %'",

@@ -37,6 +37,7 @@ mod pools;
 mod reaper;
 mod sessions;
 mod shards;
+mod traffic;
 mod written;
 
 use std::fmt;
@@ -60,6 +61,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::backend::{Conn, Pool, Row, Statement};
 use self::effects::Effects;
 use self::heard::Heard;
+pub use self::traffic::{Traffic, TrafficCounts};
 use self::written::Written;
 use crate::error::Error;
 use crate::model::{LiveLesson, LiveLessonId, Millis, Session, SessionId, Status};
@@ -209,6 +211,8 @@ pub struct Store {
     /// PostgreSQL: what this replica heard of every replica's writes ([`heard`]), answering
     /// while a listener follows the notifications. `None` on SQLite.
     heard: Option<Arc<Heard>>,
+    /// What it asked of the database ([`traffic`]).
+    traffic: Arc<Traffic>,
 }
 
 /// The write side of each backend.
@@ -364,6 +368,8 @@ impl Store {
         // this thread, not a hand-off to another, and no job waits behind API work for a worker.
         let (done_tx, done_rx) = oneshot::channel();
         let cache = written.clone();
+        let traffic = Arc::new(Traffic::default());
+        let counted = traffic.clone();
         let (checkpointer, committed) = Checkpointer::start(path, busy_timeout)?;
         std::thread::Builder::new()
             .name("store-writer".into())
@@ -372,9 +378,13 @@ impl Store {
                     .enable_time()
                     .build()
                 {
-                    Ok(runtime) => {
-                        runtime.block_on(write_loop(connection, jobs, Some(cache), Some(committed)))
-                    }
+                    Ok(runtime) => runtime.block_on(write_loop(
+                        connection,
+                        jobs,
+                        Some(cache),
+                        Some(committed),
+                        counted,
+                    )),
                     Err(err) => {
                         drop(committed);
                         tracing::error!(error = %err, "cannot start the store writer")
@@ -391,10 +401,11 @@ impl Store {
 
         Ok(Store {
             writer: Writer::Sqlite(writer),
-            reader: Pool::Sqlite(reader),
+            reader: Pool::Sqlite(reader, traffic.clone()),
             writer_done: Arc::new(tokio::sync::Mutex::new(Some(done_rx))),
             written: Some(written),
             heard: None,
+            traffic,
         })
     }
 
@@ -421,16 +432,23 @@ impl Store {
         sqlx::migrate!("./migrations-postgres").run(&pool).await?;
         let (writer, jobs) = mpsc::unbounded_channel();
         let jobs = Arc::new(tokio::sync::Mutex::new(jobs));
+        let traffic = Arc::new(Traffic::default());
         for _ in 0..POSTGRES_WRITERS {
-            tokio::spawn(pg_write_loop(pool.clone(), jobs.clone()));
+            tokio::spawn(pg_write_loop(pool.clone(), jobs.clone(), traffic.clone()));
         }
         Ok(Store {
             writer: Writer::Postgres(writer, pool.clone()),
-            reader: Pool::Postgres(pool),
+            reader: Pool::Postgres(pool, traffic.clone()),
             writer_done: Arc::new(tokio::sync::Mutex::new(None)),
             written: None,
             heard: Some(Arc::new(Heard::default())),
+            traffic,
         })
+    }
+
+    /// What this store asked of its database since it opened ([`traffic`]).
+    pub fn traffic(&self) -> Arc<Traffic> {
+        self.traffic.clone()
     }
 
     /// Whether the database answers a query (the health check's readiness).
@@ -545,8 +563,10 @@ impl Store {
             return self.write(job).await;
         };
         let pool = pool.clone();
+        let traffic = self.traffic.clone();
         tokio::spawn(async move {
             let mut tx = pool.begin().await?;
+            traffic.began(1);
             // Leases and shards: nothing the replica's knowledge of live lessons holds.
             let mut effects = Effects::default();
             match job(Conn::Postgres(&mut tx, &mut effects)).await {
@@ -761,6 +781,7 @@ async fn write_loop(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     written: Option<Arc<Written>>,
     committed: Option<Committed>,
+    traffic: Arc<Traffic>,
 ) {
     let mut connection = connection;
     let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -779,6 +800,7 @@ async fn write_loop(
             }
             continue;
         }
+        traffic.began(batch.len());
         let mut delivers = Vec::with_capacity(batch.len());
         let mut learnt = Vec::with_capacity(batch.len());
         // Set when SQLite rolled the whole transaction back under a job (a full disk, an I/O
@@ -863,6 +885,7 @@ async fn write_loop(
 async fn pg_write_loop(
     pool: sqlx::PgPool,
     jobs: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<PgJob>>>,
+    traffic: Arc<Traffic>,
 ) {
     let mut batch = Vec::with_capacity(POSTGRES_MAX_BATCH);
     loop {
@@ -874,7 +897,7 @@ async fn pg_write_loop(
         if taken == 0 {
             return;
         }
-        pg_batch(&pool, &mut batch).await;
+        pg_batch(&pool, &mut batch, &traffic).await;
     }
 }
 
@@ -882,7 +905,7 @@ async fn pg_write_loop(
 const LONE_JOB_FAILED: &str = "the batch's only job failed";
 
 /// Runs one batch of jobs in one PostgreSQL transaction (see [`pg_write_loop`]).
-async fn pg_batch(pool: &sqlx::PgPool, batch: &mut Vec<PgJob>) {
+async fn pg_batch(pool: &sqlx::PgPool, batch: &mut Vec<PgJob>, traffic: &Traffic) {
     use sqlx::Executor as _;
     let alone = batch.len() == 1;
     let began = match pool.acquire().await {
@@ -903,7 +926,10 @@ async fn pg_batch(pool: &sqlx::PgPool, batch: &mut Vec<PgJob>) {
         Err(err) => Err(err.to_string()),
     };
     let mut conn = match began {
-        Ok(conn) => conn,
+        Ok(conn) => {
+            traffic.began(batch.len());
+            conn
+        }
         Err(why) => {
             tracing::error!(error = %why, jobs = batch.len(), "store batch cannot begin");
             for job in batch.drain(..) {
@@ -1191,6 +1217,46 @@ mod tests {
             assert_eq!(store.placement(lesson.id).await.unwrap(), PlacementRecord::default());
             store.expire_sessions(Millis(10), Millis(11)).await.unwrap();
             assert_eq!(store.session_by_token(token).await.unwrap(), None);
+        }
+
+        // The traffic counters: a write is one transaction with one job (many at once share
+        // transactions), a query a read, and what a cache answers no read.
+        async fn traffic_counts_transactions_jobs_and_reads(database, store) {
+            let start = store.traffic().counts();
+            let session = store.create_session(IP, [12; 32], 0, Millis(1)).await.unwrap();
+            let wrote = store.traffic().counts();
+            assert_eq!(
+                (wrote.transactions - start.transactions, wrote.write_jobs - start.write_jobs),
+                (1, 1)
+            );
+            store.counts().await.unwrap();
+            let read = store.traffic().counts();
+            assert!(read.reads > wrote.reads, "{read:?} after {wrote:?}");
+            assert_eq!(read.transactions, wrote.transactions);
+            let (lesson, _) = store
+                .request_live_lesson(session.id, "a", 0, 0, Millis(2))
+                .await
+                .unwrap();
+            if store.backend() == "sqlite" {
+                // The writer's cache knows the live lesson it wrote.
+                let before = store.traffic().counts();
+                assert_eq!(store.live_lesson(lesson.id).await.unwrap(), lesson);
+                assert_eq!(store.traffic().counts().reads, before.reads);
+            }
+            let before = store.traffic().counts();
+            let writes = (0..20).map(|i| {
+                let store = store.clone();
+                async move { store.create_session(IP, [100 + i; 32], 0, Millis(3)).await }
+            });
+            for created in futures::future::join_all(writes).await {
+                created.unwrap();
+            }
+            let after = store.traffic().counts();
+            assert_eq!(after.write_jobs - before.write_jobs, 20);
+            assert!(
+                (1..=20).contains(&(after.transactions - before.transactions)),
+                "{after:?} after {before:?}"
+            );
         }
 
         async fn live_lesson_limit_and_expiry(database, store) {
@@ -1492,7 +1558,13 @@ mod tests {
             results.push(result);
         }
         let (job, last) = counting_job(ran.clone());
-        let writer_task = tokio::spawn(write_loop(connection, jobs, None, None));
+        let writer_task = tokio::spawn(write_loop(
+            connection,
+            jobs,
+            None,
+            None,
+            Arc::new(Traffic::default()),
+        ));
         for result in results {
             let err = result.await.unwrap().unwrap_err();
             assert_eq!(err.code(), Code::Unavailable, "{err}");
@@ -1542,7 +1614,13 @@ mod tests {
             writer.send(job).unwrap();
             results.push(rx);
         }
-        let writer_task = tokio::spawn(write_loop(connection, jobs, None, None));
+        let writer_task = tokio::spawn(write_loop(
+            connection,
+            jobs,
+            None,
+            None,
+            Arc::new(Traffic::default()),
+        ));
         let outcomes: Vec<bool> = futures::future::join_all(results)
             .await
             .into_iter()
@@ -1642,7 +1720,7 @@ mod tests {
             batch.push(job);
             results.push(rx);
         }
-        pg_batch(&pool, &mut batch).await;
+        pg_batch(&pool, &mut batch, &Traffic::default()).await;
         let mut outcomes = Vec::new();
         for result in results {
             outcomes.push(result.await.unwrap().is_ok());
@@ -1658,7 +1736,7 @@ mod tests {
             "INSERT INTO t (n) VALUES (5)",
             "INSERT INTO t (n) VALUES (3)",
         ]);
-        pg_batch(&pool, &mut vec![job]).await;
+        pg_batch(&pool, &mut vec![job], &Traffic::default()).await;
         let err = rx.await.unwrap().unwrap_err();
         assert!(matches!(err, Error::Store(_)), "the job's own error: {err}");
         assert_eq!(pg_rows(&pool).await, [1, 3]);
@@ -1683,7 +1761,7 @@ mod tests {
             batch.push(job);
             results.push(rx);
         }
-        pg_batch(&pool, &mut batch).await;
+        pg_batch(&pool, &mut batch, &Traffic::default()).await;
         for result in results {
             let err = result.await.unwrap().unwrap_err();
             assert_eq!(err.code(), Code::Unavailable, "{err}");
@@ -1693,7 +1771,7 @@ mod tests {
             "nothing of the batch committed"
         );
         let (job, rx) = pg_sql_job(&["INSERT INTO t (n) VALUES (3)"]);
-        pg_batch(&pool, &mut vec![job]).await;
+        pg_batch(&pool, &mut vec![job], &Traffic::default()).await;
         rx.await.unwrap().unwrap();
         assert_eq!(pg_rows(&pool).await, [3]);
     }

@@ -10,9 +10,12 @@
 //! `--store-compare` instead puts three setups side by side in one run, each with its own null
 //! agent: one scheduler on SQLite, one on PostgreSQL, and three replicas sharing one PostgreSQL
 //! database (clients spread across them); rounds rotate through the three (with `--against`,
-//! through the three of each binary). When the server loads `pg_stat_statements`, each
-//! PostgreSQL round also prints its transactions and statements per lifecycle, and the run ends
-//! with each PostgreSQL setup's statements per lifecycle.
+//! through the three of each binary). Each round prints, per setup, the store's write
+//! transactions, write jobs and reads per lifecycle as its schedulers count them
+//! (`antidote_store_*_total` on their metrics listeners; a build without the counters prints
+//! none). When the server loads `pg_stat_statements`, each PostgreSQL round also prints the
+//! transactions and statements the server counted per lifecycle, and the run ends with each
+//! PostgreSQL setup's statements per lifecycle.
 //!
 //! `--against PATH` puts this build's scheduler beside another scheduler binary (say, the
 //! previous commit's, copied aside), both on SQLite with a null agent each, rounds alternating
@@ -860,6 +863,62 @@ impl Setup {
             .filter_map(|s| s.process.pid())
             .collect()
     }
+
+    /// Its schedulers' store traffic, summed: what each serves on its metrics listener (none
+    /// from a build without the counters).
+    async fn traffic(&self) -> Option<Traffic> {
+        let mut sum = Traffic::default();
+        for scheduler in &self._schedulers {
+            let one = store_traffic(*scheduler.process.extra.get("metrics")?)
+                .await
+                .ok()?;
+            sum.transactions += one.transactions;
+            sum.write_jobs += one.write_jobs;
+            sum.reads += one.reads;
+        }
+        Some(sum)
+    }
+}
+
+/// A scheduler's `antidote_store_*_total` counters.
+#[derive(Debug, Default, Clone, Copy)]
+struct Traffic {
+    transactions: u64,
+    write_jobs: u64,
+    reads: u64,
+}
+
+impl Traffic {
+    /// Per lifecycle from `before` to `self`: transactions, write jobs, reads.
+    fn per(self, before: Traffic, lifecycles: usize) -> (f64, f64, f64) {
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / lifecycles as f64;
+        (
+            per(self.transactions, before.transactions),
+            per(self.write_jobs, before.write_jobs),
+            per(self.reads, before.reads),
+        )
+    }
+}
+
+/// Reads the store's counters from the metrics listener at `addr` (plain HTTP).
+async fn store_traffic(addr: std::net::SocketAddr) -> anyhow::Result<Traffic> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: loadgen\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    let value = |name: &str| -> anyhow::Result<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("{addr}/metrics has no {name}"))
+    };
+    Ok(Traffic {
+        transactions: value("antidote_store_transactions_total")?,
+        write_jobs: value("antidote_store_write_jobs_total")?,
+        reads: value("antidote_store_reads_total")?,
+    })
 }
 
 impl Drop for Database {
@@ -945,7 +1004,7 @@ async fn store_setup(
         &path,
         format!(
             "listen = \"127.0.0.1:0\"\ndatabase = \"{database}\"\n\
-             http.listen = \"127.0.0.1:0\"\n{}\
+             http.listen = \"127.0.0.1:0\"\n{}admin.metrics_listen = \"127.0.0.1:0\"\n\
              instance_id = \"loadgen\"\ncurriculum = \"{}\"\ntier = \"local\"\n\
              [limits]\nsessions_per_ip = 0\n[reconciler]\nworkers = {}\n\
              [[agents]]\nname = \"null\"\naddress = \"{}\"\n",
@@ -1084,6 +1143,8 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
     let mut results: Vec<Vec<Stats>> = setups.iter().map(|_| Vec::new()).collect();
     // Per PostgreSQL setup and round: transactions and statements per lifecycle.
     let mut per_lifecycle: Vec<Vec<(f64, f64)>> = setups.iter().map(|_| Vec::new()).collect();
+    // Per setup and round: the store's transactions, write jobs and reads per lifecycle.
+    let mut traffic: Vec<Vec<(f64, f64, f64)>> = setups.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         let mut line = format!("round {round}:");
         let mut order: Vec<usize> = (0..setups.len()).collect();
@@ -1093,6 +1154,7 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
         for s in order {
             let setup = &setups[s];
             let before = setup.database.as_ref().map(Database::counters);
+            let traffic_before = setup.traffic().await;
             let measured = run_measured(args, &setup.pids(), |i| {
                 let clients = setup.clients[i % setup.clients.len()].clone();
                 let lesson = args.lesson.clone();
@@ -1100,6 +1162,14 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
             })
             .await?;
             let mut counts = String::new();
+            if let (Some(after), Some(before)) = (setup.traffic().await, traffic_before) {
+                let (transactions, jobs, reads) = after.per(before, args.lifecycles);
+                counts = format!(
+                    " store: {transactions:.2} transactions, {jobs:.2} write jobs, {reads:.2} \
+                     reads per lifecycle;"
+                );
+                traffic[s].push((transactions, jobs, reads));
+            }
             if let (Some(database), Some(before)) = (&setup.database, before) {
                 // pg_stat_database hears of a backend's transactions when it goes idle (within
                 // a second).
@@ -1112,12 +1182,12 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
                 let transactions = per(before.0, after.0);
                 let statements = per(before.1, after.1);
                 if let Some(transactions) = transactions {
-                    counts.push_str(&format!(" {transactions:.1} transactions"));
+                    counts.push_str(&format!(" server: {transactions:.1} transactions"));
                 }
                 if let Some(statements) = statements {
                     counts.push_str(&format!(" {statements:.1} statements"));
                 }
-                if !counts.is_empty() {
+                if transactions.is_some() || statements.is_some() {
                     counts.push_str(" per lifecycle");
                 }
                 per_lifecycle[s].push((
@@ -1164,15 +1234,25 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
         let (low, high) = rates
             .iter()
             .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        let column =
+            |k: usize| -> Vec<f64> { traffic[s].iter().map(|t| [t.0, t.1, t.2][k]).collect() };
         let mut counts = String::new();
+        if !traffic[s].is_empty() {
+            counts = format!(
+                ", store {:.2} transactions, {:.2} write jobs and {:.2} reads per lifecycle",
+                median(&column(0)),
+                median(&column(1)),
+                median(&column(2))
+            );
+        }
         if !per_lifecycle[s].is_empty() {
             let transactions: Vec<f64> = per_lifecycle[s].iter().map(|c| c.0).collect();
             let statements: Vec<f64> = per_lifecycle[s].iter().map(|c| c.1).collect();
-            counts = format!(
-                ", {:.1} transactions and {:.1} statements per lifecycle",
+            counts.push_str(&format!(
+                " (the server counted {:.1} transactions and {:.1} statements)",
                 median(&transactions),
                 median(&statements)
-            );
+            ));
         }
         println!(
             "median: {} {rate:.0} lifecycles/s ({low:.0}–{high:.0}), request→READY p99 {:.2} ms, \
