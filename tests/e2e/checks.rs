@@ -136,6 +136,20 @@ async fn a_gated_stage_on_docker_fails_its_check_refuses_the_next_stage_then_pas
     let shown = c.get(&live.id).await.unwrap();
     assert_eq!(shown.passed_stages, [0]);
     assert_eq!(shown.status(), S::Ready);
+    // Operators see the same through the admin API.
+    let admin = c
+        .admin
+        .clone()
+        .get_live_lesson(api::AdminGetLiveLessonRequest {
+            id: live.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .live_lesson
+        .unwrap();
+    assert_eq!(admin.passed_stages, [0]);
+    assert_eq!(admin.last_check, shown.last_check);
     assert_eq!(
         shown.generation, live.generation,
         "a check makes no generation"

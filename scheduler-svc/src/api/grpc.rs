@@ -204,7 +204,16 @@ impl Api {
         &self,
         live: &LiveLesson,
     ) -> std::result::Result<api::LiveLesson, Error> {
-        let view = self.api_lesson(live);
+        self.with_checks(self.api_lesson(live), live).await
+    }
+
+    /// `view` of `live` with what its checks established (read only for lessons that have
+    /// checks).
+    async fn with_checks(
+        &self,
+        view: api::LiveLesson,
+        live: &LiveLesson,
+    ) -> std::result::Result<api::LiveLesson, Error> {
         let has_checks = self
             .catalog
             .lesson(&live.lesson_slug)
@@ -1016,7 +1025,10 @@ impl AdminService for Api {
             record.wishes.prefers = needs.prefers;
         }
         Ok(Response::new(api::AdminLiveLesson {
-            live_lesson: Some(self.admin_lesson(&lesson)),
+            live_lesson: Some(
+                self.with_checks(self.admin_lesson(&lesson), &lesson)
+                    .await?,
+            ),
             placement: wire::placement(record),
             status_reason: lesson.reason.clone(),
         }))
