@@ -1248,10 +1248,15 @@ async fn store_compare(args: &Args) -> anyhow::Result<()> {
         if !per_lifecycle[s].is_empty() {
             let transactions: Vec<f64> = per_lifecycle[s].iter().map(|c| c.0).collect();
             let statements: Vec<f64> = per_lifecycle[s].iter().map(|c| c.1).collect();
+            let statements = median(&statements);
             counts.push_str(&format!(
-                " (the server counted {:.1} transactions and {:.1} statements)",
+                " (the server counted {:.1} transactions{})",
                 median(&transactions),
-                median(&statements)
+                if statements.is_nan() {
+                    String::new()
+                } else {
+                    format!(" and {statements:.1} statements")
+                }
             ));
         }
         println!(
